@@ -1,0 +1,6 @@
+//! zeta: a copy-on-write, checksummed, pooled storage system in user space.
+//!
+//! The modules are the layers of `ARCHITECTURE.md`, bottom up; each uses only those below it.
+
+pub mod math;
+pub mod vdev;

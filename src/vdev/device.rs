@@ -1,0 +1,56 @@
+//! The device trait every I/O engine implements, and the layer's error type.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VdevError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path}: in use by another process (could not take its exclusive lock)")]
+    Locked { path: String },
+    #[error("{path}: not a regular file or block device")]
+    NotAFileOrBlockDevice { path: String },
+    #[error("{path}: does not exist")]
+    Missing { path: String },
+    #[error("{path}: injected {what} error")]
+    Injected { path: String, what: &'static str },
+    #[error("{path}: I/O of {len} bytes at offset {offset} lies past the end ({size} bytes)")]
+    OutOfRange { path: String, offset: u64, len: u64, size: u64 },
+    #[error("no healthy copy: every child failed ({0})")]
+    AllCopiesFailed(String),
+}
+
+impl VdevError {
+    pub fn io(path: &str, source: io::Error) -> Self {
+        VdevError::Io { path: path.to_string(), source }
+    }
+}
+
+/// One leaf device: a file, a block device, or the in-memory simulator.
+///
+/// Contract: `write_at` may be volatile until `flush` returns; after a successful `flush`,
+/// every write that completed before it was called survives a crash or power cut.
+pub trait BlockDevice: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), VdevError>;
+    fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError>;
+    fn flush(&self) -> Result<(), VdevError>;
+    /// Tells the device a range holds nothing of value. Purely advisory: may do nothing.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VdevError>;
+    fn len_bytes(&self) -> u64;
+    /// A name for messages: the path for files, a label for simulated devices.
+    fn name(&self) -> &str;
+}
+
+/// Bounds check shared by every engine, so all report out-of-range I/O the same way.
+pub fn check_range(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<(), VdevError> {
+    let size = dev.len_bytes();
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(VdevError::OutOfRange {
+            path: dev.name().to_string(),
+            offset,
+            len: len as u64,
+            size,
+        }),
+    }
+}

@@ -1,0 +1,19 @@
+//! Device layer: leaf devices behind one small trait, and the top-level vdevs built from them.
+//!
+//! Architecture invariant: `vdev` knows nothing of checksums, blocks or objects. It moves bytes
+//! at offsets; a caller that wants verified reads passes a verifier closure. Only `vdev::file`
+//! touches file descriptors.
+
+pub mod device;
+pub mod file;
+pub mod layout;
+pub mod mem;
+pub mod top;
+
+pub use device::{BlockDevice, VdevError};
+pub use file::FileDevice;
+pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
+pub use mem::MemDevice;
+pub use top::{Leaf, LeafCounters, ReadReport, TopKind, TopVdev};
+
+pub type Result<T> = std::result::Result<T, VdevError>;

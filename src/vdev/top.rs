@@ -1,0 +1,243 @@
+//! Top-level vdevs: a `stripe` of one leaf or a `mirror` of several. Offsets given to a
+//! top-level vdev count from the start of the allocatable area; the leaf adds its label reserve.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::device::{BlockDevice, VdevError};
+use super::layout::{label_offset, usable_bytes, LABEL_SIZE, RESERVE_BYTES, SECTOR};
+
+/// Error counters of one leaf, as `zeta pool status` shows them.
+#[derive(Default, Debug)]
+pub struct LeafCounters {
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub cksum_errors: AtomicU64,
+    pub repaired_bytes: AtomicU64,
+}
+
+pub struct Leaf {
+    pub dev: Arc<dyn BlockDevice>,
+    pub guid: u64,
+    pub counters: LeafCounters,
+}
+
+impl Leaf {
+    pub fn new(dev: Arc<dyn BlockDevice>, guid: u64) -> Leaf {
+        Leaf { dev, guid, counters: LeafCounters::default() }
+    }
+
+    pub fn name(&self) -> &str {
+        self.dev.name()
+    }
+
+    /// Allocatable bytes on this leaf, or None if it cannot even hold its labels.
+    pub fn usable_bytes(&self) -> Option<u64> {
+        usable_bytes(self.dev.len_bytes())
+    }
+
+    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<(), VdevError> {
+        self.dev.read_at(buf, RESERVE_BYTES + offset)
+    }
+
+    pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
+        self.dev.write_at(buf, RESERVE_BYTES + offset)
+    }
+
+    pub fn read_label(&self, index: usize, offset_in_label: u64, buf: &mut [u8]) -> Result<(), VdevError> {
+        assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
+        self.dev.read_at(buf, label_offset(index, self.dev.len_bytes()) + offset_in_label)
+    }
+
+    pub fn write_label(&self, index: usize, offset_in_label: u64, buf: &[u8]) -> Result<(), VdevError> {
+        assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
+        self.dev.write_at(buf, label_offset(index, self.dev.len_bytes()) + offset_in_label)
+    }
+
+    fn count(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopKind {
+    Stripe,
+    Mirror,
+}
+
+/// What a verified read had to do to return good data.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadReport {
+    pub io_errors: u32,
+    pub cksum_errors: u32,
+    pub repaired_bytes: u64,
+}
+
+pub struct TopVdev {
+    pub id: u32,
+    pub guid: u64,
+    pub kind: TopKind,
+    pub children: Vec<Arc<Leaf>>,
+    /// Allocatable bytes: the smallest child's usable area, rounded down to a sector.
+    pub asize_bytes: u64,
+    rotor: AtomicUsize,
+}
+
+impl TopVdev {
+    /// Builds a top-level vdev; the caller has checked that every child can hold its labels.
+    pub fn new(id: u32, guid: u64, kind: TopKind, children: Vec<Arc<Leaf>>) -> TopVdev {
+        assert!(!children.is_empty());
+        assert!(kind == TopKind::Mirror || children.len() == 1);
+        let asize = children
+            .iter()
+            .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
+            .min()
+            .unwrap();
+        TopVdev { id, guid, kind, children, asize_bytes: asize / SECTOR * SECTOR, rotor: AtomicUsize::new(0) }
+    }
+
+    /// Writes to every child in parallel. A mirror write succeeds if at least one child took
+    /// it (the others count a write error); a stripe write fails with its leaf.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+        debug_assert!(offset + data.len() as u64 <= self.asize_bytes);
+        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
+            vec![self.children[0].write_data(data, offset)]
+        } else {
+            self.children.par_iter().map(|c| c.write_data(data, offset)).collect()
+        };
+        self.settle(results, |c| &c.counters.write_errors)
+    }
+
+    /// Flushes every child in parallel, with the same success rule as `write`.
+    pub fn flush(&self) -> Result<(), VdevError> {
+        let results: Vec<Result<(), VdevError>> =
+            self.children.par_iter().map(|c| c.dev.flush()).collect();
+        self.settle(results, |c| &c.counters.write_errors)
+    }
+
+    fn settle(
+        &self,
+        results: Vec<Result<(), VdevError>>,
+        counter: impl Fn(&Leaf) -> &AtomicU64,
+    ) -> Result<(), VdevError> {
+        let mut first_err = None;
+        let mut ok = 0;
+        for (child, r) in self.children.iter().zip(results) {
+            match r {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    child.count(counter(child));
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if ok == 0 => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset`, accepting the first copy `verify` approves. Copies
+    /// that failed to read or to verify are rewritten from the good one (self-healing) and
+    /// counted against their leaf.
+    pub fn read_verified(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ReadReport, VdevError> {
+        let n = self.children.len();
+        let start = if n > 1 { self.rotor.fetch_add(1, Ordering::Relaxed) % n } else { 0 };
+        let mut report = ReadReport::default();
+        let mut bad: Vec<usize> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let child = &self.children[i];
+            match child.read_data(buf, offset) {
+                Err(e) => {
+                    child.count(&child.counters.read_errors);
+                    report.io_errors += 1;
+                    failures.push(e.to_string());
+                    bad.push(i);
+                }
+                Ok(()) if verify(buf) => {
+                    for &b in &bad {
+                        let victim = &self.children[b];
+                        if victim.write_data(buf, offset).is_ok() {
+                            victim.counters.repaired_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                            report.repaired_bytes += buf.len() as u64;
+                        } else {
+                            victim.count(&victim.counters.write_errors);
+                        }
+                    }
+                    return Ok(report);
+                }
+                Ok(()) => {
+                    child.count(&child.counters.cksum_errors);
+                    report.cksum_errors += 1;
+                    failures.push(format!("{}: checksum mismatch", child.name()));
+                    bad.push(i);
+                }
+            }
+        }
+        Err(VdevError::AllCopiesFailed(failures.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::mem::{Faults, MemDevice};
+    use super::*;
+
+    fn mirror(n: usize) -> (TopVdev, Vec<Arc<MemDevice>>) {
+        let devs: Vec<Arc<MemDevice>> =
+            (0..n).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20))).collect();
+        let leaves = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, i as u64 + 1)))
+            .collect();
+        (TopVdev::new(0, 99, TopKind::Mirror, leaves), devs)
+    }
+
+    #[test]
+    fn mirror_heals_a_corrupt_copy_from_a_good_one() {
+        let (top, devs) = mirror(2);
+        let good = vec![0xabu8; 8192];
+        top.write(4096, &good).unwrap();
+        devs[1].corrupt(RESERVE_BYTES + 4096 + 100, &[0u8; 10]);
+        let verify = |b: &[u8]| b == &good[..];
+        // Read until the rotor has started at the bad child at least once.
+        let mut healed = 0;
+        for _ in 0..2 {
+            let mut buf = vec![0u8; 8192];
+            let r = top.read_verified(4096, &mut buf, &verify).unwrap();
+            assert_eq!(buf, good);
+            healed += r.repaired_bytes;
+        }
+        assert_eq!(healed, 8192);
+        assert_eq!(top.children[1].counters.cksum_errors.load(Ordering::Relaxed), 1);
+        let mut raw = vec![0u8; 8192];
+        devs[1].read_at(&mut raw, RESERVE_BYTES + 4096).unwrap();
+        assert_eq!(raw, good);
+    }
+
+    #[test]
+    fn mirror_survives_one_failed_leaf_and_reports_when_all_fail() {
+        let (top, devs) = mirror(2);
+        devs[0].set_faults(Faults { fail_writes: true, ..Faults::default() });
+        top.write(0, &[1u8; 4096]).unwrap();
+        assert_eq!(top.children[0].counters.write_errors.load(Ordering::Relaxed), 1);
+        devs[0].set_faults(Faults { fail_reads: true, ..Faults::default() });
+        let mut buf = vec![0u8; 4096];
+        top.read_verified(0, &mut buf, &|b| b[0] == 1).unwrap();
+        assert!(matches!(
+            top.read_verified(0, &mut buf, &|_| false),
+            Err(VdevError::AllCopiesFailed(_))
+        ));
+    }
+}
