@@ -3,4 +3,5 @@
 //! The modules are the layers of `ARCHITECTURE.md`, bottom up; each uses only those below it.
 
 pub mod math;
+pub mod spa;
 pub mod vdev;

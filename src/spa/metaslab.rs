@@ -1,0 +1,418 @@
+//! The allocator: each top-level vdev's space is cut into metaslabs of 2^ms_shift bytes, each
+//! with an in-memory free-range tree; allocations and frees of a txg become space-map records
+//! that the sync appends to the metaslab's space map.
+//!
+//! Two classes of blocks are allocated. *Recorded* blocks (everything outside the meta object
+//! set) are logged in space maps. *MOS* blocks (the meta object set, including the space maps
+//! themselves) are not: import finds them by walking the MOS and claims them, which breaks the
+//! recursion of space maps describing their own blocks. Frees are deferred: space freed in txg N
+//! becomes allocatable only after txg N+2 has synced, so the two previous uberblocks' trees
+//! stay intact on disk.
+
+use std::collections::VecDeque;
+
+use super::bp::Dva;
+use super::range_tree::RangeTree;
+use super::space_map::SmRecord;
+use crate::vdev::SECTOR;
+
+/// Metaslabs per top-level vdev the sizing aims for.
+pub const TARGET_METASLABS: u64 = 200;
+pub const MIN_MS_SHIFT: u32 = 20;
+
+/// Chooses the metaslab size for a vdev of `asize` bytes.
+pub fn ms_shift_for(asize: u64) -> u32 {
+    let target = (asize / TARGET_METASLABS).max(1 << MIN_MS_SHIFT);
+    64 - (target - 1).leading_zeros()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocClass {
+    Recorded,
+    Mos,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AllocError {
+    #[error("out of space: no room for {0} bytes")]
+    NoSpace(u64),
+    #[error("space map of vdev {vdev} metaslab {ms} is inconsistent: {what}")]
+    Corrupt { vdev: u32, ms: usize, what: String },
+}
+
+pub struct Metaslab {
+    pub start: u64,
+    pub size: u64,
+    pub free: RangeTree,
+    /// Live MOS blocks in this metaslab (not in the space map).
+    pub mos: RangeTree,
+    /// Records of the syncing txg, not yet appended to the space map.
+    pub pending: Vec<SmRecord>,
+    /// Records in the persisted space map (for the condense decision).
+    pub sm_records: u64,
+    cursor: u64,
+}
+
+impl Metaslab {
+    fn new(start: u64, size: u64) -> Metaslab {
+        let mut free = RangeTree::new();
+        free.add(start, size);
+        Metaslab { start, size, free, mos: RangeTree::new(), pending: Vec::new(), sm_records: 0, cursor: start }
+    }
+}
+
+pub struct TopSpace {
+    pub vdev: u32,
+    pub ms_shift: u32,
+    pub metaslabs: Vec<Metaslab>,
+    active: usize,
+}
+
+/// Space of the whole pool, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Space {
+    pub size: u64,
+    pub alloc: u64,
+    pub free: u64,
+    /// Freed but not yet reusable (deferred frees).
+    pub freeing: u64,
+}
+
+struct Deferred {
+    txg: u64,
+    extents: Vec<(u32, u64, u64)>,
+}
+
+pub struct Allocator {
+    pub tops: Vec<TopSpace>,
+    deferred: VecDeque<Deferred>,
+    rotor: usize,
+    rotor_bytes: u64,
+}
+
+/// Bytes allocated on one vdev before the rotor moves to the next.
+const ROTOR_STRIDE: u64 = 1 << 20;
+
+impl Allocator {
+    /// A pool whose vdevs are wholly free. `tops` is (vdev id, asize, ms_shift), ids dense from 0.
+    pub fn new(tops: &[(u32, u64, u32)]) -> Allocator {
+        let tops = tops
+            .iter()
+            .enumerate()
+            .map(|(i, &(vdev, asize, shift))| {
+                assert_eq!(vdev as usize, i);
+                let ms_size = 1u64 << shift;
+                let count = asize.div_ceil(ms_size);
+                let metaslabs = (0..count)
+                    .map(|m| {
+                        let start = m * ms_size;
+                        Metaslab::new(start, ms_size.min(asize - start) / SECTOR * SECTOR)
+                    })
+                    .filter(|m| m.size > 0)
+                    .collect();
+                TopSpace { vdev, ms_shift: shift, metaslabs, active: 0 }
+            })
+            .collect();
+        Allocator { tops, deferred: VecDeque::new(), rotor: 0, rotor_bytes: 0 }
+    }
+
+    pub fn space(&self) -> Space {
+        let mut s = Space::default();
+        for top in &self.tops {
+            for ms in &top.metaslabs {
+                s.size += ms.size;
+                s.free += ms.free.space();
+            }
+        }
+        s.freeing = self.deferred.iter().flat_map(|d| &d.extents).map(|e| e.2).sum();
+        s.alloc = s.size - s.free - s.freeing;
+        s
+    }
+
+    fn ms_index(&self, vdev: u32, offset: u64) -> usize {
+        (offset >> self.tops[vdev as usize].ms_shift) as usize
+    }
+
+    /// Allocates `copies` copies of `asize` bytes, on distinct top-level vdevs where the pool
+    /// has them, else spread apart on the same one.
+    pub fn alloc(&mut self, asize: u64, copies: usize, class: AllocClass) -> Result<Vec<Dva>, AllocError> {
+        assert!(asize > 0 && asize % SECTOR == 0 && (1..=3).contains(&copies));
+        let n = self.tops.len();
+        let mut dvas: Vec<Dva> = Vec::with_capacity(copies);
+        let first = self.rotor;
+        for copy in 0..copies {
+            let mut placed = None;
+            for k in 0..n {
+                let v = (first + copy + k) % n;
+                let hint = if copies > 1 && n == 1 { copy } else { 0 };
+                if let Some(off) = self.alloc_on(v, asize, hint, copies) {
+                    placed = Some(Dva::new(v as u32, off, asize as u32));
+                    break;
+                }
+            }
+            match placed {
+                Some(d) => dvas.push(d),
+                None => {
+                    // Roll back the copies already placed: they were never used.
+                    for d in &dvas {
+                        self.unalloc(d);
+                    }
+                    return Err(AllocError::NoSpace(asize));
+                }
+            }
+        }
+        for d in &dvas {
+            let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
+            let ms = &mut self.tops[d.vdev.get() as usize].metaslabs[ms_i];
+            match class {
+                AllocClass::Recorded => ms.pending.push(SmRecord { offset: d.offset.get(), len: asize, free: false }),
+                AllocClass::Mos => ms.mos.add(d.offset.get(), asize),
+            }
+        }
+        self.rotor_bytes += asize;
+        if self.rotor_bytes >= ROTOR_STRIDE {
+            self.rotor_bytes = 0;
+            self.rotor = (self.rotor + 1) % n;
+        }
+        Ok(dvas)
+    }
+
+    /// Takes `asize` bytes from vdev `v`; copy `hint` of `of` starts its search that fraction of
+    /// the way across the vdev, so ditto copies on one vdev land far apart.
+    fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
+        let top = &mut self.tops[v];
+        let count = top.metaslabs.len();
+        let mut order: Vec<usize> = Vec::with_capacity(count + 1);
+        let preferred = if hint == 0 { top.active } else { (top.active + hint * count / of) % count };
+        order.push(preferred);
+        // Then by weight: the largest free segment first, lower offsets on ties.
+        let mut rest: Vec<usize> = (0..count).filter(|&i| i != preferred).collect();
+        rest.sort_by_key(|&i| (std::cmp::Reverse(top.metaslabs[i].free.largest()), i));
+        order.extend(rest);
+        for i in order {
+            let ms = &mut top.metaslabs[i];
+            if ms.free.largest() < asize {
+                continue;
+            }
+            if let Some(off) = ms.free.find(asize, ms.cursor) {
+                ms.free.remove(off, asize);
+                ms.cursor = off + asize;
+                if hint == 0 {
+                    top.active = i;
+                }
+                return Some(off);
+            }
+        }
+        None
+    }
+
+    fn unalloc(&mut self, d: &Dva) {
+        let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
+        self.tops[d.vdev.get() as usize].metaslabs[ms_i].free.add(d.offset.get(), d.asize.get() as u64);
+    }
+
+    /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
+    pub fn free(&mut self, d: &Dva, txg: u64, class: AllocClass) {
+        let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
+        let ms_i = self.ms_index(v, off);
+        let ms = &mut self.tops[v as usize].metaslabs[ms_i];
+        assert!(!ms.free.overlaps(off, len), "double free of vdev {v} offset {off}");
+        match class {
+            AllocClass::Recorded => ms.pending.push(SmRecord { offset: off, len, free: true }),
+            AllocClass::Mos => ms.mos.remove(off, len),
+        }
+        match self.deferred.back_mut() {
+            Some(d) if d.txg == txg => d.extents.push((v, off, len)),
+            _ => self.deferred.push_back(Deferred { txg, extents: vec![(v, off, len)] }),
+        }
+    }
+
+    /// Called once txg `txg` is committed: frees of txg-2 and older become allocatable.
+    pub fn txg_synced(&mut self, txg: u64) {
+        while self.deferred.front().is_some_and(|d| d.txg + 2 <= txg) {
+            let d = self.deferred.pop_front().unwrap();
+            for (v, off, len) in d.extents {
+                let ms_i = self.ms_index(v, off);
+                self.tops[v as usize].metaslabs[ms_i].free.add(off, len);
+            }
+        }
+    }
+
+    /// Replays persisted space-map records of one metaslab (import).
+    pub fn load_records(&mut self, vdev: u32, ms: usize, records: &[SmRecord]) -> Result<(), AllocError> {
+        let m = &mut self.tops[vdev as usize].metaslabs[ms];
+        let corrupt = |what: String| AllocError::Corrupt { vdev, ms, what };
+        for r in records {
+            if r.len == 0 || r.offset < m.start || r.offset + r.len > m.start + m.size {
+                return Err(corrupt(format!("record {r:?} outside the metaslab")));
+            }
+            let res = if r.free { m.free.try_add(r.offset, r.len) } else { m.free.try_remove(r.offset, r.len) };
+            res.map_err(|_| corrupt(format!("record {r:?} contradicts earlier records")))?;
+        }
+        m.sm_records = records.len() as u64;
+        Ok(())
+    }
+
+    /// Claims a MOS block found by walking the MOS at import.
+    pub fn claim_mos(&mut self, d: &Dva) -> Result<(), AllocError> {
+        let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
+        let corrupt = |what: String| AllocError::Corrupt { vdev: v, ms: 0, what };
+        let top = self.tops.get(v as usize).ok_or_else(|| corrupt(format!("MOS block on unknown vdev {v}")))?;
+        let ms_i = (off >> top.ms_shift) as usize;
+        let ms = self.tops[v as usize]
+            .metaslabs
+            .get_mut(ms_i)
+            .ok_or_else(|| corrupt(format!("MOS block at {off} past the end of the vdev")))?;
+        ms.free.try_remove(off, len).map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
+        ms.mos.add(off, len);
+        Ok(())
+    }
+
+    /// Metaslabs with records waiting for the space map.
+    pub fn dirty_metaslabs(&self) -> Vec<(u32, usize)> {
+        let mut out = Vec::new();
+        for top in &self.tops {
+            for (i, ms) in top.metaslabs.iter().enumerate() {
+                if !ms.pending.is_empty() {
+                    out.push((top.vdev, i));
+                }
+            }
+        }
+        out
+    }
+
+    /// The records to append for this txg, or — when the space map has grown long compared with
+    /// what it describes — a full replacement image (`true` in the second field).
+    pub fn take_records(&mut self, vdev: u32, ms_i: usize) -> (Vec<SmRecord>, bool) {
+        let deferred_here: Vec<(u64, u64)> = self
+            .deferred
+            .iter()
+            .flat_map(|d| &d.extents)
+            .filter(|e| e.0 == vdev && (e.1 >> self.tops[vdev as usize].ms_shift) as usize == ms_i)
+            .map(|e| (e.1, e.2))
+            .collect();
+        let ms = &mut self.tops[vdev as usize].metaslabs[ms_i];
+        let pending = std::mem::take(&mut ms.pending);
+        let image = condensed_image(ms, &deferred_here);
+        let appended = ms.sm_records + pending.len() as u64;
+        if appended > 4 * image.len() as u64 + 64 {
+            ms.sm_records = image.len() as u64;
+            (image, true)
+        } else {
+            ms.sm_records = appended;
+            (pending, false)
+        }
+    }
+}
+
+/// The allocated ranges the space map must describe: the metaslab minus free space, deferred
+/// frees and MOS blocks.
+fn condensed_image(ms: &Metaslab, deferred: &[(u64, u64)]) -> Vec<SmRecord> {
+    let mut holes = ms.free.clone();
+    for &(off, len) in deferred {
+        holes.add(off, len);
+    }
+    for (s, e) in ms.mos.iter() {
+        holes.add(s, e - s);
+    }
+    let mut out = Vec::new();
+    let mut at = ms.start;
+    for (s, e) in holes.iter() {
+        if s > at {
+            out.push(SmRecord { offset: at, len: s - at, free: false });
+        }
+        at = e;
+    }
+    if at < ms.start + ms.size {
+        out.push(SmRecord { offset: at, len: ms.start + ms.size - at, free: false });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn sizing_aims_for_about_200_metaslabs() {
+        assert_eq!(ms_shift_for(64 * MB), 20);
+        let shift = ms_shift_for(1 << 40);
+        let count = (1u64 << 40) >> shift;
+        assert!((100..=200).contains(&count), "{count}");
+    }
+
+    #[test]
+    fn deferred_frees_return_after_two_txgs_and_records_replay() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let d = a.alloc(8192, 1, AllocClass::Recorded).unwrap();
+        assert_eq!(a.space().alloc, 8192);
+        a.free(&d[0], 5, AllocClass::Recorded);
+        assert_eq!(a.space().freeing, 8192);
+        a.txg_synced(6);
+        assert_eq!(a.space().freeing, 8192);
+        a.txg_synced(7);
+        assert_eq!(a.space(), Space { size: 8 * MB, alloc: 0, free: 8 * MB, freeing: 0 });
+        // The records, replayed on a fresh allocator, give the same free space.
+        let ms = a.dirty_metaslabs();
+        assert_eq!(ms, vec![(0, 0)]);
+        let (recs, full) = a.take_records(0, 0);
+        assert!(!full);
+        assert_eq!(recs.len(), 2);
+        let mut b = Allocator::new(&[(0, 8 * MB, 20)]);
+        b.load_records(0, 0, &recs).unwrap();
+        assert_eq!(b.space().alloc, 0);
+        // A record that frees free space is corruption, reported, not a panic.
+        assert!(matches!(b.load_records(0, 0, &recs[1..]), Err(AllocError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn ditto_copies_go_to_distinct_vdevs_and_full_pool_is_clean() {
+        let mut a = Allocator::new(&[(0, 4 * MB, 20), (1, 4 * MB, 20)]);
+        let d = a.alloc(4096, 2, AllocClass::Mos).unwrap();
+        assert_ne!(d[0].vdev, d[1].vdev);
+        let mut one = Allocator::new(&[(0, 4 * MB, 20)]);
+        let d = one.alloc(4096, 2, AllocClass::Mos).unwrap();
+        assert!(d[0].offset.get().abs_diff(d[1].offset.get()) >= MB);
+        let before = one.space();
+        let mut n = 0;
+        while one.alloc(65536, 1, AllocClass::Recorded).is_ok() {
+            n += 1;
+        }
+        assert!(n > 0);
+        assert_eq!(one.alloc(65536, 1, AllocClass::Recorded), Err(AllocError::NoSpace(65536)));
+        assert!(one.space().free < 65536 * 2);
+        assert!(before.free > one.space().free);
+    }
+
+    #[test]
+    fn condensing_replaces_a_long_map_with_its_image() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let mut records = Vec::new();
+        let mut txg = 1;
+        // Churn: allocate and free the same block many times.
+        for _ in 0..200 {
+            let d = a.alloc(4096, 1, AllocClass::Recorded).unwrap();
+            a.free(&d[0], txg, AllocClass::Recorded);
+            txg += 1;
+            a.txg_synced(txg);
+            for (v, m) in a.dirty_metaslabs() {
+                let (recs, full) = a.take_records(v, m);
+                if full {
+                    records.clear();
+                }
+                records.extend(recs);
+            }
+        }
+        let keep = a.alloc(4096, 1, AllocClass::Recorded).unwrap();
+        let (recs, _) = a.take_records(0, 0);
+        records.extend(recs);
+        assert!(records.len() < 100, "space map never condensed: {}", records.len());
+        let mut b = Allocator::new(&[(0, 8 * MB, 20)]);
+        b.load_records(0, 0, &records).unwrap();
+        // Only the kept block is allocated once deferred frees are counted free.
+        assert_eq!(b.space().alloc, 4096);
+        assert!(!b.tops[0].metaslabs[0].free.overlaps(keep[0].offset.get(), 4096));
+    }
+}

@@ -1,0 +1,14 @@
+//! Pool primitives: block pointers, labels and uberblocks, the metaslab allocator and its
+//! space-map records.
+//!
+//! Architecture invariant: `spa` knows nothing of objects or volumes. It decides where bytes
+//! go and how a pool identifies itself; what the bytes mean is decided above it.
+
+pub mod bp;
+pub mod label;
+pub mod metaslab;
+pub mod range_tree;
+pub mod space_map;
+
+pub use bp::{BlkPtr, BlockKind, Dva};
+pub use metaslab::{AllocClass, AllocError, Allocator, Space};

@@ -1,0 +1,193 @@
+//! A set of disjoint byte ranges, indexed by start and by size: the in-memory free space of a
+//! metaslab. Adjacent ranges merge, so the segment count is a fair measure of fragmentation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+#[derive(Default, Clone, Debug)]
+pub struct RangeTree {
+    /// start -> end (exclusive).
+    segs: BTreeMap<u64, u64>,
+    /// (length, start), for best-fit and largest-segment queries.
+    by_size: BTreeSet<(u64, u64)>,
+    space: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Overlap;
+
+impl RangeTree {
+    pub fn new() -> RangeTree {
+        RangeTree::default()
+    }
+
+    pub fn space(&self) -> u64 {
+        self.space
+    }
+
+    pub fn segments(&self) -> usize {
+        self.segs.len()
+    }
+
+    pub fn largest(&self) -> u64 {
+        self.by_size.iter().next_back().map_or(0, |&(len, _)| len)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segs.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// The segment containing `offset`, if any.
+    fn containing(&self, offset: u64) -> Option<(u64, u64)> {
+        self.segs.range(..=offset).next_back().map(|(&s, &e)| (s, e)).filter(|&(_, e)| offset < e)
+    }
+
+    pub fn contains(&self, start: u64, len: u64) -> bool {
+        self.containing(start).is_some_and(|(_, e)| start + len <= e)
+    }
+
+    pub fn overlaps(&self, start: u64, len: u64) -> bool {
+        let end = start + len;
+        if self.containing(start).is_some() {
+            return true;
+        }
+        self.segs.range(start..end).next().is_some()
+    }
+
+    fn insert_seg(&mut self, s: u64, e: u64) {
+        self.segs.insert(s, e);
+        self.by_size.insert((e - s, s));
+    }
+
+    fn remove_seg(&mut self, s: u64, e: u64) {
+        self.segs.remove(&s);
+        self.by_size.remove(&(e - s, s));
+    }
+
+    /// Adds a range that must not overlap any present one.
+    pub fn try_add(&mut self, start: u64, len: u64) -> Result<(), Overlap> {
+        assert!(len > 0);
+        if self.overlaps(start, len) {
+            return Err(Overlap);
+        }
+        let (mut s, mut e) = (start, start + len);
+        if let Some((ps, pe)) = self.segs.range(..s).next_back().map(|(&a, &b)| (a, b)) {
+            if pe == s {
+                self.remove_seg(ps, pe);
+                s = ps;
+            }
+        }
+        if let Some(ne) = self.segs.get(&e).copied() {
+            self.remove_seg(e, ne);
+            e = ne;
+        }
+        self.insert_seg(s, e);
+        self.space += len;
+        Ok(())
+    }
+
+    /// Removes a range that must lie wholly inside one present segment.
+    pub fn try_remove(&mut self, start: u64, len: u64) -> Result<(), Overlap> {
+        assert!(len > 0);
+        let (s, e) = self.containing(start).ok_or(Overlap)?;
+        let end = start + len;
+        if end > e {
+            return Err(Overlap);
+        }
+        self.remove_seg(s, e);
+        if s < start {
+            self.insert_seg(s, start);
+        }
+        if end < e {
+            self.insert_seg(end, e);
+        }
+        self.space -= len;
+        Ok(())
+    }
+
+    pub fn add(&mut self, start: u64, len: u64) {
+        self.try_add(start, len).expect("range tree: adding an overlapping range")
+    }
+
+    pub fn remove(&mut self, start: u64, len: u64) {
+        self.try_remove(start, len).expect("range tree: removing a range that is not present")
+    }
+
+    /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
+    /// segments (keeps sequential writes sequential), else the smallest segment that fits.
+    pub fn find(&self, len: u64, cursor: u64) -> Option<u64> {
+        if let Some((s, e)) = self.containing(cursor) {
+            if e - cursor >= len {
+                return Some(cursor);
+            }
+            let _ = s;
+        }
+        for (&s, &e) in self.segs.range((Bound::Excluded(cursor), Bound::Unbounded)).take(16) {
+            if e - s >= len {
+                return Some(s);
+            }
+        }
+        self.by_size.range((len, 0)..).next().map(|&(_, s)| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn merge_split_and_queries() {
+        let mut t = RangeTree::new();
+        t.add(0, 10);
+        t.add(20, 10);
+        t.add(10, 10); // bridges both
+        assert_eq!(t.segments(), 1);
+        assert_eq!(t.space(), 30);
+        t.remove(5, 10);
+        assert_eq!(t.iter().collect::<Vec<_>>(), vec![(0, 5), (15, 30)]);
+        assert_eq!(t.largest(), 15);
+        assert_eq!(t.try_add(4, 2), Err(Overlap));
+        assert_eq!(t.try_remove(4, 2), Err(Overlap));
+        assert_eq!(t.try_remove(10, 1), Err(Overlap));
+        assert!(t.contains(16, 14) && !t.contains(16, 15));
+        assert_eq!(t.find(10, 0), Some(15));
+        assert_eq!(t.find(3, 1), Some(1));
+        assert_eq!(t.find(16, 0), None);
+    }
+
+    #[test]
+    fn matches_a_bitmap_model_under_random_operations() {
+        let seed = 0x5eed_0001u64;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut t = RangeTree::new();
+        let mut model = vec![false; 512];
+        for _ in 0..20_000 {
+            let s = rng.gen_range(0..500u64);
+            let l = rng.gen_range(1..12u64).min(512 - s);
+            let r = s as usize..(s + l) as usize;
+            if rng.gen_bool(0.5) {
+                let ok = model[r.clone()].iter().all(|&b| !b);
+                assert_eq!(t.try_add(s, l).is_ok(), ok, "seed {seed}");
+                if ok {
+                    model[r].iter_mut().for_each(|b| *b = true);
+                }
+            } else {
+                let ok = model[r.clone()].iter().all(|&b| b);
+                // try_remove also needs one segment, which holds iff every byte is present.
+                assert_eq!(t.try_remove(s, l).is_ok(), ok, "seed {seed}");
+                if ok {
+                    model[r].iter_mut().for_each(|b| *b = false);
+                }
+            }
+            assert_eq!(t.space(), model.iter().filter(|&&b| b).count() as u64);
+        }
+        let mut runs = 0;
+        for i in 0..512 {
+            if model[i] && (i == 0 || !model[i - 1]) {
+                runs += 1;
+            }
+        }
+        assert_eq!(t.segments(), runs);
+    }
+}
