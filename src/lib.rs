@@ -2,6 +2,10 @@
 //!
 //! The modules are the layers of `ARCHITECTURE.md`, bottom up; each uses only those below it.
 
+pub mod dmu;
+pub mod dsl;
 pub mod math;
 pub mod spa;
 pub mod vdev;
+pub mod zio;
+pub mod zvol;

@@ -57,7 +57,11 @@ pub fn fletcher4(data: &[u8]) -> Fletcher4 {
             .wrapping_add(w1.wrapping_mul(3))
             .wrapping_add(w2.wrapping_mul(2))
             .wrapping_add(w3);
-        let na = a.wrapping_add(w0).wrapping_add(w1).wrapping_add(w2).wrapping_add(w3);
+        let na = a
+            .wrapping_add(w0)
+            .wrapping_add(w1)
+            .wrapping_add(w2)
+            .wrapping_add(w3);
         (a, b, c, d) = (na, nb, nc, nd);
     }
     for chunk in blocks.remainder().chunks(4) {
@@ -91,10 +95,18 @@ mod tests {
         let mut buf = vec![0u8; 1 << 20];
         rng.fill_bytes(&mut buf);
         for len in 0..=1031 {
-            assert_eq!(fletcher4(&buf[..len]), fletcher4_reference(&buf[..len]), "len {len}");
+            assert_eq!(
+                fletcher4(&buf[..len]),
+                fletcher4_reference(&buf[..len]),
+                "len {len}"
+            );
         }
         for len in [4096, 16384, 131072 + 7, 1 << 20] {
-            assert_eq!(fletcher4(&buf[..len]), fletcher4_reference(&buf[..len]), "len {len}");
+            assert_eq!(
+                fletcher4(&buf[..len]),
+                fletcher4_reference(&buf[..len]),
+                "len {len}"
+            );
         }
         // Saturated words exercise the wrapping arithmetic.
         let ones = vec![0xffu8; 65536];

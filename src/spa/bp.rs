@@ -8,7 +8,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::math::{Checksum, ChecksumKind};
 
 /// Data virtual address: one copy of a block on one top-level vdev.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 #[repr(C)]
 pub struct Dva {
     pub vdev: U32,
@@ -20,7 +22,11 @@ pub struct Dva {
 
 impl Dva {
     pub fn new(vdev: u32, offset: u64, asize: u32) -> Dva {
-        Dva { vdev: vdev.into(), asize: asize.into(), offset: offset.into() }
+        Dva {
+            vdev: vdev.into(),
+            asize: asize.into(),
+            offset: offset.into(),
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.asize.get() == 0
@@ -57,7 +63,9 @@ pub const BP_BYTES: usize = 128;
 
 /// The on-disk block pointer, 128 bytes, little-endian. A pointer whose `birth_txg` is 0 is a
 /// hole: the block was never written (or was freed) and reads as zeros.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 #[repr(C)]
 pub struct BlkPtr {
     pub dva: [Dva; 3],
@@ -82,7 +90,11 @@ const _: () = assert!(std::mem::size_of::<Dva>() == 16);
 
 impl BlkPtr {
     pub const HOLE: BlkPtr = BlkPtr {
-        dva: [Dva { vdev: U32::ZERO, asize: U32::ZERO, offset: U64::ZERO }; 3],
+        dva: [Dva {
+            vdev: U32::ZERO,
+            asize: U32::ZERO,
+            offset: U64::ZERO,
+        }; 3],
         lsize: U32::ZERO,
         psize: U32::ZERO,
         birth_txg: U64::ZERO,

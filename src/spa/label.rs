@@ -25,7 +25,9 @@ pub const UB_SLOTS: u64 = (LABEL_SIZE - CONFIG_AREA) / UB_SLOT;
 pub enum LabelError {
     #[error("no zeta label (bad magic)")]
     BadMagic,
-    #[error("format version {0} is not supported by this zeta (which reads version {FORMAT_VERSION})")]
+    #[error(
+        "format version {0} is not supported by this zeta (which reads version {FORMAT_VERSION})"
+    )]
     UnknownVersion(u64),
     #[error("label checksum mismatch")]
     BadChecksum,
@@ -97,7 +99,10 @@ fn config_digest(header_head: &[u8], payload: &[u8]) -> [u8; 32] {
 /// Encodes a config area; `generation` orders config copies (higher wins).
 pub fn encode_config(cfg: &PoolConfig, generation: u64) -> Vec<u8> {
     let payload = serde_json::to_vec(cfg).expect("config serializes");
-    assert!(payload.len() <= CONFIG_AREA as usize - CONFIG_HEADER, "config too large for label");
+    assert!(
+        payload.len() <= CONFIG_AREA as usize - CONFIG_HEADER,
+        "config too large for label"
+    );
     let mut hdr = ConfigHeader {
         magic: LABEL_MAGIC.into(),
         version: FORMAT_VERSION.into(),
@@ -207,7 +212,11 @@ pub struct LeafLabels {
 }
 
 pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
-    let mut out = LeafLabels { config: None, uberblocks: Vec::new(), errors: Vec::new() };
+    let mut out = LeafLabels {
+        config: None,
+        uberblocks: Vec::new(),
+        errors: Vec::new(),
+    };
     let mut buf = vec![0u8; LABEL_SIZE as usize];
     for index in 0..LABEL_COUNT {
         leaf.read_label(index, 0, &mut buf)?;
@@ -226,14 +235,20 @@ pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
             }
         }
     }
-    out.uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
+    out.uberblocks
+        .sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
     out.uberblocks.dedup_by_key(|u| u.txg.get());
     Ok(out)
 }
 
 /// Writes the config area of the given labels (callers write labels 0 and 2, flush, then 1
 /// and 3, so a crash can tear at most one pair).
-pub fn write_config(leaf: &Leaf, cfg: &PoolConfig, generation: u64, labels: &[usize]) -> Result<(), VdevError> {
+pub fn write_config(
+    leaf: &Leaf,
+    cfg: &PoolConfig,
+    generation: u64,
+    labels: &[usize],
+) -> Result<(), VdevError> {
     let area = encode_config(cfg, generation);
     for &index in labels {
         leaf.write_label(index, 0, &area)?;
@@ -282,7 +297,10 @@ mod tests {
                 asize: 1 << 30,
                 ms_shift: 24,
                 ms_count: 64,
-                children: vec![LeafConfig { guid: 7, path: "/dev/x".into() }],
+                children: vec![LeafConfig {
+                    guid: 7,
+                    path: "/dev/x".into(),
+                }],
             }],
         }
     }
@@ -300,9 +318,16 @@ mod tests {
         // A newer version with a correct checksum is named, not treated as garbage.
         let mut newer = area.clone();
         newer[8..16].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-        let digest = config_digest(&newer[..32], &newer[CONFIG_HEADER..CONFIG_HEADER + u64::from_le_bytes(newer[24..32].try_into().unwrap()) as usize]);
+        let digest = config_digest(
+            &newer[..32],
+            &newer[CONFIG_HEADER
+                ..CONFIG_HEADER + u64::from_le_bytes(newer[24..32].try_into().unwrap()) as usize],
+        );
         newer[32..64].copy_from_slice(&digest);
-        assert!(matches!(decode_config(&newer), Err(LabelError::UnknownVersion(2))));
+        assert!(matches!(
+            decode_config(&newer),
+            Err(LabelError::UnknownVersion(2))
+        ));
     }
 
     #[test]
@@ -319,7 +344,10 @@ mod tests {
         assert_eq!(txgs, vec![5, 4, 3, 2, 1]);
         // Tear txg 5's slot in every label: import must see 4 as newest.
         for index in 0..LABEL_COUNT {
-            let off = crate::vdev::layout::label_offset(index, dev.len_bytes()) + CONFIG_AREA + 5 * UB_SLOT + 40;
+            let off = crate::vdev::layout::label_offset(index, dev.len_bytes())
+                + CONFIG_AREA
+                + 5 * UB_SLOT
+                + 40;
             dev.corrupt(off, &[0xff; 8]);
         }
         let labels = read_labels(&leaf).unwrap();

@@ -57,7 +57,15 @@ impl Metaslab {
     fn new(start: u64, size: u64) -> Metaslab {
         let mut free = RangeTree::new();
         free.add(start, size);
-        Metaslab { start, size, free, mos: RangeTree::new(), pending: Vec::new(), sm_records: 0, cursor: start }
+        Metaslab {
+            start,
+            size,
+            free,
+            mos: RangeTree::new(),
+            pending: Vec::new(),
+            sm_records: 0,
+            cursor: start,
+        }
     }
 }
 
@@ -110,10 +118,20 @@ impl Allocator {
                     })
                     .filter(|m| m.size > 0)
                     .collect();
-                TopSpace { vdev, ms_shift: shift, metaslabs, active: 0 }
+                TopSpace {
+                    vdev,
+                    ms_shift: shift,
+                    metaslabs,
+                    active: 0,
+                }
             })
             .collect();
-        Allocator { tops, deferred: VecDeque::new(), rotor: 0, rotor_bytes: 0 }
+        Allocator {
+            tops,
+            deferred: VecDeque::new(),
+            rotor: 0,
+            rotor_bytes: 0,
+        }
     }
 
     pub fn space(&self) -> Space {
@@ -124,7 +142,12 @@ impl Allocator {
                 s.free += ms.free.space();
             }
         }
-        s.freeing = self.deferred.iter().flat_map(|d| &d.extents).map(|e| e.2).sum();
+        s.freeing = self
+            .deferred
+            .iter()
+            .flat_map(|d| &d.extents)
+            .map(|e| e.2)
+            .sum();
         s.alloc = s.size - s.free - s.freeing;
         s
     }
@@ -135,7 +158,12 @@ impl Allocator {
 
     /// Allocates `copies` copies of `asize` bytes, on distinct top-level vdevs where the pool
     /// has them, else spread apart on the same one.
-    pub fn alloc(&mut self, asize: u64, copies: usize, class: AllocClass) -> Result<Vec<Dva>, AllocError> {
+    pub fn alloc(
+        &mut self,
+        asize: u64,
+        copies: usize,
+        class: AllocClass,
+    ) -> Result<Vec<Dva>, AllocError> {
         assert!(asize > 0 && asize % SECTOR == 0 && (1..=3).contains(&copies));
         let n = self.tops.len();
         let mut dvas: Vec<Dva> = Vec::with_capacity(copies);
@@ -165,7 +193,11 @@ impl Allocator {
             let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
             let ms = &mut self.tops[d.vdev.get() as usize].metaslabs[ms_i];
             match class {
-                AllocClass::Recorded => ms.pending.push(SmRecord { offset: d.offset.get(), len: asize, free: false }),
+                AllocClass::Recorded => ms.pending.push(SmRecord {
+                    offset: d.offset.get(),
+                    len: asize,
+                    free: false,
+                }),
                 AllocClass::Mos => ms.mos.add(d.offset.get(), asize),
             }
         }
@@ -183,7 +215,11 @@ impl Allocator {
         let top = &mut self.tops[v];
         let count = top.metaslabs.len();
         let mut order: Vec<usize> = Vec::with_capacity(count + 1);
-        let preferred = if hint == 0 { top.active } else { (top.active + hint * count / of) % count };
+        let preferred = if hint == 0 {
+            top.active
+        } else {
+            (top.active + hint * count / of) % count
+        };
         order.push(preferred);
         // Then by weight: the largest free segment first, lower offsets on ties.
         let mut rest: Vec<usize> = (0..count).filter(|&i| i != preferred).collect();
@@ -208,7 +244,9 @@ impl Allocator {
 
     fn unalloc(&mut self, d: &Dva) {
         let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
-        self.tops[d.vdev.get() as usize].metaslabs[ms_i].free.add(d.offset.get(), d.asize.get() as u64);
+        self.tops[d.vdev.get() as usize].metaslabs[ms_i]
+            .free
+            .add(d.offset.get(), d.asize.get() as u64);
     }
 
     /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
@@ -216,14 +254,24 @@ impl Allocator {
         let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
         let ms_i = self.ms_index(v, off);
         let ms = &mut self.tops[v as usize].metaslabs[ms_i];
-        assert!(!ms.free.overlaps(off, len), "double free of vdev {v} offset {off}");
+        assert!(
+            !ms.free.overlaps(off, len),
+            "double free of vdev {v} offset {off}"
+        );
         match class {
-            AllocClass::Recorded => ms.pending.push(SmRecord { offset: off, len, free: true }),
+            AllocClass::Recorded => ms.pending.push(SmRecord {
+                offset: off,
+                len,
+                free: true,
+            }),
             AllocClass::Mos => ms.mos.remove(off, len),
         }
         match self.deferred.back_mut() {
             Some(d) if d.txg == txg => d.extents.push((v, off, len)),
-            _ => self.deferred.push_back(Deferred { txg, extents: vec![(v, off, len)] }),
+            _ => self.deferred.push_back(Deferred {
+                txg,
+                extents: vec![(v, off, len)],
+            }),
         }
     }
 
@@ -239,14 +287,23 @@ impl Allocator {
     }
 
     /// Replays persisted space-map records of one metaslab (import).
-    pub fn load_records(&mut self, vdev: u32, ms: usize, records: &[SmRecord]) -> Result<(), AllocError> {
+    pub fn load_records(
+        &mut self,
+        vdev: u32,
+        ms: usize,
+        records: &[SmRecord],
+    ) -> Result<(), AllocError> {
         let m = &mut self.tops[vdev as usize].metaslabs[ms];
         let corrupt = |what: String| AllocError::Corrupt { vdev, ms, what };
         for r in records {
             if r.len == 0 || r.offset < m.start || r.offset + r.len > m.start + m.size {
                 return Err(corrupt(format!("record {r:?} outside the metaslab")));
             }
-            let res = if r.free { m.free.try_add(r.offset, r.len) } else { m.free.try_remove(r.offset, r.len) };
+            let res = if r.free {
+                m.free.try_add(r.offset, r.len)
+            } else {
+                m.free.try_remove(r.offset, r.len)
+            };
             res.map_err(|_| corrupt(format!("record {r:?} contradicts earlier records")))?;
         }
         m.sm_records = records.len() as u64;
@@ -256,14 +313,23 @@ impl Allocator {
     /// Claims a MOS block found by walking the MOS at import.
     pub fn claim_mos(&mut self, d: &Dva) -> Result<(), AllocError> {
         let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
-        let corrupt = |what: String| AllocError::Corrupt { vdev: v, ms: 0, what };
-        let top = self.tops.get(v as usize).ok_or_else(|| corrupt(format!("MOS block on unknown vdev {v}")))?;
+        let corrupt = |what: String| AllocError::Corrupt {
+            vdev: v,
+            ms: 0,
+            what,
+        };
+        let top = self
+            .tops
+            .get(v as usize)
+            .ok_or_else(|| corrupt(format!("MOS block on unknown vdev {v}")))?;
         let ms_i = (off >> top.ms_shift) as usize;
         let ms = self.tops[v as usize]
             .metaslabs
             .get_mut(ms_i)
             .ok_or_else(|| corrupt(format!("MOS block at {off} past the end of the vdev")))?;
-        ms.free.try_remove(off, len).map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
+        ms.free
+            .try_remove(off, len)
+            .map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
         ms.mos.add(off, len);
         Ok(())
     }
@@ -319,12 +385,20 @@ fn condensed_image(ms: &Metaslab, deferred: &[(u64, u64)]) -> Vec<SmRecord> {
     let mut at = ms.start;
     for (s, e) in holes.iter() {
         if s > at {
-            out.push(SmRecord { offset: at, len: s - at, free: false });
+            out.push(SmRecord {
+                offset: at,
+                len: s - at,
+                free: false,
+            });
         }
         at = e;
     }
     if at < ms.start + ms.size {
-        out.push(SmRecord { offset: at, len: ms.start + ms.size - at, free: false });
+        out.push(SmRecord {
+            offset: at,
+            len: ms.start + ms.size - at,
+            free: false,
+        });
     }
     out
 }
@@ -353,7 +427,15 @@ mod tests {
         a.txg_synced(6);
         assert_eq!(a.space().freeing, 8192);
         a.txg_synced(7);
-        assert_eq!(a.space(), Space { size: 8 * MB, alloc: 0, free: 8 * MB, freeing: 0 });
+        assert_eq!(
+            a.space(),
+            Space {
+                size: 8 * MB,
+                alloc: 0,
+                free: 8 * MB,
+                freeing: 0
+            }
+        );
         // The records, replayed on a fresh allocator, give the same free space.
         let ms = a.dirty_metaslabs();
         assert_eq!(ms, vec![(0, 0)]);
@@ -364,7 +446,10 @@ mod tests {
         b.load_records(0, 0, &recs).unwrap();
         assert_eq!(b.space().alloc, 0);
         // A record that frees free space is corruption, reported, not a panic.
-        assert!(matches!(b.load_records(0, 0, &recs[1..]), Err(AllocError::Corrupt { .. })));
+        assert!(matches!(
+            b.load_records(0, 0, &recs[1..]),
+            Err(AllocError::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -381,7 +466,10 @@ mod tests {
             n += 1;
         }
         assert!(n > 0);
-        assert_eq!(one.alloc(65536, 1, AllocClass::Recorded), Err(AllocError::NoSpace(65536)));
+        assert_eq!(
+            one.alloc(65536, 1, AllocClass::Recorded),
+            Err(AllocError::NoSpace(65536))
+        );
         assert!(one.space().free < 65536 * 2);
         assert!(before.free > one.space().free);
     }
@@ -408,11 +496,17 @@ mod tests {
         let keep = a.alloc(4096, 1, AllocClass::Recorded).unwrap();
         let (recs, _) = a.take_records(0, 0);
         records.extend(recs);
-        assert!(records.len() < 100, "space map never condensed: {}", records.len());
+        assert!(
+            records.len() < 100,
+            "space map never condensed: {}",
+            records.len()
+        );
         let mut b = Allocator::new(&[(0, 8 * MB, 20)]);
         b.load_records(0, 0, &records).unwrap();
         // Only the kept block is allocated once deferred frees are counted free.
         assert_eq!(b.space().alloc, 4096);
-        assert!(!b.tops[0].metaslabs[0].free.overlaps(keep[0].offset.get(), 4096));
+        assert!(!b.tops[0].metaslabs[0]
+            .free
+            .overlaps(keep[0].offset.get(), 4096));
     }
 }

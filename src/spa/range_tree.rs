@@ -39,11 +39,16 @@ impl RangeTree {
 
     /// The segment containing `offset`, if any.
     fn containing(&self, offset: u64) -> Option<(u64, u64)> {
-        self.segs.range(..=offset).next_back().map(|(&s, &e)| (s, e)).filter(|&(_, e)| offset < e)
+        self.segs
+            .range(..=offset)
+            .next_back()
+            .map(|(&s, &e)| (s, e))
+            .filter(|&(_, e)| offset < e)
     }
 
     pub fn contains(&self, start: u64, len: u64) -> bool {
-        self.containing(start).is_some_and(|(_, e)| start + len <= e)
+        self.containing(start)
+            .is_some_and(|(_, e)| start + len <= e)
     }
 
     pub fn overlaps(&self, start: u64, len: u64) -> bool {
@@ -106,11 +111,13 @@ impl RangeTree {
     }
 
     pub fn add(&mut self, start: u64, len: u64) {
-        self.try_add(start, len).expect("range tree: adding an overlapping range")
+        self.try_add(start, len)
+            .expect("range tree: adding an overlapping range")
     }
 
     pub fn remove(&mut self, start: u64, len: u64) {
-        self.try_remove(start, len).expect("range tree: removing a range that is not present")
+        self.try_remove(start, len)
+            .expect("range tree: removing a range that is not present")
     }
 
     /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
@@ -122,7 +129,11 @@ impl RangeTree {
             }
             let _ = s;
         }
-        for (&s, &e) in self.segs.range((Bound::Excluded(cursor), Bound::Unbounded)).take(16) {
+        for (&s, &e) in self
+            .segs
+            .range((Bound::Excluded(cursor), Bound::Unbounded))
+            .take(16)
+        {
             if e - s >= len {
                 return Some(s);
             }

@@ -24,7 +24,11 @@ impl SmRecord {
     pub fn decode(bytes: &[u8]) -> SmRecord {
         let w0 = u64::from_le_bytes(bytes[0..8].try_into().unwrap());
         let len = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
-        SmRecord { offset: w0 & !FREE_BIT, len, free: w0 & FREE_BIT != 0 }
+        SmRecord {
+            offset: w0 & !FREE_BIT,
+            len,
+            free: w0 & FREE_BIT != 0,
+        }
     }
 }
 
@@ -37,7 +41,10 @@ pub fn encode_all(records: &[SmRecord]) -> Vec<u8> {
 }
 
 pub fn decode_all(bytes: &[u8]) -> Vec<SmRecord> {
-    bytes.chunks_exact(RECORD_BYTES).map(SmRecord::decode).collect()
+    bytes
+        .chunks_exact(RECORD_BYTES)
+        .map(SmRecord::decode)
+        .collect()
 }
 
 #[cfg(test)]
@@ -47,8 +54,16 @@ mod tests {
     #[test]
     fn round_trip() {
         let recs = vec![
-            SmRecord { offset: 4096, len: 8192, free: false },
-            SmRecord { offset: (1 << 40) + 4096, len: 4096, free: true },
+            SmRecord {
+                offset: 4096,
+                len: 8192,
+                free: false,
+            },
+            SmRecord {
+                offset: (1 << 40) + 4096,
+                len: 4096,
+                free: true,
+            },
         ];
         let bytes = encode_all(&recs);
         assert_eq!(bytes.len(), 32);

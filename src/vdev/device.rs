@@ -15,14 +15,22 @@ pub enum VdevError {
     #[error("{path}: injected {what} error")]
     Injected { path: String, what: &'static str },
     #[error("{path}: I/O of {len} bytes at offset {offset} lies past the end ({size} bytes)")]
-    OutOfRange { path: String, offset: u64, len: u64, size: u64 },
+    OutOfRange {
+        path: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
     #[error("no healthy copy: every child failed ({0})")]
     AllCopiesFailed(String),
 }
 
 impl VdevError {
     pub fn io(path: &str, source: io::Error) -> Self {
-        VdevError::Io { path: path.to_string(), source }
+        VdevError::Io {
+            path: path.to_string(),
+            source,
+        }
     }
 }
 

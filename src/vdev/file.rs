@@ -44,7 +44,12 @@ impl FileDevice {
         } else {
             meta.len()
         };
-        Ok(FileDevice { file, path: name, len_bytes, is_block_device: ft.is_block_device() })
+        Ok(FileDevice {
+            file,
+            path: name,
+            len_bytes,
+            is_block_device: ft.is_block_device(),
+        })
     }
 
     /// Creates a new sparse file of `len_bytes` (refusing to overwrite an existing path) and
@@ -57,7 +62,8 @@ impl FileDevice {
             .create_new(true)
             .open(path)
             .map_err(|e| VdevError::io(&name, e))?;
-        file.set_len(len_bytes).map_err(|e| VdevError::io(&name, e))?;
+        file.set_len(len_bytes)
+            .map_err(|e| VdevError::io(&name, e))?;
         drop(file);
         Self::open(path)
     }
@@ -72,7 +78,9 @@ fn lock_exclusive(file: &File, name: &str) -> Result<(), VdevError> {
     }
     let err = std::io::Error::last_os_error();
     if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Err(VdevError::Locked { path: name.to_string() })
+        Err(VdevError::Locked {
+            path: name.to_string(),
+        })
     } else {
         Err(VdevError::io(name, err))
     }
@@ -92,16 +100,22 @@ fn block_device_size(file: &File, name: &str) -> Result<u64, VdevError> {
 impl BlockDevice for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), VdevError> {
         check_range(self, offset_bytes, buf.len())?;
-        self.file.read_exact_at(buf, offset_bytes).map_err(|e| VdevError::io(&self.path, e))
+        self.file
+            .read_exact_at(buf, offset_bytes)
+            .map_err(|e| VdevError::io(&self.path, e))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
         check_range(self, offset_bytes, buf.len())?;
-        self.file.write_all_at(buf, offset_bytes).map_err(|e| VdevError::io(&self.path, e))
+        self.file
+            .write_all_at(buf, offset_bytes)
+            .map_err(|e| VdevError::io(&self.path, e))
     }
 
     fn flush(&self) -> Result<(), VdevError> {
-        self.file.sync_data().map_err(|e| VdevError::io(&self.path, e))
+        self.file
+            .sync_data()
+            .map_err(|e| VdevError::io(&self.path, e))
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VdevError> {
@@ -126,7 +140,10 @@ impl BlockDevice for FileDevice {
         if rc != 0 {
             let err = std::io::Error::last_os_error();
             // Discard is advisory: a device or file system that cannot do it loses nothing.
-            if matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY)) {
+            if matches!(
+                err.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY)
+            ) {
                 return Ok(());
             }
             return Err(VdevError::io(&self.path, err));
@@ -159,7 +176,10 @@ mod tests {
         dev.read_at(&mut buf, 8192).unwrap();
         assert_eq!(buf, [5u8; 4096]);
         // A second open, even from this process, is refused while the first holds the lock.
-        assert!(matches!(FileDevice::open(&p), Err(VdevError::Locked { .. })));
+        assert!(matches!(
+            FileDevice::open(&p),
+            Err(VdevError::Locked { .. })
+        ));
         assert!(matches!(
             dev.read_at(&mut buf, (1 << 20) - 100),
             Err(VdevError::OutOfRange { .. })

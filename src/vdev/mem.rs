@@ -111,7 +111,10 @@ impl BlockDevice for MemDevice {
         check_range(self, offset_bytes, buf.len())?;
         let st = self.state.lock();
         if st.faults.fail_reads {
-            return Err(VdevError::Injected { path: self.name.clone(), what: "read" });
+            return Err(VdevError::Injected {
+                path: self.name.clone(),
+                what: "read",
+            });
         }
         let off = offset_bytes as usize;
         buf.copy_from_slice(&st.current[off..off + buf.len()]);
@@ -122,7 +125,10 @@ impl BlockDevice for MemDevice {
         check_range(self, offset_bytes, buf.len())?;
         let mut st = self.state.lock();
         if st.faults.fail_writes {
-            return Err(VdevError::Injected { path: self.name.clone(), what: "write" });
+            return Err(VdevError::Injected {
+                path: self.name.clone(),
+                what: "write",
+            });
         }
         let off = offset_bytes as usize;
         st.current[off..off + buf.len()].copy_from_slice(buf);
@@ -133,7 +139,10 @@ impl BlockDevice for MemDevice {
     fn flush(&self) -> Result<(), VdevError> {
         let mut st = self.state.lock();
         if st.faults.fail_flush {
-            return Err(VdevError::Injected { path: self.name.clone(), what: "flush" });
+            return Err(VdevError::Injected {
+                path: self.name.clone(),
+                what: "flush",
+            });
         }
         let pending = std::mem::take(&mut st.pending);
         for (offset, data) in pending {
@@ -186,10 +195,20 @@ mod tests {
     #[test]
     fn injected_faults_fail_cleanly() {
         let dev = MemDevice::new("m", 1 << 16);
-        dev.set_faults(Faults { fail_reads: true, fail_writes: true, fail_flush: true });
+        dev.set_faults(Faults {
+            fail_reads: true,
+            fail_writes: true,
+            fail_flush: true,
+        });
         let mut buf = [0u8; 512];
-        assert!(matches!(dev.read_at(&mut buf, 0), Err(VdevError::Injected { .. })));
-        assert!(matches!(dev.write_at(&buf, 0), Err(VdevError::Injected { .. })));
+        assert!(matches!(
+            dev.read_at(&mut buf, 0),
+            Err(VdevError::Injected { .. })
+        ));
+        assert!(matches!(
+            dev.write_at(&buf, 0),
+            Err(VdevError::Injected { .. })
+        ));
         assert!(matches!(dev.flush(), Err(VdevError::Injected { .. })));
     }
 }

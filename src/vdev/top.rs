@@ -26,7 +26,11 @@ pub struct Leaf {
 
 impl Leaf {
     pub fn new(dev: Arc<dyn BlockDevice>, guid: u64) -> Leaf {
-        Leaf { dev, guid, counters: LeafCounters::default() }
+        Leaf {
+            dev,
+            guid,
+            counters: LeafCounters::default(),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -46,14 +50,30 @@ impl Leaf {
         self.dev.write_at(buf, RESERVE_BYTES + offset)
     }
 
-    pub fn read_label(&self, index: usize, offset_in_label: u64, buf: &mut [u8]) -> Result<(), VdevError> {
+    pub fn read_label(
+        &self,
+        index: usize,
+        offset_in_label: u64,
+        buf: &mut [u8],
+    ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
-        self.dev.read_at(buf, label_offset(index, self.dev.len_bytes()) + offset_in_label)
+        self.dev.read_at(
+            buf,
+            label_offset(index, self.dev.len_bytes()) + offset_in_label,
+        )
     }
 
-    pub fn write_label(&self, index: usize, offset_in_label: u64, buf: &[u8]) -> Result<(), VdevError> {
+    pub fn write_label(
+        &self,
+        index: usize,
+        offset_in_label: u64,
+        buf: &[u8],
+    ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
-        self.dev.write_at(buf, label_offset(index, self.dev.len_bytes()) + offset_in_label)
+        self.dev.write_at(
+            buf,
+            label_offset(index, self.dev.len_bytes()) + offset_in_label,
+        )
     }
 
     fn count(&self, counter: &AtomicU64) {
@@ -96,7 +116,14 @@ impl TopVdev {
             .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
             .min()
             .unwrap();
-        TopVdev { id, guid, kind, children, asize_bytes: asize / SECTOR * SECTOR, rotor: AtomicUsize::new(0) }
+        TopVdev {
+            id,
+            guid,
+            kind,
+            children,
+            asize_bytes: asize / SECTOR * SECTOR,
+            rotor: AtomicUsize::new(0),
+        }
     }
 
     /// Writes to every child in parallel. A mirror write succeeds if at least one child took
@@ -106,7 +133,10 @@ impl TopVdev {
         let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
             vec![self.children[0].write_data(data, offset)]
         } else {
-            self.children.par_iter().map(|c| c.write_data(data, offset)).collect()
+            self.children
+                .par_iter()
+                .map(|c| c.write_data(data, offset))
+                .collect()
         };
         self.settle(results, |c| &c.counters.write_errors)
     }
@@ -150,7 +180,11 @@ impl TopVdev {
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
-        let start = if n > 1 { self.rotor.fetch_add(1, Ordering::Relaxed) % n } else { 0 };
+        let start = if n > 1 {
+            self.rotor.fetch_add(1, Ordering::Relaxed) % n
+        } else {
+            0
+        };
         let mut report = ReadReport::default();
         let mut bad: Vec<usize> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
@@ -168,7 +202,10 @@ impl TopVdev {
                     for &b in &bad {
                         let victim = &self.children[b];
                         if victim.write_data(buf, offset).is_ok() {
-                            victim.counters.repaired_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                            victim
+                                .counters
+                                .repaired_bytes
+                                .fetch_add(buf.len() as u64, Ordering::Relaxed);
                             report.repaired_bytes += buf.len() as u64;
                         } else {
                             victim.count(&victim.counters.write_errors);
@@ -194,8 +231,9 @@ mod tests {
     use super::*;
 
     fn mirror(n: usize) -> (TopVdev, Vec<Arc<MemDevice>>) {
-        let devs: Vec<Arc<MemDevice>> =
-            (0..n).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20))).collect();
+        let devs: Vec<Arc<MemDevice>> = (0..n)
+            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20)))
+            .collect();
         let leaves = devs
             .iter()
             .enumerate()
@@ -220,7 +258,13 @@ mod tests {
             healed += r.repaired_bytes;
         }
         assert_eq!(healed, 8192);
-        assert_eq!(top.children[1].counters.cksum_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            top.children[1]
+                .counters
+                .cksum_errors
+                .load(Ordering::Relaxed),
+            1
+        );
         let mut raw = vec![0u8; 8192];
         devs[1].read_at(&mut raw, RESERVE_BYTES + 4096).unwrap();
         assert_eq!(raw, good);
@@ -229,10 +273,22 @@ mod tests {
     #[test]
     fn mirror_survives_one_failed_leaf_and_reports_when_all_fail() {
         let (top, devs) = mirror(2);
-        devs[0].set_faults(Faults { fail_writes: true, ..Faults::default() });
+        devs[0].set_faults(Faults {
+            fail_writes: true,
+            ..Faults::default()
+        });
         top.write(0, &[1u8; 4096]).unwrap();
-        assert_eq!(top.children[0].counters.write_errors.load(Ordering::Relaxed), 1);
-        devs[0].set_faults(Faults { fail_reads: true, ..Faults::default() });
+        assert_eq!(
+            top.children[0]
+                .counters
+                .write_errors
+                .load(Ordering::Relaxed),
+            1
+        );
+        devs[0].set_faults(Faults {
+            fail_reads: true,
+            ..Faults::default()
+        });
         let mut buf = vec![0u8; 4096];
         top.read_verified(0, &mut buf, &|b| b[0] == 1).unwrap();
         assert!(matches!(

@@ -1,0 +1,13 @@
+//! Objects: dnodes, copy-on-write block-pointer trees with indirect blocks, dirty buffers per
+//! txg, and a bounded cache of recently used blocks.
+//!
+//! Architecture invariant: `dmu` knows nothing of volumes, names or devices. An object is a
+//! sparse array of equal-sized blocks; what the blocks mean is its user's business.
+
+pub mod cache;
+pub mod dnode;
+pub mod object;
+
+pub use cache::BlockCache;
+pub use dnode::{DnodePhys, ObjectKind, ObjsetPhys, IND_BLOCK_BYTES, IND_SHIFT};
+pub use object::{Dirty, Object, ObjectIo};

@@ -1,0 +1,380 @@
+//! One object: a sparse array of `data_block_bytes` blocks behind a copy-on-write tree of
+//! indirect blocks. Writes land in the open txg's dirty map; `sync` writes a txg's dirty blocks
+//! to new places and rewrites the path of indirect blocks above them up to a new root.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rayon::prelude::*;
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::cache::BlockCache;
+use super::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
+use crate::math::ChecksumKind;
+use crate::spa::bp::BP_BYTES;
+use crate::spa::{AllocClass, BlkPtr, BlockKind};
+use crate::zio::{WriteProps, Zio, ZioError};
+
+const FANOUT: usize = 1 << IND_SHIFT;
+
+/// What the objects of a pool need from below: verified, cached block reads and writes.
+pub struct ObjectIo {
+    pub zio: Arc<Zio>,
+    pub cache: Arc<BlockCache>,
+}
+
+impl ObjectIo {
+    pub fn read_bp(&self, bp: &BlkPtr) -> Result<Arc<Vec<u8>>, ZioError> {
+        if let Some(b) = self.cache.get(bp) {
+            return Ok(b);
+        }
+        let data = Arc::new(self.zio.read(bp)?);
+        self.cache.insert(bp, data.clone());
+        Ok(data)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Dirty {
+    Data(Arc<Vec<u8>>),
+    Free,
+}
+
+struct State {
+    dnode: DnodePhys,
+    open: BTreeMap<u64, Dirty>,
+    syncing: Option<Arc<BTreeMap<u64, Dirty>>>,
+}
+
+pub struct Object {
+    data_kind: BlockKind,
+    class: AllocClass,
+    state: Mutex<State>,
+}
+
+fn bp_at(block: &[u8], slot: usize) -> BlkPtr {
+    BlkPtr::read_from_bytes(&block[slot * BP_BYTES..(slot + 1) * BP_BYTES]).expect("exact size")
+}
+
+fn set_bp(block: &mut [u8], slot: usize, bp: &BlkPtr) {
+    block[slot * BP_BYTES..(slot + 1) * BP_BYTES].copy_from_slice(bp.as_bytes());
+}
+
+impl Object {
+    pub fn new(dnode: DnodePhys, data_kind: BlockKind, class: AllocClass) -> Object {
+        Object {
+            data_kind,
+            class,
+            state: Mutex::new(State {
+                dnode,
+                open: BTreeMap::new(),
+                syncing: None,
+            }),
+        }
+    }
+
+    pub fn dnode(&self) -> DnodePhys {
+        self.state.lock().dnode
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.state.lock().dnode.data_block_bytes.get() as usize
+    }
+
+    pub fn set_size_bytes(&self, size: u64) {
+        self.state.lock().dnode.size_bytes = size.into();
+    }
+
+    /// Reads block `blkid` as of the newest write; `None` is a hole (reads as zeros).
+    pub fn read_block(&self, io: &ObjectIo, blkid: u64) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
+        let dnode = {
+            let st = self.state.lock();
+            let dirty = st
+                .open
+                .get(&blkid)
+                .or_else(|| st.syncing.as_ref().and_then(|s| s.get(&blkid)));
+            match dirty {
+                Some(Dirty::Data(d)) => return Ok(Some(d.clone())),
+                Some(Dirty::Free) => return Ok(None),
+                None => st.dnode,
+            }
+        };
+        let bp = lookup(io, &dnode, 0, blkid)?;
+        if bp.is_hole() {
+            return Ok(None);
+        }
+        io.read_bp(&bp).map(Some)
+    }
+
+    /// Records a whole-block change in the open txg; returns the change in dirty bytes.
+    /// The caller holds the pool's txg open (so the open map cannot move to syncing meanwhile).
+    pub fn dirty(&self, blkid: u64, change: Dirty) -> i64 {
+        let mut st = self.state.lock();
+        if let Dirty::Data(d) = &change {
+            assert_eq!(d.len(), st.dnode.data_block_bytes.get() as usize);
+        }
+        let added = match &change {
+            Dirty::Data(d) => d.len() as i64,
+            Dirty::Free => 0,
+        };
+        let removed = match st.open.insert(blkid, change) {
+            Some(Dirty::Data(d)) => d.len() as i64,
+            _ => 0,
+        };
+        added - removed
+    }
+
+    pub fn has_open_changes(&self) -> bool {
+        !self.state.lock().open.is_empty()
+    }
+
+    /// Moves the open txg's changes to syncing; returns their dirty bytes.
+    pub fn begin_sync(&self) -> u64 {
+        let mut st = self.state.lock();
+        assert!(st.syncing.is_none(), "a txg is already syncing this object");
+        if st.open.is_empty() {
+            return 0;
+        }
+        let map = std::mem::take(&mut st.open);
+        let bytes = map
+            .values()
+            .map(|d| {
+                if let Dirty::Data(d) = d {
+                    d.len() as u64
+                } else {
+                    0
+                }
+            })
+            .sum();
+        st.syncing = Some(Arc::new(map));
+        bytes
+    }
+
+    /// Writes the syncing changes in txg `txg` and installs the new tree. Old blocks are freed
+    /// in `txg` (deferred by the allocator).
+    pub fn sync(&self, io: &ObjectIo, txg: u64) -> Result<DnodePhys, ZioError> {
+        let (old, dirty) = {
+            let st = self.state.lock();
+            (st.dnode, st.syncing.clone())
+        };
+        let Some(dirty) = dirty else { return Ok(old) };
+        let checksum =
+            ChecksumKind::from_u8(old.checksum).expect("dnode checksum validated at load");
+        let data_props = WriteProps {
+            kind: self.data_kind,
+            level: 0,
+            checksum,
+            copies: old.copies as usize,
+            class: self.class,
+        };
+        let mut new = old;
+        let max_blkid = *dirty.keys().next_back().expect("non-empty");
+        while new.capacity_blocks() <= max_blkid {
+            new.nlevels += 1;
+        }
+
+        // Level 0, in parallel: every dirty block to a new place (all-zero blocks become holes).
+        let entries: Vec<(&u64, &Dirty)> = dirty.iter().collect();
+        let written: Result<Vec<(u64, BlkPtr)>, ZioError> = entries
+            .par_iter()
+            .map(|&(&blkid, change)| match change {
+                Dirty::Data(d) if d.iter().any(|&b| b != 0) => {
+                    let bp = io.zio.write(d, data_props, txg, 1)?;
+                    io.cache.insert(&bp, d.clone());
+                    Ok((blkid, bp))
+                }
+                _ => Ok((blkid, BlkPtr::HOLE)),
+            })
+            .collect();
+        let mut children: BTreeMap<u64, BlkPtr> = written?.into_iter().collect();
+
+        // Indirect levels, bottom up.
+        let ind_props = WriteProps {
+            kind: BlockKind::Indirect,
+            level: 0,
+            checksum,
+            copies: (old.copies as usize).max(2).min(3),
+            class: self.class,
+        };
+        let mut old_root_replaced = old.nlevels == 1 && children.contains_key(&0);
+        for level in 1..new.nlevels {
+            if level == old.nlevels {
+                // The tree grew: the old root becomes the first child of the new level.
+                if !children.contains_key(&0) && !old.root.is_hole() {
+                    children.insert(0, old.root);
+                }
+            }
+            let mut parents: BTreeMap<u64, BlkPtr> = BTreeMap::new();
+            let mut groups: BTreeMap<u64, Vec<(u64, BlkPtr)>> = BTreeMap::new();
+            for (idx, bp) in children {
+                groups.entry(idx >> IND_SHIFT).or_default().push((idx, bp));
+            }
+            for (pidx, group) in groups {
+                let old_parent = if level < old.nlevels {
+                    lookup(io, &old, level, pidx)?
+                } else {
+                    BlkPtr::HOLE
+                };
+                if level == old.nlevels - 1 && pidx == 0 {
+                    old_root_replaced = true;
+                }
+                let mut content = if old_parent.is_hole() {
+                    vec![0u8; IND_BLOCK_BYTES]
+                } else {
+                    io.read_bp(&old_parent)?.to_vec()
+                };
+                for (idx, bp) in group {
+                    let slot = (idx as usize) & (FANOUT - 1);
+                    let prev = bp_at(&content, slot);
+                    if !prev.is_hole() && prev != bp {
+                        io.zio.free(&prev, txg, self.class);
+                    }
+                    set_bp(&mut content, slot, &bp);
+                }
+                let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
+                let nonhole = (0..FANOUT).any(|s| !bp_at(&content, s).is_hole());
+                let bp = if nonhole {
+                    let props = WriteProps { level, ..ind_props };
+                    let bp = io.zio.write(&content, props, txg, fill)?;
+                    io.cache.insert(&bp, Arc::new(content));
+                    bp
+                } else {
+                    BlkPtr::HOLE
+                };
+                parents.insert(pidx, bp);
+            }
+            children = parents;
+        }
+        if new.nlevels == old.nlevels && old.nlevels > 1 {
+            old_root_replaced = true;
+        }
+        let root = children.get(&0).copied().unwrap_or(if old_root_replaced {
+            BlkPtr::HOLE
+        } else {
+            old.root
+        });
+        if old_root_replaced && !old.root.is_hole() && old.root != root {
+            io.zio.free(&old.root, txg, self.class);
+        }
+        new.root = root;
+
+        let mut st = self.state.lock();
+        st.dnode.root = new.root;
+        st.dnode.nlevels = new.nlevels;
+        st.syncing = None;
+        Ok(st.dnode)
+    }
+
+    /// Frees every block of the object in txg `txg` (the object is being destroyed).
+    pub fn free_all(&self, io: &ObjectIo, txg: u64) -> Result<(), ZioError> {
+        let dn = self.dnode();
+        walk(io, &dn, &mut |bp, _| {
+            io.zio.free(bp, txg, self.class);
+            Ok(())
+        })
+    }
+
+    /// Block ids in `from..to` that hold data on disk or in a dirty buffer.
+    pub fn allocated_blocks(
+        &self,
+        io: &ObjectIo,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<u64>, ZioError> {
+        let (dn, mut out) = {
+            let st = self.state.lock();
+            let mut ids: Vec<u64> = st.open.range(from..to).map(|(&k, _)| k).collect();
+            if let Some(s) = &st.syncing {
+                ids.extend(s.range(from..to).map(|(&k, _)| k));
+            }
+            (st.dnode, ids)
+        };
+        collect_blkids(io, &dn, dn.root, dn.nlevels - 1, 0, from, to, &mut out)?;
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// The pointer to block `idx` of `level` in the tree of `dn` (a hole when out of its range).
+fn lookup(io: &ObjectIo, dn: &DnodePhys, level: u8, idx: u64) -> Result<BlkPtr, ZioError> {
+    let top = dn.nlevels - 1;
+    if level > top || (idx >> (IND_SHIFT as u64 * (top - level) as u64)) != 0 {
+        return Ok(BlkPtr::HOLE);
+    }
+    let mut bp = dn.root;
+    for l in (level + 1..=top).rev() {
+        if bp.is_hole() {
+            return Ok(bp);
+        }
+        let block = io.read_bp(&bp)?;
+        let slot = ((idx >> (IND_SHIFT * (l - 1 - level) as u32)) as usize) & (FANOUT - 1);
+        bp = bp_at(&block, slot);
+    }
+    Ok(bp)
+}
+
+fn collect_blkids(
+    io: &ObjectIo,
+    dn: &DnodePhys,
+    bp: BlkPtr,
+    level: u8,
+    first: u64,
+    from: u64,
+    to: u64,
+    out: &mut Vec<u64>,
+) -> Result<(), ZioError> {
+    let span = 1u64 << (IND_SHIFT * level as u32);
+    if bp.is_hole() || first >= to || first + span <= from {
+        return Ok(());
+    }
+    if level == 0 {
+        out.push(first);
+        return Ok(());
+    }
+    let block = io.read_bp(&bp)?;
+    let child_span = span >> IND_SHIFT;
+    for slot in 0..FANOUT {
+        let child = bp_at(&block, slot);
+        collect_blkids(
+            io,
+            dn,
+            child,
+            level - 1,
+            first + slot as u64 * child_span,
+            from,
+            to,
+            out,
+        )?;
+    }
+    Ok(())
+}
+
+/// Visits every block pointer of the tree of `dn`, parents before children, reading (and so
+/// verifying) every indirect block.
+pub fn walk(
+    io: &ObjectIo,
+    dn: &DnodePhys,
+    f: &mut dyn FnMut(&BlkPtr, u8) -> Result<(), ZioError>,
+) -> Result<(), ZioError> {
+    fn go(
+        io: &ObjectIo,
+        bp: &BlkPtr,
+        level: u8,
+        f: &mut dyn FnMut(&BlkPtr, u8) -> Result<(), ZioError>,
+    ) -> Result<(), ZioError> {
+        if bp.is_hole() {
+            return Ok(());
+        }
+        f(bp, level)?;
+        if level > 0 {
+            let block = io.read_bp(bp)?;
+            for slot in 0..FANOUT {
+                go(io, &bp_at(&block, slot), level - 1, f)?;
+            }
+        }
+        Ok(())
+    }
+    go(io, &dn.root, dn.nlevels - 1, f)
+}

@@ -1,0 +1,50 @@
+//! The directory of volumes: one 512-byte entry per volume in the MOS directory object.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::spa::BlkPtr;
+
+pub const ENTRY_BYTES: usize = 512;
+pub const NAME_BYTES: usize = 256;
+
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct DirEntryPhys {
+    /// UTF-8, NUL-padded; an all-zero name marks an unused entry.
+    pub name: [u8; NAME_BYTES],
+    pub guid: U64,
+    pub volsize: U64,
+    pub volblocksize: U32,
+    pub checksum: u8,
+    pub pad: [u8; 3],
+    pub created_txg: U64,
+    pub reserved: [u8; 96],
+    pub objset: BlkPtr,
+}
+const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);
+
+impl DirEntryPhys {
+    pub fn name(&self) -> Option<String> {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+        if end == 0 {
+            return None;
+        }
+        String::from_utf8(self.name[..end].to_vec()).ok()
+    }
+
+    pub fn set_name(&mut self, name: &str) {
+        assert!(name.len() < NAME_BYTES);
+        self.name = [0; NAME_BYTES];
+        self.name[..name.len()].copy_from_slice(name.as_bytes());
+    }
+}
+
+/// Checks a volume name: 1-200 bytes of letters, digits, `-`, `_`, `.`, `:`.
+pub fn valid_volume_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}

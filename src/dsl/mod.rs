@@ -1,0 +1,11 @@
+//! The pool as a whole: the meta object set (MOS) with its directory of volumes and its space
+//! maps, transaction-group sync, create, import and export. It sits above `dmu` because the MOS
+//! is made of objects; the pool primitives it uses live in `spa`.
+//!
+//! Architecture invariant: only `dsl::pool` writes uberblocks and labels, and only its sync
+//! thread moves a txg from open to committed.
+
+pub mod dir;
+pub mod pool;
+
+pub use pool::{Dataset, Pool, PoolError, PoolOptions, TopSpec};

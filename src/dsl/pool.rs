@@ -1,0 +1,1204 @@
+//! Pool lifecycle and transaction groups.
+//!
+//! A txg is *open* while writers add dirty blocks to it; the sync thread closes it (so new
+//! writes go to the next txg), writes its blocks copy-on-write, then the MOS, flushes every
+//! leaf, writes the uberblock into every label, and flushes again. Only then is the txg
+//! committed. See docs/format.md for why a crash at any point leaves the previous txg intact.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
+use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
+use crate::dmu::object::walk;
+use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
+use crate::math::ChecksumKind;
+use crate::spa::label::{
+    read_labels, write_config, write_uberblock, LabelError, LeafConfig, PoolConfig, PoolState,
+    TopConfig, Uberblock, FORMAT_VERSION,
+};
+use crate::spa::metaslab::ms_shift_for;
+use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
+use crate::vdev::{BlockDevice, Leaf, TopKind, TopVdev, VdevError};
+use crate::zio::{WriteProps, Zio, ZioError};
+
+/// Smallest usable leaf: room for a few metaslabs after the labels.
+pub const MIN_LEAF_BYTES: u64 = 64 << 20;
+const DIR_BLOCK_BYTES: u32 = 16 * 1024;
+const MSTABLE_BLOCK_BYTES: u32 = 16 * 1024;
+const SM_BLOCK_BYTES: u32 = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Vdev(#[from] VdevError),
+    #[error(transparent)]
+    Label(#[from] LabelError),
+    #[error(transparent)]
+    Zio(#[from] ZioError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: belongs to pool '{pool}' ({state:?}); use -f to overwrite it")]
+    InUse {
+        path: String,
+        pool: String,
+        state: PoolState,
+    },
+    #[error("no pool found{0}")]
+    NotFound(String),
+    #[error("pool '{pool}': cannot import: {why}")]
+    CannotImport { pool: String, why: String },
+    #[error("out of space in pool '{0}'")]
+    NoSpace(String),
+    #[error("volume '{0}' does not exist")]
+    NoSuchVolume(String),
+    #[error("volume '{0}' already exists")]
+    VolumeExists(String),
+    #[error("pool '{pool}' is suspended after an I/O failure and accepts no more writes: {why}")]
+    Suspended { pool: String, why: String },
+}
+
+impl From<AllocError> for PoolError {
+    fn from(e: AllocError) -> Self {
+        PoolError::Zio(ZioError::Alloc(e))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub checksum: ChecksumKind,
+    pub txg_timeout: Duration,
+    /// Dirty data (open + syncing txgs) above which writers wait for a sync.
+    pub dirty_max_bytes: u64,
+    pub cache_bytes: u64,
+    /// Overwrite devices that belong to another pool.
+    pub force: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            checksum: ChecksumKind::Fletcher4,
+            txg_timeout: Duration::from_secs(5),
+            dirty_max_bytes: 128 << 20,
+            cache_bytes: 256 << 20,
+            force: false,
+        }
+    }
+}
+
+/// A top-level vdev to create: its kind and its leaves, already opened, with their paths.
+pub struct TopSpec {
+    pub kind: TopKind,
+    pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
+}
+
+/// A volume as the pool tracks it.
+pub struct Dataset {
+    pub name: String,
+    pub guid: u64,
+    pub volblocksize: u32,
+    pub checksum: ChecksumKind,
+    pub created_txg: u64,
+    volsize: AtomicU64,
+    pub object: Object,
+    objset_bp: Mutex<BlkPtr>,
+}
+
+impl Dataset {
+    pub fn volsize(&self) -> u64 {
+        self.volsize.load(Ordering::Acquire)
+    }
+}
+
+struct Mos {
+    dir: Object,
+    mstable: Object,
+    /// One space-map object per metaslab, in vdev order.
+    sms: Vec<Object>,
+    /// Index of each vdev's first metaslab in `sms`.
+    ms_base: Vec<usize>,
+    objset_bp: BlkPtr,
+    /// Volumes destroyed since the last sync; their blocks are freed by the next one.
+    destroyed: Vec<Arc<Dataset>>,
+    /// The directory must be rewritten (a volume was created, destroyed or resized).
+    dir_dirty: bool,
+}
+
+/// Sync requests are numbered; a request is served once a sync pass that *started* after it
+/// has finished (that pass either committed the txg holding the requester's writes or found
+/// nothing dirty, which means they were committed earlier).
+struct SyncState {
+    synced_txg: u64,
+    request_seq: u64,
+    completed_seq: u64,
+    shutdown: bool,
+    error: Option<String>,
+}
+
+pub struct Pool {
+    pub name: String,
+    pub guid: u64,
+    config: Mutex<PoolConfig>,
+    config_gen: AtomicU64,
+    pub io: ObjectIo,
+    opts: PoolOptions,
+    /// The open txg. Writers hold it shared while they dirty blocks; the sync thread takes it
+    /// exclusively to close the txg.
+    open_txg: RwLock<u64>,
+    sync: Mutex<SyncState>,
+    sync_cv: Condvar,
+    /// Held for a whole sync, and by admin changes to the MOS.
+    mos: Mutex<Mos>,
+    datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
+    dirty_bytes: AtomicI64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn random_guid() -> u64 {
+    loop {
+        let g: u64 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> PoolError {
+    PoolError::Invalid(msg.into())
+}
+
+impl Pool {
+    // ----- creation -----------------------------------------------------------------------
+
+    /// Creates a pool on opened devices and commits its first txg.
+    pub fn create(
+        name: &str,
+        spec: Vec<TopSpec>,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        if !valid_volume_name(name) || name.contains(':') {
+            return Err(invalid(format!(
+                "invalid pool name '{name}': use letters, digits, '-', '_', '.'"
+            )));
+        }
+        if spec.is_empty() {
+            return Err(invalid("a pool needs at least one device"));
+        }
+        let mut tops_cfg = Vec::new();
+        let mut tops = Vec::new();
+        for (id, top) in spec.into_iter().enumerate() {
+            match top.kind {
+                TopKind::Stripe if top.leaves.len() != 1 => {
+                    return Err(invalid("a stripe vdev has exactly one device"))
+                }
+                TopKind::Mirror if top.leaves.len() < 2 => {
+                    return Err(invalid("a mirror needs at least two devices"))
+                }
+                _ => {}
+            }
+            let mut leaves = Vec::new();
+            let mut children = Vec::new();
+            for (dev, path) in top.leaves {
+                if dev.len_bytes() < MIN_LEAF_BYTES {
+                    return Err(invalid(format!(
+                        "{path}: too small ({} bytes); a device needs at least {} MiB",
+                        dev.len_bytes(),
+                        MIN_LEAF_BYTES >> 20
+                    )));
+                }
+                let leaf = Leaf::new(dev, random_guid());
+                if !opts.force {
+                    if let Ok(labels) = read_labels(&leaf) {
+                        if let Some((_, cfg)) = labels.config {
+                            if cfg.state != PoolState::Destroyed {
+                                return Err(PoolError::InUse {
+                                    path,
+                                    pool: cfg.name,
+                                    state: cfg.state,
+                                });
+                            }
+                        }
+                    }
+                }
+                children.push(LeafConfig {
+                    guid: leaf.guid,
+                    path,
+                });
+                leaves.push(Arc::new(leaf));
+            }
+            let vdev = TopVdev::new(id as u32, random_guid(), top.kind, leaves);
+            let shift = ms_shift_for(vdev.asize_bytes);
+            tops_cfg.push(TopConfig {
+                id: id as u32,
+                guid: vdev.guid,
+                kind: top.kind,
+                asize: vdev.asize_bytes,
+                ms_shift: shift,
+                ms_count: vdev.asize_bytes.div_ceil(1 << shift) as u32,
+                children,
+            });
+            tops.push(Arc::new(vdev));
+        }
+        let config = PoolConfig {
+            name: name.to_string(),
+            pool_guid: random_guid(),
+            state: PoolState::Active,
+            version: FORMAT_VERSION,
+            checksum: opts.checksum,
+            leaf_guid: 0,
+            tops: tops_cfg,
+        };
+        let alloc = Allocator::new(&alloc_geometry(&config));
+        let mut mos = empty_mos(
+            &alloc
+                .tops
+                .iter()
+                .map(|t| t.metaslabs.len())
+                .collect::<Vec<_>>(),
+        );
+        mos.dir_dirty = true;
+        let pool = Self::assemble(config, tops, alloc, opts, mos, 0, 1);
+        pool.write_config(PoolState::Active)?;
+        pool.sync_now()?;
+        Ok(pool)
+    }
+
+    fn assemble(
+        config: PoolConfig,
+        tops: Vec<Arc<TopVdev>>,
+        alloc: Allocator,
+        opts: PoolOptions,
+        mos: Mos,
+        synced_txg: u64,
+        config_gen: u64,
+    ) -> Arc<Pool> {
+        let zio = Arc::new(Zio::new(tops, alloc));
+        let cache = Arc::new(BlockCache::new(opts.cache_bytes));
+        let pool = Arc::new(Pool {
+            name: config.name.clone(),
+            guid: config.pool_guid,
+            config: Mutex::new(config),
+            config_gen: AtomicU64::new(config_gen),
+            io: ObjectIo { zio, cache },
+            opts,
+            open_txg: RwLock::new(synced_txg + 1),
+            sync: Mutex::new(SyncState {
+                synced_txg,
+                request_seq: 0,
+                completed_seq: 0,
+                shutdown: false,
+                error: None,
+            }),
+            sync_cv: Condvar::new(),
+            mos: Mutex::new(mos),
+            datasets: RwLock::new(BTreeMap::new()),
+            dirty_bytes: AtomicI64::new(0),
+            thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&pool);
+        let handle = std::thread::Builder::new()
+            .name(format!("txg-sync-{}", pool.name))
+            .spawn(move || sync_thread(weak))
+            .expect("spawn sync thread");
+        *pool.thread.lock() = Some(handle);
+        pool
+    }
+
+    /// Writes the config into every label, in two phases (labels 0 and 2, then 1 and 3) so a
+    /// crash tears at most one copy of each end.
+    fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
+        let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut cfg = self.config.lock().clone();
+        cfg.state = state;
+        for phase in [[0usize, 2], [1, 3]] {
+            for top in &self.io.zio.tops {
+                for leaf in &top.children {
+                    let mut c = cfg.clone();
+                    c.leaf_guid = leaf.guid;
+                    write_config(leaf, &c, generation, &phase)?;
+                }
+            }
+            self.io.zio.flush_all()?;
+        }
+        self.config.lock().state = state;
+        Ok(())
+    }
+
+    // ----- import -------------------------------------------------------------------------
+
+    /// Imports the pool named `name` (or the only pool present) from opened devices.
+    pub fn import(
+        devices: Vec<(Arc<dyn BlockDevice>, String)>,
+        name: Option<&str>,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        // Read every device's labels and group them by pool.
+        let mut pools: HashMap<
+            u64,
+            Vec<(
+                Arc<dyn BlockDevice>,
+                String,
+                u64,
+                PoolConfig,
+                Vec<Uberblock>,
+            )>,
+        > = HashMap::new();
+        let mut unreadable = Vec::new();
+        for (dev, path) in devices {
+            let probe = Leaf::new(dev.clone(), 0);
+            match read_labels(&probe) {
+                Ok(l) => match l.config {
+                    Some((generation, cfg)) => {
+                        pools.entry(cfg.pool_guid).or_default().push((dev, path, generation, cfg, l.uberblocks))
+                    }
+                    None => unreadable.push(format!("{path}: no valid label ({})", l.errors.join(", "))),
+                },
+                Err(LabelError::UnknownVersion(v)) => {
+                    return Err(PoolError::CannotImport {
+                        pool: name.unwrap_or("?").to_string(),
+                        why: format!("{path}: format version {v} is newer than this zeta supports ({FORMAT_VERSION})"),
+                    })
+                }
+                Err(e) => unreadable.push(format!("{path}: {e}")),
+            }
+        }
+        let newest = |v: &Vec<(
+            Arc<dyn BlockDevice>,
+            String,
+            u64,
+            PoolConfig,
+            Vec<Uberblock>,
+        )>| { v.iter().max_by_key(|e| e.2).map(|e| e.3.clone()).unwrap() };
+        let mut candidates: Vec<u64> = pools
+            .iter()
+            .filter(|(_, v)| {
+                let cfg = newest(v);
+                cfg.state != PoolState::Destroyed && name.is_none_or(|n| n == cfg.name)
+            })
+            .map(|(g, _)| *g)
+            .collect();
+        candidates.sort();
+        let guid = match candidates.as_slice() {
+            [g] => *g,
+            [] => {
+                let detail = if unreadable.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", unreadable.join("; "))
+                };
+                return Err(PoolError::NotFound(match name {
+                    Some(n) => format!(" named '{n}'{detail}"),
+                    None => detail,
+                }));
+            }
+            _ => {
+                let names: Vec<String> =
+                    candidates.iter().map(|g| newest(&pools[g]).name).collect();
+                return Err(invalid(format!(
+                    "several pools found ({}); name the one to import",
+                    names.join(", ")
+                )));
+            }
+        };
+        let members = pools.remove(&guid).unwrap();
+        let config_gen = members.iter().map(|m| m.2).max().unwrap();
+        let mut config = newest(&members);
+        let pool_name = config.name.clone();
+        let cannot = |why: String| PoolError::CannotImport {
+            pool: pool_name.clone(),
+            why,
+        };
+
+        // Assemble the vdev tree from the config, matching leaves by GUID.
+        let mut by_guid: HashMap<u64, (Arc<dyn BlockDevice>, String)> = HashMap::new();
+        let mut uberblocks: Vec<Uberblock> = Vec::new();
+        for (dev, path, _, cfg, ubs) in members {
+            by_guid.insert(cfg.leaf_guid, (dev, path));
+            uberblocks.extend(ubs);
+        }
+        let mut tops = Vec::new();
+        for t in config.tops.iter_mut() {
+            let mut leaves = Vec::new();
+            let mut missing = Vec::new();
+            for c in t.children.iter_mut() {
+                match by_guid.get(&c.guid) {
+                    Some((dev, path)) => {
+                        if dev.len_bytes() < MIN_LEAF_BYTES
+                            || crate::vdev::layout::usable_bytes(dev.len_bytes()).unwrap_or(0)
+                                < t.asize
+                        {
+                            return Err(cannot(format!("{path}: device is smaller than when the pool was created (truncated?)")));
+                        }
+                        c.path = path.clone();
+                        leaves.push(Arc::new(Leaf::new(dev.clone(), c.guid)));
+                    }
+                    None => missing.push(c.path.clone()),
+                }
+            }
+            if leaves.is_empty() || (t.kind == TopKind::Stripe && !missing.is_empty()) {
+                return Err(cannot(format!("missing device(s): {}", missing.join(", "))));
+            }
+            let vdev = TopVdev::new(t.id, t.guid, t.kind, leaves);
+            if vdev.asize_bytes < t.asize {
+                return Err(cannot(format!("vdev {} is smaller than recorded", t.id)));
+            }
+            tops.push(Arc::new(vdev));
+        }
+        let tops_arc: Vec<Arc<TopVdev>> = tops;
+
+        // Newest uberblock whose tree loads and verifies wins; older ones are the fallback.
+        uberblocks.retain(|u| u.pool_guid.get() == guid);
+        uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
+        uberblocks.dedup_by_key(|u| u.txg.get());
+        if uberblocks.is_empty() {
+            return Err(cannot("no valid uberblock on any device".into()));
+        }
+        let mut failures = Vec::new();
+        for ub in &uberblocks {
+            let alloc = Allocator::new(&alloc_geometry(&config));
+            let probe_zio = Arc::new(Zio::new(tops_arc.clone(), alloc));
+            let probe_io = ObjectIo {
+                zio: probe_zio.clone(),
+                cache: Arc::new(BlockCache::new(opts.cache_bytes)),
+            };
+            match load_mos(&probe_io, &config, ub) {
+                Ok((mos, datasets)) => {
+                    let alloc =
+                        std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
+                    let txg = ub.txg.get();
+                    let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
+                    {
+                        let mut map = pool.datasets.write();
+                        for ds in datasets {
+                            map.insert(ds.name.clone(), Arc::new(ds));
+                        }
+                    }
+                    pool.write_config(PoolState::Active)?;
+                    return Ok(pool);
+                }
+                Err(e) => failures.push(format!("txg {}: {e}", ub.txg.get())),
+            }
+        }
+        Err(cannot(format!(
+            "no uberblock's tree verifies: {}",
+            failures.join("; ")
+        )))
+    }
+
+    // ----- state --------------------------------------------------------------------------
+
+    pub fn config(&self) -> PoolConfig {
+        self.config.lock().clone()
+    }
+
+    pub fn space(&self) -> Space {
+        self.io.zio.alloc.lock().space()
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.opts
+    }
+
+    pub fn synced_txg(&self) -> u64 {
+        self.sync.lock().synced_txg
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Ordering::Acquire).max(0) as u64
+    }
+
+    pub fn datasets(&self) -> Vec<Arc<Dataset>> {
+        self.datasets.read().values().cloned().collect()
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, PoolError> {
+        self.datasets
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))
+    }
+
+    fn check_healthy(&self) -> Result<(), PoolError> {
+        match &self.sync.lock().error {
+            Some(why) => Err(PoolError::Suspended {
+                pool: self.name.clone(),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    // ----- volumes ------------------------------------------------------------------------
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        volsize: u64,
+        volblocksize: u32,
+        checksum: Option<ChecksumKind>,
+    ) -> Result<Arc<Dataset>, PoolError> {
+        self.check_healthy()?;
+        if !valid_volume_name(name) {
+            return Err(invalid(format!(
+                "invalid volume name '{name}': use letters, digits, '-', '_', '.', ':'"
+            )));
+        }
+        if !volblocksize.is_power_of_two() || !(4096..=131072).contains(&volblocksize) {
+            return Err(invalid(format!(
+                "volblocksize {volblocksize} must be a power of two from 4K to 128K"
+            )));
+        }
+        check_volsize(volsize, volblocksize)?;
+        let mut mos = self.mos.lock();
+        let mut map = self.datasets.write();
+        if map.contains_key(name) {
+            return Err(PoolError::VolumeExists(format!("{}/{name}", self.name)));
+        }
+        let checksum = checksum.unwrap_or(self.config.lock().checksum);
+        let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
+        dn.size_bytes = volsize.into();
+        let ds = Arc::new(Dataset {
+            name: name.to_string(),
+            guid: random_guid(),
+            volblocksize,
+            checksum,
+            created_txg: *self.open_txg.read(),
+            volsize: AtomicU64::new(volsize),
+            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(BlkPtr::HOLE),
+        });
+        map.insert(name.to_string(), ds.clone());
+        mos.dir_dirty = true;
+        drop(map);
+        drop(mos);
+        self.sync_now()?;
+        Ok(ds)
+    }
+
+    pub fn destroy_volume(&self, name: &str) -> Result<(), PoolError> {
+        self.check_healthy()?;
+        {
+            let mut mos = self.mos.lock();
+            let ds = self
+                .datasets
+                .write()
+                .remove(name)
+                .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))?;
+            mos.destroyed.push(ds);
+            mos.dir_dirty = true;
+        }
+        self.sync_now()
+    }
+
+    /// Changes a volume's size; shrinking frees the blocks past the new end.
+    pub fn resize_volume(&self, name: &str, volsize: u64) -> Result<(), PoolError> {
+        self.check_healthy()?;
+        let ds = self.dataset(name)?;
+        check_volsize(volsize, ds.volblocksize)?;
+        let old = ds.volsize();
+        if volsize < old {
+            let bs = ds.volblocksize as u64;
+            let doomed = ds
+                .object
+                .allocated_blocks(&self.io, volsize / bs, old.div_ceil(bs))?;
+            let hold = self.open_txg.read();
+            for blkid in doomed {
+                let delta = ds.object.dirty(blkid, Dirty::Free);
+                self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
+            }
+            ds.volsize.store(volsize, Ordering::Release);
+            drop(hold);
+        } else {
+            ds.volsize.store(volsize, Ordering::Release);
+        }
+        ds.object.set_size_bytes(volsize);
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
+    /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
+    /// dirty, and refusing with `NoSpace` if the pool could not hold it.
+    pub fn dirty_block(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Result<(), PoolError> {
+        self.check_healthy()?;
+        let len = ds.volblocksize as u64;
+        if matches!(change, Dirty::Data(_)) {
+            self.throttle()?;
+            self.reserve_space(len)?;
+        }
+        let hold = self.open_txg.read();
+        let delta = ds.object.dirty(blkid, change);
+        let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
+        drop(hold);
+        if now as u64 > self.opts.dirty_max_bytes / 4 {
+            self.request_sync();
+        }
+        Ok(())
+    }
+
+    fn throttle(&self) -> Result<(), PoolError> {
+        while self.dirty_bytes() >= self.opts.dirty_max_bytes {
+            let mut st = self.sync.lock();
+            if let Some(why) = &st.error {
+                return Err(PoolError::Suspended {
+                    pool: self.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            st.request_seq += 1;
+            self.sync_cv.notify_all();
+            self.sync_cv.wait_for(&mut st, Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Admission control: a write is accepted only if the pool can still hold every dirty
+    /// block plus its metadata and a reserve, so a txg sync never runs out of space.
+    fn reserve_space(&self, len: u64) -> Result<(), PoolError> {
+        for attempt in 0..4 {
+            let space = self.space();
+            let slop = (space.size / 32).max(4 << 20);
+            let dirty = self.dirty_bytes() + len;
+            let need = dirty + dirty / 8 + slop;
+            if space.free >= need {
+                return Ok(());
+            }
+            if attempt == 3 || space.freeing == 0 && self.dirty_bytes() == 0 {
+                break;
+            }
+            // Deferred frees return after two more txgs: sync and try again.
+            self.sync_now()?;
+        }
+        Err(PoolError::NoSpace(self.name.clone()))
+    }
+
+    // ----- sync ---------------------------------------------------------------------------
+
+    /// Asks the sync thread for a pass without waiting for it.
+    fn request_sync(&self) {
+        let mut st = self.sync.lock();
+        if st.completed_seq >= st.request_seq {
+            st.request_seq += 1;
+            self.sync_cv.notify_all();
+        }
+    }
+
+    /// Commits everything written so far: returns once every write that completed before the
+    /// call is on stable storage.
+    pub fn sync_now(&self) -> Result<(), PoolError> {
+        let mut st = self.sync.lock();
+        st.request_seq += 1;
+        let mine = st.request_seq;
+        self.sync_cv.notify_all();
+        loop {
+            if let Some(why) = &st.error {
+                return Err(PoolError::Suspended {
+                    pool: self.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            if st.completed_seq >= mine {
+                return Ok(());
+            }
+            if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
+                return Err(invalid(format!("pool '{}' is exported", self.name)));
+            }
+            self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// Syncs one txg if anything is dirty. Returns the txg committed, if any.
+    fn sync_once(&self) -> Result<Option<u64>, PoolError> {
+        let mut mos = self.mos.lock();
+        let (txg, syncing_bytes, datasets) = {
+            let mut open = self.open_txg.write();
+            let datasets: Vec<Arc<Dataset>> = self.datasets.read().values().cloned().collect();
+            let any = mos.dir_dirty
+                || !mos.destroyed.is_empty()
+                || datasets.iter().any(|d| d.object.has_open_changes());
+            if !any {
+                return Ok(None);
+            }
+            let txg = *open;
+            *open += 1;
+            let bytes: u64 = datasets.iter().map(|d| d.object.begin_sync()).sum();
+            (txg, bytes, datasets)
+        };
+        let io = &self.io;
+
+        // 1. Volumes: data, indirect blocks, and a new objset block for each changed one.
+        for ds in &datasets {
+            let before = ds.object.dnode();
+            let dn = ds.object.sync(io, txg)?;
+            let mut os_bp = ds.objset_bp.lock();
+            if dn == before && !os_bp.is_hole() {
+                continue;
+            }
+            let mut os = ObjsetPhys::new(OBJSET_VOLUME);
+            os.dnodes[0] = dn;
+            let props = meta_props(
+                BlockKind::Objset,
+                self.config.lock().checksum,
+                AllocClass::Recorded,
+            );
+            let bp = io
+                .zio
+                .write(os.as_bytes(), props, txg, dn.root.fill.get())?;
+            if !os_bp.is_hole() {
+                io.zio.free(&os_bp, txg, AllocClass::Recorded);
+            }
+            *os_bp = bp;
+            mos.dir_dirty = true;
+        }
+        for ds in std::mem::take(&mut mos.destroyed) {
+            ds.object.free_all(io, txg)?;
+            let os_bp = *ds.objset_bp.lock();
+            if !os_bp.is_hole() {
+                io.zio.free(&os_bp, txg, AllocClass::Recorded);
+            }
+        }
+
+        // 2. The directory (MOS).
+        if mos.dir_dirty {
+            let map = self.datasets.read();
+            let mut bytes = Vec::with_capacity(map.len() * ENTRY_BYTES);
+            for ds in map.values() {
+                let mut e = DirEntryPhys::new_zeroed();
+                e.set_name(&ds.name);
+                e.guid = ds.guid.into();
+                e.volsize = ds.volsize().into();
+                e.volblocksize = ds.volblocksize.into();
+                e.checksum = ds.checksum as u8;
+                e.created_txg = ds.created_txg.into();
+                e.objset = *ds.objset_bp.lock();
+                bytes.extend_from_slice(e.as_bytes());
+            }
+            drop(map);
+            rewrite_object(&mos.dir, &bytes)?;
+            mos.dir.begin_sync();
+            mos.dir.sync(io, txg)?;
+            mos.dir_dirty = false;
+        }
+
+        // 3. Space maps: every allocation and free of this txg outside the MOS.
+        let dirty_ms = io.zio.alloc.lock().dirty_metaslabs();
+        let mut table_changes = Vec::new();
+        for (vdev, ms) in dirty_ms {
+            let (records, replace) = io.zio.alloc.lock().take_records(vdev, ms);
+            let flat = mos.ms_base[vdev as usize] + ms;
+            let sm = &mos.sms[flat];
+            let encoded = encode_all(&records);
+            if replace {
+                rewrite_object(sm, &encoded)?;
+            } else {
+                append_object(sm, io, &encoded)?;
+            }
+            sm.begin_sync();
+            let dn = sm.sync(io, txg)?;
+            table_changes.push((flat, dn));
+        }
+        if !table_changes.is_empty() {
+            for (flat, dn) in table_changes {
+                write_object_bytes(&mos.mstable, io, flat as u64 * 256, dn.as_bytes())?;
+            }
+            mos.mstable.begin_sync();
+            mos.mstable.sync(io, txg)?;
+        }
+
+        // 4. The MOS objset block.
+        let mut os = ObjsetPhys::new(OBJSET_MOS);
+        os.dnodes[0] = mos.dir.dnode();
+        os.dnodes[1] = mos.mstable.dnode();
+        let checksum = self.config.lock().checksum;
+        let root = io.zio.write(
+            os.as_bytes(),
+            meta_props(BlockKind::Objset, checksum, AllocClass::Mos),
+            txg,
+            0,
+        )?;
+        if !mos.objset_bp.is_hole() {
+            io.zio.free(&mos.objset_bp, txg, AllocClass::Mos);
+        }
+        mos.objset_bp = root;
+
+        // 5. Commit: flush everything the uberblock points at, write it, flush again.
+        io.zio.flush_all()?;
+        let ub = Uberblock::new(txg, self.guid, root);
+        for top in &io.zio.tops {
+            for leaf in &top.children {
+                write_uberblock(leaf, &ub)?;
+            }
+        }
+        io.zio.flush_all()?;
+        io.zio.alloc.lock().txg_synced(txg);
+        self.dirty_bytes
+            .fetch_sub(syncing_bytes as i64, Ordering::AcqRel);
+        Ok(Some(txg))
+    }
+
+    /// Syncs, marks the labels exported and stops the sync thread. The devices close when the
+    /// last reference to the pool goes.
+    pub fn export(&self) -> Result<(), PoolError> {
+        self.sync_now()?;
+        self.shutdown();
+        self.check_healthy()?;
+        self.write_config(PoolState::Exported)
+    }
+
+    /// Marks the pool destroyed in every label (its devices may then be reused without -f).
+    pub fn destroy(&self) -> Result<(), PoolError> {
+        self.shutdown();
+        self.write_config(PoolState::Destroyed)
+    }
+
+    fn shutdown(&self) {
+        {
+            let mut st = self.sync.lock();
+            st.shutdown = true;
+            self.sync_cv.notify_all();
+        }
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
+            // The sync thread itself may drop the last reference; it must not join itself.
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Reads every block of the pool (MOS and every volume), verifying each checksum.
+    /// Returns the number of blocks verified.
+    pub fn verify(&self) -> Result<u64, PoolError> {
+        let mut n = 0u64;
+        let mut count = |_: &BlkPtr, _: u8| -> Result<(), ZioError> {
+            n += 1;
+            Ok(())
+        };
+        {
+            let mos = self.mos.lock();
+            walk(&self.io, &mos.dir.dnode(), &mut count)?;
+            walk(&self.io, &mos.mstable.dnode(), &mut count)?;
+            for sm in &mos.sms {
+                walk(&self.io, &sm.dnode(), &mut count)?;
+            }
+        }
+        for ds in self.datasets() {
+            // Data blocks are read uncached so a verify really touches the media.
+            walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
+                if level == 0 {
+                    self.io.zio.read(bp)?;
+                }
+                count(bp, level)
+            })?;
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn sync_thread(pool: Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        let (seq, shutting_down) = {
+            let mut st = p.sync.lock();
+            if !st.shutdown && st.completed_seq >= st.request_seq {
+                let timeout = p.opts.txg_timeout;
+                p.sync_cv.wait_for(&mut st, timeout);
+            }
+            if st.error.is_some() {
+                // A suspended pool writes nothing more; wake waiters so they see the error.
+                p.sync_cv.notify_all();
+                return;
+            }
+            (st.request_seq, st.shutdown)
+        };
+        let result = p.sync_once();
+        let mut st = p.sync.lock();
+        let idle = matches!(result, Ok(None));
+        match result {
+            Ok(Some(txg)) => {
+                st.synced_txg = txg;
+                st.completed_seq = st.completed_seq.max(seq);
+            }
+            Ok(None) => st.completed_seq = st.completed_seq.max(seq),
+            Err(e) => st.error = Some(e.to_string()),
+        }
+        p.sync_cv.notify_all();
+        if shutting_down && (idle || st.error.is_some()) {
+            return;
+        }
+    }
+}
+
+fn meta_props(kind: BlockKind, checksum: ChecksumKind, class: AllocClass) -> WriteProps {
+    WriteProps {
+        kind,
+        level: 0,
+        checksum,
+        copies: 2,
+        class,
+    }
+}
+
+fn check_volsize(volsize: u64, volblocksize: u32) -> Result<(), PoolError> {
+    if volsize == 0 || volsize % volblocksize as u64 != 0 {
+        return Err(invalid(format!(
+            "volume size {volsize} must be a non-zero multiple of the block size ({volblocksize})"
+        )));
+    }
+    if volsize > 1 << 60 {
+        return Err(invalid(format!("volume size {volsize} is too large")));
+    }
+    Ok(())
+}
+
+fn alloc_geometry(cfg: &PoolConfig) -> Vec<(u32, u64, u32)> {
+    cfg.tops
+        .iter()
+        .map(|t| (t.id, t.asize, t.ms_shift))
+        .collect()
+}
+
+fn mos_object(kind: ObjectKind, block: u32, bkind: BlockKind) -> Object {
+    Object::new(
+        DnodePhys::new(kind, block, ChecksumKind::Fletcher4 as u8, 2),
+        bkind,
+        AllocClass::Mos,
+    )
+}
+
+fn empty_mos(ms_per_top: &[usize]) -> Mos {
+    let mut ms_base = Vec::new();
+    let mut total = 0;
+    for &n in ms_per_top {
+        ms_base.push(total);
+        total += n;
+    }
+    Mos {
+        dir: mos_object(ObjectKind::Directory, DIR_BLOCK_BYTES, BlockKind::Directory),
+        mstable: mos_object(
+            ObjectKind::MetaslabTable,
+            MSTABLE_BLOCK_BYTES,
+            BlockKind::MetaslabTable,
+        ),
+        sms: (0..total)
+            .map(|_| mos_object(ObjectKind::SpaceMap, SM_BLOCK_BYTES, BlockKind::SpaceMap))
+            .collect(),
+        ms_base,
+        objset_bp: BlkPtr::HOLE,
+        destroyed: Vec::new(),
+        dir_dirty: false,
+    }
+}
+
+/// Reads the whole logical content of an object (`size_bytes` of it).
+fn read_object(obj: &Object, io: &ObjectIo) -> Result<Vec<u8>, ZioError> {
+    let dn = obj.dnode();
+    let bs = dn.data_block_bytes.get() as u64;
+    let size = dn.size_bytes.get();
+    let mut out = Vec::with_capacity(size as usize);
+    for blkid in 0..size.div_ceil(bs) {
+        match obj.read_block(io, blkid)? {
+            Some(b) => out.extend_from_slice(&b),
+            None => out.resize(out.len() + bs as usize, 0),
+        }
+    }
+    out.truncate(size as usize);
+    Ok(out)
+}
+
+/// Writes `bytes` at `offset` of an object in its open txg (read-modify-write of edge blocks)
+/// and grows its size to cover them.
+fn write_object_bytes(
+    obj: &Object,
+    io: &ObjectIo,
+    offset: u64,
+    bytes: &[u8],
+) -> Result<(), ZioError> {
+    let bs = obj.block_bytes() as u64;
+    let mut at = offset;
+    let end = offset + bytes.len() as u64;
+    while at < end {
+        let blkid = at / bs;
+        let in_block = (at % bs) as usize;
+        let n = ((bs - in_block as u64).min(end - at)) as usize;
+        let mut block = match obj.read_block(io, blkid)? {
+            Some(b) => b.to_vec(),
+            None => vec![0u8; bs as usize],
+        };
+        let src = (at - offset) as usize;
+        block[in_block..in_block + n].copy_from_slice(&bytes[src..src + n]);
+        obj.dirty(blkid, Dirty::Data(Arc::new(block)));
+        at += n as u64;
+    }
+    let size = obj.dnode().size_bytes.get();
+    if end > size {
+        obj.set_size_bytes(end);
+    }
+    Ok(())
+}
+
+fn append_object(obj: &Object, io: &ObjectIo, bytes: &[u8]) -> Result<(), ZioError> {
+    let size = obj.dnode().size_bytes.get();
+    write_object_bytes(obj, io, size, bytes)
+}
+
+/// Replaces the whole content of an object.
+fn rewrite_object(obj: &Object, bytes: &[u8]) -> Result<(), ZioError> {
+    let bs = obj.block_bytes() as u64;
+    let old_blocks = obj.dnode().size_bytes.get().div_ceil(bs);
+    let new_blocks = (bytes.len() as u64).div_ceil(bs);
+    for blkid in new_blocks..old_blocks {
+        obj.dirty(blkid, Dirty::Free);
+    }
+    obj.set_size_bytes(0);
+    for (i, chunk) in bytes.chunks(bs as usize).enumerate() {
+        let mut block = vec![0u8; bs as usize];
+        block[..chunk.len()].copy_from_slice(chunk);
+        obj.dirty(i as u64, Dirty::Data(Arc::new(block)));
+    }
+    obj.set_size_bytes(bytes.len() as u64);
+    Ok(())
+}
+
+/// Loads the MOS of one uberblock: directory, metaslab table, every space map (replayed into
+/// the allocator) and every volume's objset, claiming each MOS block. Any checksum failure or
+/// inconsistency rejects this uberblock.
+fn load_mos(
+    io: &ObjectIo,
+    config: &PoolConfig,
+    ub: &Uberblock,
+) -> Result<(Mos, Vec<Dataset>), PoolError> {
+    let root = ub.root;
+    if root.is_hole() {
+        return Err(invalid("uberblock has no MOS"));
+    }
+    let os_bytes = io.zio.read(&root)?;
+    let os = ObjsetPhys::decode(&os_bytes, OBJSET_MOS)
+        .ok_or_else(|| invalid("MOS objset block is malformed"))?;
+    let ms_per_top: Vec<usize> = io
+        .zio
+        .alloc
+        .lock()
+        .tops
+        .iter()
+        .map(|t| t.metaslabs.len())
+        .collect();
+    let mut mos = empty_mos(&ms_per_top);
+    let check_dnode = |dn: &DnodePhys, kind: ObjectKind| -> Result<(), PoolError> {
+        if dn.kind != kind as u8
+            || dn.nlevels == 0
+            || dn.nlevels > 8
+            || ChecksumKind::from_u8(dn.checksum).is_none()
+        {
+            return Err(invalid(format!("malformed {kind:?} dnode")));
+        }
+        Ok(())
+    };
+    check_dnode(&os.dnodes[0], ObjectKind::Directory)?;
+    check_dnode(&os.dnodes[1], ObjectKind::MetaslabTable)?;
+    mos.dir = Object::new(os.dnodes[0], BlockKind::Directory, AllocClass::Mos);
+    mos.mstable = Object::new(os.dnodes[1], BlockKind::MetaslabTable, AllocClass::Mos);
+    mos.objset_bp = root;
+
+    // Space maps.
+    let table = read_object(&mos.mstable, io)?;
+    let mut mos_bps: Vec<BlkPtr> = vec![root];
+    for (vdev, &base) in mos.ms_base.clone().iter().enumerate() {
+        for ms in 0..ms_per_top[vdev] {
+            let flat = base + ms;
+            let off = flat * 256;
+            if off + 256 > table.len() {
+                continue;
+            }
+            let dn = DnodePhys::read_from_bytes(&table[off..off + 256]).expect("exact size");
+            if dn.kind == 0 {
+                continue;
+            }
+            check_dnode(&dn, ObjectKind::SpaceMap)?;
+            let sm = Object::new(dn, BlockKind::SpaceMap, AllocClass::Mos);
+            let bytes = read_object(&sm, io)?;
+            if bytes.len() % RECORD_BYTES != 0 {
+                return Err(invalid(format!(
+                    "space map of vdev {vdev} metaslab {ms} has a partial record"
+                )));
+            }
+            io.zio
+                .alloc
+                .lock()
+                .load_records(vdev as u32, ms, &decode_all(&bytes))?;
+            mos.sms[flat] = sm;
+        }
+    }
+    for obj in std::iter::once(&mos.dir)
+        .chain(std::iter::once(&mos.mstable))
+        .chain(mos.sms.iter())
+    {
+        walk(io, &obj.dnode(), &mut |bp, _| {
+            mos_bps.push(*bp);
+            Ok(())
+        })?;
+    }
+    {
+        let mut alloc = io.zio.alloc.lock();
+        for bp in &mos_bps {
+            for d in bp.dvas() {
+                alloc.claim_mos(d)?;
+            }
+        }
+    }
+
+    // Volumes.
+    let dir = read_object(&mos.dir, io)?;
+    let mut datasets = Vec::new();
+    for chunk in dir.chunks_exact(ENTRY_BYTES) {
+        let e = DirEntryPhys::read_from_bytes(chunk).expect("exact size");
+        let Some(name) = e.name() else { continue };
+        let checksum = ChecksumKind::from_u8(e.checksum)
+            .ok_or_else(|| invalid(format!("volume {name}: unknown checksum")))?;
+        let volblocksize = e.volblocksize.get();
+        check_volsize(e.volsize.get(), volblocksize)
+            .map_err(|_| invalid(format!("volume {name}: bad size")))?;
+        let dn = if e.objset.is_hole() {
+            let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
+            dn.size_bytes = e.volsize;
+            dn
+        } else {
+            let bytes = io.zio.read(&e.objset)?;
+            let os = ObjsetPhys::decode(&bytes, OBJSET_VOLUME)
+                .ok_or_else(|| invalid(format!("volume {name}: malformed objset")))?;
+            check_dnode(&os.dnodes[0], ObjectKind::VolumeData)?;
+            if os.dnodes[0].data_block_bytes.get() != volblocksize {
+                return Err(invalid(format!(
+                    "volume {name}: block size disagrees with its directory entry"
+                )));
+            }
+            os.dnodes[0]
+        };
+        datasets.push(Dataset {
+            name,
+            guid: e.guid.get(),
+            volblocksize,
+            checksum,
+            created_txg: e.created_txg.get(),
+            volsize: AtomicU64::new(e.volsize.get()),
+            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(e.objset),
+        });
+    }
+    let _ = (config, OBJSET_BYTES);
+    Ok((mos, datasets))
+}

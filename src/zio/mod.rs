@@ -1,0 +1,201 @@
+//! The I/O pipeline between objects and devices. Write: checksum → allocate → issue to every
+//! copy; read: issue → verify against the parent's checksum → on failure try the other copies,
+//! and rewrite the bad ones from a good one (self-healing).
+//!
+//! Architecture invariant: `zio` is the only layer that turns block pointers into device I/O;
+//! above it, blocks are addressed only by `BlkPtr`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::math::ChecksumKind;
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva};
+use crate::vdev::{TopVdev, VdevError, SECTOR};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZioError {
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error("write failed: {0}")]
+    Write(VdevError),
+    #[error("unrecoverable {what} block (birth txg {birth}): {detail}")]
+    Unrecoverable {
+        what: String,
+        birth: u64,
+        detail: String,
+    },
+}
+
+/// Properties of a block to write.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteProps {
+    pub kind: BlockKind,
+    pub level: u8,
+    pub checksum: ChecksumKind,
+    pub copies: usize,
+    pub class: AllocClass,
+}
+
+#[derive(Default, Debug)]
+pub struct ZioStats {
+    pub blocks_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub blocks_read: AtomicU64,
+    pub repaired_bytes: AtomicU64,
+}
+
+pub struct Zio {
+    pub tops: Vec<Arc<TopVdev>>,
+    pub alloc: Mutex<Allocator>,
+    pub stats: ZioStats,
+}
+
+impl Zio {
+    pub fn new(tops: Vec<Arc<TopVdev>>, alloc: Allocator) -> Zio {
+        Zio {
+            tops,
+            alloc: Mutex::new(alloc),
+            stats: ZioStats::default(),
+        }
+    }
+
+    /// Writes one block copy-on-write to newly allocated space and returns its pointer.
+    /// `data.len()` must be a whole number of sectors.
+    pub fn write(
+        &self,
+        data: &[u8],
+        props: WriteProps,
+        txg: u64,
+        fill: u64,
+    ) -> Result<BlkPtr, ZioError> {
+        assert!(
+            !data.is_empty() && data.len() as u64 % SECTOR == 0,
+            "unaligned block of {} bytes",
+            data.len()
+        );
+        let checksum = props.checksum.compute(data);
+        let dvas = self
+            .alloc
+            .lock()
+            .alloc(data.len() as u64, props.copies, props.class)?;
+        let results: Vec<Result<(), VdevError>> = if dvas.len() == 1 {
+            vec![self.issue_write(&dvas[0], data)]
+        } else {
+            use rayon::prelude::*;
+            dvas.par_iter().map(|d| self.issue_write(d, data)).collect()
+        };
+        // Any copy failing fails the write: the caller's txg cannot commit a pointer to a copy
+        // that may hold garbage.
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            return Err(ZioError::Write(e));
+        }
+        self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_written
+            .fetch_add(data.len() as u64 * dvas.len() as u64, Ordering::Relaxed);
+        let mut bp = BlkPtr::HOLE;
+        for (slot, d) in bp.dva.iter_mut().zip(&dvas) {
+            *slot = *d;
+        }
+        bp.lsize = (data.len() as u32).into();
+        bp.psize = (data.len() as u32).into();
+        bp.birth_txg = txg.into();
+        bp.fill = fill.into();
+        bp.checksum_kind = props.checksum as u8;
+        bp.level = props.level;
+        bp.kind = props.kind as u8;
+        bp.checksum = checksum.0;
+        debug_assert!(!bp.is_hole());
+        Ok(bp)
+    }
+
+    fn issue_write(&self, d: &Dva, data: &[u8]) -> Result<(), VdevError> {
+        self.tops[d.vdev.get() as usize].write(d.offset.get(), data)
+    }
+
+    /// Reads and verifies a block. Holes read as zeros of `lsize`... but a hole has no size, so
+    /// callers handle holes before calling; this asserts it.
+    pub fn read(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
+        assert!(!bp.is_hole());
+        let what = match bp.kind() {
+            Some(k) => format!("{k:?}").to_lowercase(),
+            None => format!("kind {}", bp.kind),
+        };
+        let fail = |detail: String| ZioError::Unrecoverable {
+            what: what.clone(),
+            birth: bp.birth_txg.get(),
+            detail,
+        };
+        let Some(kind) = bp.checksum_kind() else {
+            return Err(fail(format!(
+                "unknown checksum algorithm {}",
+                bp.checksum_kind
+            )));
+        };
+        let psize = bp.psize.get() as usize;
+        let expected = bp.checksum();
+        let verify = |b: &[u8]| kind.compute(b) == expected;
+        let mut buf = vec![0u8; psize];
+        let mut failed: Vec<&Dva> = Vec::new();
+        let mut errors = Vec::new();
+        for d in bp.dvas() {
+            let Some(top) = self.tops.get(d.vdev.get() as usize) else {
+                errors.push(format!("copy on unknown vdev {}", d.vdev.get()));
+                continue;
+            };
+            if d.asize.get() as usize != psize || d.offset.get() + psize as u64 > top.asize_bytes {
+                errors.push(format!(
+                    "copy at vdev {} offset {} is out of range",
+                    d.vdev.get(),
+                    d.offset.get()
+                ));
+                continue;
+            }
+            match top.read_verified(d.offset.get(), &mut buf, &verify) {
+                Ok(report) => {
+                    self.stats
+                        .repaired_bytes
+                        .fetch_add(report.repaired_bytes, Ordering::Relaxed);
+                    // Heal the ditto copies that failed whole before this one.
+                    for bad in failed {
+                        if self.issue_write(bad, &buf).is_ok() {
+                            self.stats
+                                .repaired_bytes
+                                .fetch_add(psize as u64, Ordering::Relaxed);
+                        }
+                    }
+                    self.stats.blocks_read.fetch_add(1, Ordering::Relaxed);
+                    return Ok(buf);
+                }
+                Err(e) => {
+                    errors.push(e.to_string());
+                    failed.push(d);
+                }
+            }
+        }
+        if errors.is_empty() {
+            errors.push("block pointer has no copies".into());
+        }
+        Err(fail(errors.join("; ")))
+    }
+
+    /// Frees every copy of a block in txg `txg`.
+    pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
+        let mut a = self.alloc.lock();
+        for d in bp.dvas() {
+            a.free(d, txg, class);
+        }
+    }
+
+    /// Flushes every leaf of every top-level vdev, in parallel.
+    pub fn flush_all(&self) -> Result<(), VdevError> {
+        use rayon::prelude::*;
+        self.tops
+            .par_iter()
+            .map(|t| t.flush())
+            .collect::<Result<Vec<()>, VdevError>>()
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,79 @@
+//! Helpers shared by the integration tests: pools on simulated devices.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use zeta::dsl::{Pool, PoolOptions, TopSpec};
+use zeta::vdev::mem::{MemDevice, PowerCut};
+use zeta::vdev::{BlockDevice, TopKind};
+
+pub const MB: u64 = 1 << 20;
+
+pub fn opts() -> PoolOptions {
+    PoolOptions {
+        txg_timeout: Duration::from_millis(200),
+        dirty_max_bytes: 16 * MB,
+        cache_bytes: 8 * MB,
+        ..Default::default()
+    }
+}
+
+pub fn mem_devs(n: usize, size: u64) -> Vec<Arc<MemDevice>> {
+    (0..n)
+        .map(|i| Arc::new(MemDevice::new(&format!("mem{i}"), size)))
+        .collect()
+}
+
+pub fn as_leaves(devs: &[Arc<MemDevice>]) -> Vec<(Arc<dyn BlockDevice>, String)> {
+    devs.iter()
+        .map(|d| (d.clone() as Arc<dyn BlockDevice>, d.name().to_string()))
+        .collect()
+}
+
+/// Layouts the model tests run on.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout {
+    Stripe,
+    Mirror,
+    TwoStripes,
+}
+
+pub fn spec(layout: Layout, devs: &[Arc<MemDevice>]) -> Vec<TopSpec> {
+    let leaves = as_leaves(devs);
+    match layout {
+        Layout::Stripe => vec![TopSpec {
+            kind: TopKind::Stripe,
+            leaves,
+        }],
+        Layout::Mirror => vec![TopSpec {
+            kind: TopKind::Mirror,
+            leaves,
+        }],
+        Layout::TwoStripes => leaves
+            .into_iter()
+            .map(|l| TopSpec {
+                kind: TopKind::Stripe,
+                leaves: vec![l],
+            })
+            .collect(),
+    }
+}
+
+pub fn devs_for(layout: Layout) -> usize {
+    match layout {
+        Layout::Stripe => 1,
+        _ => 2,
+    }
+}
+
+/// Cuts the power of every device and returns fresh devices holding what survived.
+pub fn power_cut(devs: &[Arc<MemDevice>], mode: PowerCut) -> Vec<Arc<MemDevice>> {
+    devs.iter()
+        .map(|d| Arc::new(MemDevice::from_image(d.name(), d.power_cut(mode))))
+        .collect()
+}
+
+pub fn import(devs: &[Arc<MemDevice>]) -> Arc<Pool> {
+    Pool::import(as_leaves(devs), None, opts()).expect("import")
+}
