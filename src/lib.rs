@@ -2,6 +2,7 @@
 //!
 //! The modules are the layers of `ARCHITECTURE.md`, bottom up; each uses only those below it.
 
+pub mod cli;
 pub mod dmu;
 pub mod dsl;
 pub mod math;

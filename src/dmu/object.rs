@@ -194,7 +194,7 @@ impl Object {
             kind: BlockKind::Indirect,
             level: 0,
             checksum,
-            copies: (old.copies as usize).max(2).min(3),
+            copies: (old.copies as usize).clamp(2, 3),
             class: self.class,
         };
         let mut old_root_replaced = old.nlevels == 1 && children.contains_key(&0);
@@ -290,7 +290,7 @@ impl Object {
             }
             (st.dnode, ids)
         };
-        collect_blkids(io, &dn, dn.root, dn.nlevels - 1, 0, from, to, &mut out)?;
+        collect_blkids(io, dn.root, dn.nlevels - 1, 0, from, to, &mut out)?;
         out.sort_unstable();
         out.dedup();
         Ok(out)
@@ -317,7 +317,6 @@ fn lookup(io: &ObjectIo, dn: &DnodePhys, level: u8, idx: u64) -> Result<BlkPtr, 
 
 fn collect_blkids(
     io: &ObjectIo,
-    dn: &DnodePhys,
     bp: BlkPtr,
     level: u8,
     first: u64,
@@ -339,7 +338,6 @@ fn collect_blkids(
         let child = bp_at(&block, slot);
         collect_blkids(
             io,
-            dn,
             child,
             level - 1,
             first + slot as u64 * child_span,

@@ -143,6 +143,16 @@ struct SyncState {
     error: Option<String>,
 }
 
+/// One device found at import: the device, its path, its config generation and config, and
+/// the uberblocks its labels hold.
+type Member = (
+    Arc<dyn BlockDevice>,
+    String,
+    u64,
+    PoolConfig,
+    Vec<Uberblock>,
+);
+
 pub struct Pool {
     pub name: String,
     pub guid: u64,
@@ -341,16 +351,7 @@ impl Pool {
         opts: PoolOptions,
     ) -> Result<Arc<Pool>, PoolError> {
         // Read every device's labels and group them by pool.
-        let mut pools: HashMap<
-            u64,
-            Vec<(
-                Arc<dyn BlockDevice>,
-                String,
-                u64,
-                PoolConfig,
-                Vec<Uberblock>,
-            )>,
-        > = HashMap::new();
+        let mut pools: HashMap<u64, Vec<Member>> = HashMap::new();
         let mut unreadable = Vec::new();
         for (dev, path) in devices {
             let probe = Leaf::new(dev.clone(), 0);
@@ -370,13 +371,7 @@ impl Pool {
                 Err(e) => unreadable.push(format!("{path}: {e}")),
             }
         }
-        let newest = |v: &Vec<(
-            Arc<dyn BlockDevice>,
-            String,
-            u64,
-            PoolConfig,
-            Vec<Uberblock>,
-        )>| { v.iter().max_by_key(|e| e.2).map(|e| e.3.clone()).unwrap() };
+        let newest = |v: &Vec<Member>| v.iter().max_by_key(|e| e.2).map(|e| e.3.clone()).unwrap();
         let mut candidates: Vec<u64> = pools
             .iter()
             .filter(|(_, v)| {
@@ -847,10 +842,16 @@ impl Pool {
     /// Syncs, marks the labels exported and stops the sync thread. The devices close when the
     /// last reference to the pool goes.
     pub fn export(&self) -> Result<(), PoolError> {
+        self.close()?;
+        self.write_config(PoolState::Exported)
+    }
+
+    /// Syncs and stops the sync thread, leaving the pool marked active (imported) on its
+    /// devices: what a command does when it is done with a pool it will open again.
+    pub fn close(&self) -> Result<(), PoolError> {
         self.sync_now()?;
         self.shutdown();
-        self.check_healthy()?;
-        self.write_config(PoolState::Exported)
+        self.check_healthy()
     }
 
     /// Marks the pool destroyed in every label (its devices may then be reused without -f).

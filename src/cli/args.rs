@@ -1,0 +1,129 @@
+//! Command-line grammar, in the style of zpool(8) and zfs(8).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "zeta",
+    version,
+    about = "Copy-on-write, checksummed, pooled storage in user space",
+    long_about = "zeta pools files or block devices into a copy-on-write, checksummed store and \
+                  keeps volumes on it.\n\nKnown pools are remembered in $ZETA_HOME (default: \
+                  $XDG_STATE_HOME/zeta or ~/.local/state/zeta)."
+)]
+pub struct Cli {
+    /// State directory holding the pool cache file (overrides $ZETA_HOME).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create, import, inspect and remove pools.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Create, resize and copy data into and out of volumes.
+    #[command(subcommand)]
+    Vol(VolCmd),
+    /// The embedded default: create (on first use) a pool of files under ./zeta-data with a
+    /// volume, exercise it, and show its status.
+    Up(UpArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCmd {
+    /// Create a pool. VDEV is a path (file or block device) or `mirror PATH PATH...`.
+    #[command(
+        after_help = "Examples:\n  zeta pool create -o size=1G tank /var/zeta/a\n  \
+                            zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b\n\n\
+                            Properties (-o): size=SIZE creates missing file vdevs of that size; \
+                            checksum=fletcher4|sha256 (default fletcher4)."
+    )]
+    Create {
+        /// Use devices even if they belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Property KEY=VALUE (size=, checksum=).
+        #[arg(short = 'o', value_name = "KEY=VAL")]
+        props: Vec<String>,
+        pool: String,
+        #[arg(required = true, num_args = 1.., value_name = "VDEV")]
+        vdevs: Vec<String>,
+    },
+    /// Import a pool from the devices in DIR (repeatable); without POOL, list what is there
+    /// or import the only pool found.
+    Import {
+        #[arg(short = 'd', value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        pool: Option<String>,
+        /// Print as JSON (when listing).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sync a pool, mark it exported and forget it.
+    Export { pool: String },
+    /// List imported pools with their space.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the health and layout of pools.
+    Status {
+        pool: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy a pool: its devices are marked free for reuse and its data is gone.
+    Destroy {
+        /// Required: destroying a pool cannot be undone.
+        #[arg(short, long)]
+        force: bool,
+        pool: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VolCmd {
+    /// Create a volume of SIZE bytes (suffixes K, M, G, T).
+    Create {
+        /// Block size, a power of two from 4K to 128K.
+        #[arg(short = 'b', default_value = "16K", value_name = "SIZE")]
+        block_size: String,
+        /// Property KEY=VALUE (checksum=fletcher4|sha256).
+        #[arg(short = 'o', value_name = "KEY=VAL")]
+        props: Vec<String>,
+        /// POOL/VOL
+        name: String,
+        size: String,
+    },
+    /// List volumes.
+    List {
+        pool: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy a volume and free its space.
+    Destroy { name: String },
+    /// Change a volume's size (shrinking discards data past the new end).
+    Resize { name: String, size: String },
+    /// Copy FILE into the volume starting at byte 0 (or --offset).
+    Put {
+        name: String,
+        file: PathBuf,
+        #[arg(long, default_value = "0")]
+        offset: String,
+    },
+    /// Copy the volume's whole contents into FILE.
+    Get { name: String, file: PathBuf },
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Directory for the default pool's files.
+    #[arg(long, default_value = "zeta-data")]
+    pub dir: PathBuf,
+}

@@ -1,0 +1,56 @@
+//! The `zeta` command: argument parsing, the state directory, and one module per command group.
+//!
+//! Architecture invariant: the CLI reaches the engine only through `dsl::Pool` and
+//! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
+
+pub mod args;
+pub mod fmt;
+pub mod pool_cmd;
+pub mod state;
+pub mod vol_cmd;
+
+use clap::Parser;
+
+pub use args::Cli;
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let home = state::Home::resolve(cli.home.clone());
+    let result = match cli.command {
+        args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
+        args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
+        args::Command::Up(cmd) => vol_cmd::up(&home, cmd),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("zeta: {e}");
+            1
+        }
+    }
+}
+
+/// Errors of the command line: a message for the user, one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Pool(#[from] crate::dsl::PoolError),
+    #[error(transparent)]
+    Vol(#[from] crate::zvol::VolError),
+    #[error(transparent)]
+    Vdev(#[from] crate::vdev::VdevError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, CliError>;
+
+pub fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}

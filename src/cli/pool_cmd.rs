@@ -1,0 +1,453 @@
+//! `zeta pool …`
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::args::PoolCmd;
+use super::fmt::{human, parse_size};
+use super::state::{device_paths, open_devices, Home};
+use super::{usage, CliError, Result};
+use crate::dsl::{Pool, PoolOptions, TopSpec};
+use crate::math::ChecksumKind;
+use crate::spa::label::read_labels;
+use crate::vdev::{BlockDevice, FileDevice, Leaf, TopKind};
+
+pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
+    match cmd {
+        PoolCmd::Create {
+            force,
+            props,
+            pool,
+            vdevs,
+        } => create(home, force, &props, &pool, &vdevs),
+        PoolCmd::Import { dirs, pool, json } => import(home, &dirs, pool.as_deref(), json),
+        PoolCmd::Export { pool } => {
+            let p = home.open(&pool)?;
+            p.export()?;
+            home.forget(&pool)?;
+            println!("exported '{pool}'");
+            Ok(())
+        }
+        PoolCmd::List { json } => list(home, json),
+        PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
+        PoolCmd::Destroy { force, pool } => {
+            if !force {
+                return Err(usage(format!(
+                    "destroying '{pool}' loses all its data; repeat with -f to confirm"
+                )));
+            }
+            let p = home.open(&pool)?;
+            p.close()?;
+            p.destroy()?;
+            home.forget(&pool)?;
+            println!("destroyed '{pool}'");
+            Ok(())
+        }
+    }
+}
+
+pub struct CreateProps {
+    pub size: Option<u64>,
+    pub checksum: ChecksumKind,
+}
+
+pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
+    let mut out = CreateProps {
+        size: None,
+        checksum: ChecksumKind::Fletcher4,
+    };
+    for p in props {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| usage(format!("property '{p}' is not KEY=VALUE")))?;
+        match k {
+            "size" => out.size = Some(parse_size(v)?),
+            "checksum" => {
+                out.checksum = ChecksumKind::parse(v).ok_or_else(|| {
+                    usage(format!("checksum '{v}' is not one of fletcher4, sha256"))
+                })?
+            }
+            _ => {
+                return Err(usage(format!(
+                    "unknown property '{k}' (pool properties: size, checksum)"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Splits `a mirror b c d` into top-level groups: [a], mirror[b c d].
+pub fn parse_vdevs(words: &[String]) -> Result<Vec<(TopKind, Vec<PathBuf>)>> {
+    let mut out: Vec<(TopKind, Vec<PathBuf>)> = Vec::new();
+    let mut in_mirror = false;
+    for w in words {
+        if w == "mirror" {
+            out.push((TopKind::Mirror, Vec::new()));
+            in_mirror = true;
+        } else if in_mirror {
+            out.last_mut().unwrap().1.push(PathBuf::from(w));
+        } else {
+            out.push((TopKind::Stripe, vec![PathBuf::from(w)]));
+        }
+    }
+    for (kind, paths) in &out {
+        if *kind == TopKind::Mirror && paths.len() < 2 {
+            return Err(usage(
+                "a mirror needs at least two devices: mirror PATH PATH...",
+            ));
+        }
+    }
+    if out.is_empty() {
+        return Err(usage("no devices given"));
+    }
+    Ok(out)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or(p.to_path_buf())
+    })
+}
+
+pub fn create(
+    home: &Home,
+    force: bool,
+    props: &[String],
+    name: &str,
+    vdevs: &[String],
+) -> Result<()> {
+    let pool = create_pool(home, force, props, name, vdevs)?;
+    let space = pool.space();
+    pool.close()?;
+    println!("created pool '{name}' ({} usable)", human(space.size));
+    Ok(())
+}
+
+pub fn create_pool(
+    home: &Home,
+    force: bool,
+    props: &[String],
+    name: &str,
+    vdevs: &[String],
+) -> Result<Arc<Pool>> {
+    let props = parse_pool_props(props)?;
+    let groups = parse_vdevs(vdevs)?;
+    if home.load()?.pools.contains_key(name) {
+        return Err(usage(format!("a pool named '{name}' is already imported")));
+    }
+    // Check every path before creating anything, so a bad argument leaves no files behind.
+    let mut seen = HashSet::new();
+    for (_, paths) in &groups {
+        for p in paths {
+            let abs = absolute(p);
+            if !seen.insert(abs.clone()) {
+                return Err(usage(format!("{}: named twice", p.display())));
+            }
+            if !p.exists() && props.size.is_none() {
+                return Err(usage(format!(
+                    "{}: does not exist (give -o size=SIZE to create file vdevs)",
+                    p.display()
+                )));
+            }
+        }
+    }
+    let mut created: Vec<PathBuf> = Vec::new();
+    let result = (|| -> Result<Arc<Pool>> {
+        let mut spec = Vec::new();
+        for (kind, paths) in &groups {
+            let mut leaves = Vec::new();
+            for p in paths {
+                let dev = if p.exists() {
+                    FileDevice::open(p)?
+                } else {
+                    let dev = FileDevice::create(p, props.size.unwrap())?;
+                    created.push(p.clone());
+                    dev
+                };
+                leaves.push((
+                    Arc::new(dev) as Arc<dyn BlockDevice>,
+                    absolute(p).display().to_string(),
+                ));
+            }
+            spec.push(TopSpec {
+                kind: *kind,
+                leaves,
+            });
+        }
+        let opts = PoolOptions {
+            checksum: props.checksum,
+            force,
+            ..Default::default()
+        };
+        Ok(Pool::create(name, spec, opts)?)
+    })();
+    match result {
+        Ok(pool) => {
+            home.remember(&pool, device_paths(&pool))?;
+            Ok(pool)
+        }
+        Err(e) => {
+            for p in created {
+                let _ = std::fs::remove_file(p);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Files and block devices directly inside `dir`.
+fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| CliError::Io {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let p = entry.path();
+        if let Ok(meta) = std::fs::metadata(&p) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.is_file() || meta.file_type().is_block_device() {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn import(home: &Home, dirs: &[PathBuf], name: Option<&str>, json: bool) -> Result<()> {
+    let dirs = if dirs.is_empty() {
+        vec![PathBuf::from("/dev")]
+    } else {
+        dirs.to_vec()
+    };
+    let mut paths = Vec::new();
+    for d in &dirs {
+        paths.extend(candidates(d)?);
+    }
+    // Probe labels, skipping devices that are not zeta leaves or are in use.
+    let mut found: Vec<(PathBuf, String, u64, String)> = Vec::new();
+    for p in &paths {
+        let Ok(dev) = FileDevice::open(p) else {
+            continue;
+        };
+        let leaf = Leaf::new(Arc::new(dev), 0);
+        if let Ok(labels) = read_labels(&leaf) {
+            if let Some((_, cfg)) = labels.config {
+                if cfg.state != crate::spa::label::PoolState::Destroyed {
+                    found.push((
+                        p.clone(),
+                        cfg.name,
+                        cfg.pool_guid,
+                        format!("{:?}", cfg.state).to_lowercase(),
+                    ));
+                }
+            }
+        }
+    }
+    let mut pools: Vec<(String, u64, String)> = found
+        .iter()
+        .map(|f| (f.1.clone(), f.2, f.3.clone()))
+        .collect();
+    pools.sort();
+    pools.dedup_by_key(|p| p.1);
+    let target = match name {
+        Some(n) => n.to_string(),
+        None if pools.len() == 1 => pools[0].0.clone(),
+        None => {
+            if json {
+                let rows: Vec<_> = pools
+                    .iter()
+                    .map(|p| json!({"name": p.0, "guid": p.1, "state": p.2}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+            } else if pools.is_empty() {
+                println!(
+                    "no pools available to import in {}",
+                    dirs.iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            } else {
+                println!("pools available to import:");
+                for p in &pools {
+                    println!("  {}  (guid {}, {})", p.0, p.1, p.2);
+                }
+            }
+            return Ok(());
+        }
+    };
+    if home.load()?.pools.contains_key(&target) {
+        return Err(usage(format!("pool '{target}' is already imported")));
+    }
+    let members: Vec<PathBuf> = found
+        .iter()
+        .filter(|f| f.1 == target)
+        .map(|f| absolute(&f.0))
+        .collect();
+    if members.is_empty() {
+        return Err(usage(format!(
+            "no pool named '{target}' in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let devs = open_devices(&members)?;
+    let pool = Pool::import(devs, Some(&target), PoolOptions::default())?;
+    home.remember(&pool, device_paths(&pool))?;
+    pool.close()?;
+    println!("imported '{target}'");
+    Ok(())
+}
+
+fn list(home: &Home, json: bool) -> Result<()> {
+    let cache = home.load()?;
+    let mut rows = Vec::new();
+    for name in cache.pools.keys() {
+        let row = match home.open(name) {
+            Ok(p) => {
+                let s = p.space();
+                p.close()?;
+                json!({"name": name, "size": s.size, "alloc": s.alloc, "free": s.free,
+                       "capacity_pct": (s.alloc * 100).checked_div(s.size).unwrap_or(0), "health": "ONLINE"})
+            }
+            Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
+        };
+        rows.push(row);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:>8} {:>8} {:>8} {:>5}  HEALTH",
+        "NAME", "SIZE", "ALLOC", "FREE", "CAP"
+    );
+    for r in rows {
+        let n = |k: &str| r[k].as_u64().map(human).unwrap_or_else(|| "-".into());
+        let cap = r["capacity_pct"]
+            .as_u64()
+            .map(|c| format!("{c}%"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<16} {:>8} {:>8} {:>8} {:>5}  {}",
+            r["name"].as_str().unwrap(),
+            n("size"),
+            n("alloc"),
+            n("free"),
+            cap,
+            r["health"].as_str().unwrap()
+        );
+    }
+    Ok(())
+}
+
+pub fn status_json(p: &Pool) -> serde_json::Value {
+    let cfg = p.config();
+    let s = p.space();
+    let tops: Vec<_> =
+        p.io.zio
+            .tops
+            .iter()
+            .zip(&cfg.tops)
+            .map(|(t, tc)| {
+                let leaves: Vec<_> = t
+                    .children
+                    .iter()
+                    .map(|l| {
+                        let path = tc
+                            .children
+                            .iter()
+                            .find(|c| c.guid == l.guid)
+                            .map(|c| c.path.clone())
+                            .unwrap_or_default();
+                        json!({"path": path, "guid": l.guid, "state": "ONLINE",
+                           "read_errors": l.counters.read_errors.load(Ordering::Relaxed),
+                           "write_errors": l.counters.write_errors.load(Ordering::Relaxed),
+                           "cksum_errors": l.counters.cksum_errors.load(Ordering::Relaxed),
+                           "repaired_bytes": l.counters.repaired_bytes.load(Ordering::Relaxed)})
+                    })
+                    .collect();
+                let missing = tc.children.len() - t.children.len();
+                json!({"kind": format!("{:?}", t.kind).to_lowercase(), "id": t.id,
+                   "state": if missing == 0 { "ONLINE" } else { "DEGRADED" },
+                   "missing_devices": missing, "leaves": leaves})
+            })
+            .collect();
+    let degraded = tops.iter().any(|t| t["state"] != "ONLINE");
+    json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
+           "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
+           "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
+           "volumes": p.datasets().len()})
+}
+
+fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
+    let names: Vec<String> = match name {
+        Some(n) => vec![n.to_string()],
+        None => home.load()?.pools.keys().cloned().collect(),
+    };
+    if names.is_empty() && !json {
+        println!("no pools imported");
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for n in &names {
+        let p = home.open(n)?;
+        all.push(status_json(&p));
+        p.close()?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all).unwrap());
+        return Ok(());
+    }
+    for st in all {
+        println!(
+            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free\nconfig:",
+            st["name"].as_str().unwrap(),
+            st["state"].as_str().unwrap(),
+            st["txg"],
+            human(st["size"].as_u64().unwrap()),
+            human(st["alloc"].as_u64().unwrap()),
+            human(st["free"].as_u64().unwrap())
+        );
+        println!(
+            "    {:<40} {:>8} {:>6} {:>6} {:>6}",
+            "NAME", "STATE", "READ", "WRITE", "CKSUM"
+        );
+        for t in st["vdevs"].as_array().unwrap() {
+            let indent = if t["kind"] == "mirror" {
+                println!(
+                    "    {:<40} {:>8}",
+                    format!("mirror-{}", t["id"]),
+                    t["state"].as_str().unwrap()
+                );
+                "      "
+            } else {
+                "    "
+            };
+            for l in t["leaves"].as_array().unwrap() {
+                let n = |k: &str| l[k].as_u64().unwrap_or(0);
+                println!(
+                    "{indent}{:<40} {:>8} {:>6} {:>6} {:>6}",
+                    l["path"].as_str().unwrap(),
+                    l["state"].as_str().unwrap(),
+                    n("read_errors"),
+                    n("write_errors"),
+                    n("cksum_errors")
+                );
+            }
+        }
+        println!();
+    }
+    Ok(())
+}

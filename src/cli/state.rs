@@ -1,0 +1,138 @@
+//! The state directory ($ZETA_HOME) and its cache of known pools: which devices each
+//! imported pool lives on, so commands can open it by name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{usage, CliError, Result};
+use crate::dsl::{Pool, PoolOptions};
+use crate::vdev::{BlockDevice, FileDevice};
+
+pub struct Home {
+    pub dir: PathBuf,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct Cache {
+    pub pools: BTreeMap<String, CachedPool>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+pub struct CachedPool {
+    pub guid: u64,
+    pub devices: Vec<PathBuf>,
+}
+
+impl Home {
+    pub fn resolve(flag: Option<PathBuf>) -> Home {
+        let dir = flag
+            .or_else(|| std::env::var_os("ZETA_HOME").map(PathBuf::from))
+            .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("zeta")))
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/zeta"))
+            })
+            .unwrap_or_else(|| PathBuf::from(".zeta"));
+        Home { dir }
+    }
+
+    fn cache_path(&self) -> PathBuf {
+        self.dir.join("pools.json")
+    }
+
+    pub fn load(&self) -> Result<Cache> {
+        let path = self.cache_path();
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                usage(format!(
+                    "{}: unreadable pool cache ({e}); remove it and re-import",
+                    path.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Cache::default()),
+            Err(e) => Err(CliError::Io {
+                path: path.display().to_string(),
+                source: e,
+            }),
+        }
+    }
+
+    /// Writes the cache atomically (temporary file, fsync, rename).
+    pub fn save(&self, cache: &Cache) -> Result<()> {
+        let io = |p: &Path, e| CliError::Io {
+            path: p.display().to_string(),
+            source: e,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
+        let path = self.cache_path();
+        let tmp = self.dir.join("pools.json.tmp");
+        let bytes = serde_json::to_vec_pretty(cache).expect("cache serializes");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+            f.write_all(&bytes).map_err(|e| io(&tmp, e))?;
+            f.sync_all().map_err(|e| io(&tmp, e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+    }
+
+    pub fn remember(&self, pool: &Pool, devices: Vec<PathBuf>) -> Result<()> {
+        let mut cache = self.load()?;
+        cache.pools.insert(
+            pool.name.clone(),
+            CachedPool {
+                guid: pool.guid,
+                devices,
+            },
+        );
+        self.save(&cache)
+    }
+
+    pub fn forget(&self, name: &str) -> Result<()> {
+        let mut cache = self.load()?;
+        cache.pools.remove(name);
+        self.save(&cache)
+    }
+
+    /// Opens an imported pool by name.
+    pub fn open(&self, name: &str) -> Result<Arc<Pool>> {
+        let cache = self.load()?;
+        let entry = cache.pools.get(name).ok_or_else(|| {
+            usage(format!(
+                "no imported pool named '{name}' (see `zeta pool list`, or `zeta pool import`)"
+            ))
+        })?;
+        let devs = open_devices(&entry.devices)?;
+        let pool = Pool::import(devs, Some(name), PoolOptions::default())?;
+        if pool.guid != entry.guid {
+            return Err(usage(format!(
+                "the devices of '{name}' now hold a different pool; re-import it"
+            )));
+        }
+        Ok(pool)
+    }
+}
+
+pub fn open_devices(paths: &[PathBuf]) -> Result<Vec<(Arc<dyn BlockDevice>, String)>> {
+    paths
+        .iter()
+        .map(|p| {
+            let dev = FileDevice::open(p)?;
+            Ok((
+                Arc::new(dev) as Arc<dyn BlockDevice>,
+                p.display().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Every leaf path of an open pool, for the cache.
+pub fn device_paths(pool: &Pool) -> Vec<PathBuf> {
+    pool.config()
+        .tops
+        .iter()
+        .flat_map(|t| t.children.iter().map(|c| PathBuf::from(&c.path)))
+        .collect()
+}

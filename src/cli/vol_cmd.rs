@@ -1,0 +1,270 @@
+//! `zeta vol …` and `zeta up`.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::args::{UpArgs, VolCmd};
+use super::fmt::{human, parse_size};
+use super::pool_cmd::{create_pool, status_json};
+use super::state::Home;
+use super::{usage, CliError, Result};
+use crate::dsl::Pool;
+use crate::math::ChecksumKind;
+use crate::zvol::Volume;
+
+/// Splits `POOL/VOL`.
+pub fn split_name(full: &str) -> Result<(&str, &str)> {
+    match full.split_once('/') {
+        Some((p, v)) if !p.is_empty() && !v.is_empty() => Ok((p, v)),
+        _ => Err(usage(format!("'{full}' is not POOL/VOL"))),
+    }
+}
+
+const COPY_CHUNK: usize = 1 << 20;
+
+pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
+    match cmd {
+        VolCmd::Create {
+            block_size,
+            props,
+            name,
+            size,
+        } => {
+            let (pool, vol) = split_name(&name)?;
+            let bs = parse_size(&block_size)?;
+            let size = parse_size(&size)?;
+            let mut checksum = None;
+            for p in &props {
+                match p.split_once('=') {
+                    Some(("checksum", v)) => {
+                        checksum = Some(ChecksumKind::parse(v).ok_or_else(|| {
+                            usage(format!("checksum '{v}' is not one of fletcher4, sha256"))
+                        })?)
+                    }
+                    _ => {
+                        return Err(usage(format!(
+                            "unknown volume property '{p}' (volume properties: checksum)"
+                        )))
+                    }
+                }
+            }
+            if bs > u32::MAX as u64 {
+                return Err(usage(format!("block size {bs} is too large")));
+            }
+            let p = home.open(pool)?;
+            let r = p.create_volume(vol, size, bs as u32, checksum);
+            p.close()?;
+            r?;
+            println!(
+                "created volume '{name}' ({}, block size {})",
+                human(size),
+                human(bs)
+            );
+            Ok(())
+        }
+        VolCmd::List { pool, json } => list(home, pool.as_deref(), json),
+        VolCmd::Destroy { name } => {
+            let (pool, vol) = split_name(&name)?;
+            let p = home.open(pool)?;
+            let r = p.destroy_volume(vol);
+            p.close()?;
+            r?;
+            println!("destroyed volume '{name}'");
+            Ok(())
+        }
+        VolCmd::Resize { name, size } => {
+            let (pool, vol) = split_name(&name)?;
+            let size = parse_size(&size)?;
+            let p = home.open(pool)?;
+            let r = p.resize_volume(vol, size);
+            p.close()?;
+            r?;
+            println!("resized volume '{name}' to {}", human(size));
+            Ok(())
+        }
+        VolCmd::Put { name, file, offset } => {
+            let (pool, vol) = split_name(&name)?;
+            let offset = parse_size(&offset)?;
+            let p = home.open(pool)?;
+            let r = put(&p, vol, &file, offset);
+            let c = p.close();
+            let n = r?;
+            c?;
+            println!("wrote {} to '{name}'", human(n));
+            Ok(())
+        }
+        VolCmd::Get { name, file } => {
+            let (pool, vol) = split_name(&name)?;
+            let p = home.open(pool)?;
+            let r = get(&p, vol, &file);
+            p.close()?;
+            let n = r?;
+            println!("read {} from '{name}' into {}", human(n), file.display());
+            Ok(())
+        }
+    }
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> CliError {
+    CliError::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
+}
+
+/// Copies a file into a volume and flushes; returns the bytes written.
+pub fn put(pool: &Arc<Pool>, vol: &str, file: &Path, offset: u64) -> Result<u64> {
+    let v = Volume::open(pool, vol)?;
+    let mut f = std::fs::File::open(file).map_err(|e| io_err(file, e))?;
+    let len = f.metadata().map_err(|e| io_err(file, e))?.len();
+    if offset.checked_add(len).is_none_or(|end| end > v.size()) {
+        return Err(usage(format!(
+            "{} ({} bytes) does not fit in {} ({} bytes) at offset {offset}",
+            file.display(),
+            len,
+            v.name(),
+            v.size()
+        )));
+    }
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut at = offset;
+    loop {
+        let n = read_full(&mut f, &mut buf).map_err(|e| io_err(file, e))?;
+        if n == 0 {
+            break;
+        }
+        v.write(at, &buf[..n])?;
+        at += n as u64;
+    }
+    v.flush()?;
+    Ok(at - offset)
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Copies a volume's contents into a file; returns the bytes read.
+pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
+    let v = Volume::open(pool, vol)?;
+    let mut f = std::fs::File::create(file).map_err(|e| io_err(file, e))?;
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut at = 0;
+    while at < v.size() {
+        let n = (v.size() - at).min(COPY_CHUNK as u64) as usize;
+        v.read(at, &mut buf[..n])?;
+        f.write_all(&buf[..n]).map_err(|e| io_err(file, e))?;
+        at += n as u64;
+    }
+    f.sync_all().map_err(|e| io_err(file, e))?;
+    Ok(at)
+}
+
+fn list(home: &Home, pool: Option<&str>, json: bool) -> Result<()> {
+    let names: Vec<String> = match pool {
+        Some(p) => vec![p.to_string()],
+        None => home.load()?.pools.keys().cloned().collect(),
+    };
+    let mut rows = Vec::new();
+    for n in &names {
+        let p = home.open(n)?;
+        for ds in p.datasets() {
+            rows.push(
+                json!({"name": format!("{n}/{}", ds.name), "size": ds.volsize(),
+                             "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()}),
+            );
+        }
+        p.close()?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+        return Ok(());
+    }
+    println!("{:<32} {:>8} {:>8}  CHECKSUM", "NAME", "SIZE", "BLOCK");
+    for r in rows {
+        println!(
+            "{:<32} {:>8} {:>8}  {}",
+            r["name"].as_str().unwrap(),
+            human(r["size"].as_u64().unwrap()),
+            human(r["volblocksize"].as_u64().unwrap()),
+            r["checksum"].as_str().unwrap()
+        );
+    }
+    Ok(())
+}
+
+pub const UP_POOL: &str = "zeta";
+pub const UP_VOLUME: &str = "vol0";
+
+/// The embedded default. Until the NBD server exists this creates the default pool (a mirror
+/// of two files in `dir`) and volume on first use, writes a test pattern through the volume,
+/// reads it back, and prints the pool's status.
+pub fn up(home: &Home, args: UpArgs) -> Result<()> {
+    let a = args.dir.join("disk0");
+    let b = args.dir.join("disk1");
+    let pool = if home.load()?.pools.contains_key(UP_POOL) {
+        home.open(UP_POOL)?
+    } else if a.exists() {
+        // The files exist but this state directory does not know them: import.
+        let devs = super::state::open_devices(&[a.clone(), b.clone()])?;
+        let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
+        home.remember(&p, super::state::device_paths(&p))?;
+        p
+    } else {
+        std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
+        let words = vec![
+            "mirror".to_string(),
+            a.display().to_string(),
+            b.display().to_string(),
+        ];
+        let p = create_pool(home, false, &["size=512M".to_string()], UP_POOL, &words)?;
+        println!(
+            "created pool '{UP_POOL}': a mirror of {} and {}",
+            a.display(),
+            b.display()
+        );
+        p
+    };
+    if pool.dataset(UP_VOLUME).is_err() {
+        pool.create_volume(UP_VOLUME, 256 << 20, 16384, None)?;
+        println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M)");
+    }
+    let v = Volume::open(&pool, UP_VOLUME)?;
+    let pattern: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    v.write(1 << 20, &pattern)?;
+    v.flush()?;
+    let mut back = vec![0u8; pattern.len()];
+    v.read(1 << 20, &mut back)?;
+    if back != pattern {
+        return Err(usage(
+            "read-back of the test pattern differs: please report this",
+        ));
+    }
+    println!("wrote and read back 4M through '{UP_POOL}/{UP_VOLUME}': ok");
+    let blocks = pool.verify()?;
+    println!("verified {blocks} blocks: every checksum matches");
+    let st = status_json(&pool);
+    pool.close()?;
+    println!(
+        "pool '{UP_POOL}': {} , {} of {} allocated, txg {}",
+        st["state"].as_str().unwrap(),
+        human(st["alloc"].as_u64().unwrap()),
+        human(st["size"].as_u64().unwrap()),
+        st["txg"]
+    );
+    println!("\nnext: zeta vol put {UP_POOL}/{UP_VOLUME} FILE · zeta vol get {UP_POOL}/{UP_VOLUME} FILE · zeta pool status {UP_POOL}");
+    println!("(serving volumes over NBD arrives with `zeta serve`; see README.md)");
+    Ok(())
+}
