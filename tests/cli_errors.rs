@@ -1,0 +1,137 @@
+//! The `zeta` binary with bad arguments: one clear line on stderr, a non-zero exit, no panic,
+//! and nothing already stored is changed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn zeta(home: &Path, cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zeta"))
+        .args(args)
+        .env("ZETA_HOME", home)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "failed: {err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn bad_arguments_are_one_clear_line_and_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    fails_with(
+        &zeta(&home, d, &["pool", "create", "p", "missing"]),
+        "does not exist",
+    );
+    assert!(!d.join("missing").exists());
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &["pool", "create", "-o", "size=128M", "p", "a", "a"],
+        ),
+        "named twice",
+    );
+    assert!(
+        !d.join("a").exists(),
+        "a failed create must not leave files"
+    );
+    fails_with(
+        &zeta(&home, d, &["pool", "create", "-o", "size=1M", "p", "a"]),
+        "too small",
+    );
+    assert!(!d.join("a").exists());
+    fails_with(
+        &zeta(&home, d, &["pool", "create", "-o", "size=12Q", "p", "a"]),
+        "invalid size",
+    );
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &["pool", "create", "-o", "size=128M", "p", "mirror", "a"],
+        ),
+        "at least two",
+    );
+    fails_with(
+        &zeta(&home, d, &["pool", "create", "-o", "colour=red", "p", "a"]),
+        "unknown property",
+    );
+
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", "size=128M", "p", "mirror", "a", "b"],
+    ));
+    ok(&zeta(&home, d, &["vol", "create", "p/v", "1M"]));
+    std::fs::write(d.join("small"), vec![0x42u8; 300_000]).unwrap();
+    ok(&zeta(&home, d, &["vol", "put", "p/v", "small"]));
+
+    // Devices of an existing pool are refused without -f, even under another state directory.
+    let other = t.path().join("home2");
+    fails_with(
+        &zeta(&other, d, &["pool", "create", "q", "a"]),
+        "belongs to pool 'p'",
+    );
+    fails_with(
+        &zeta(&home, d, &["vol", "create", "p/w", "10000"]),
+        "multiple of the block size",
+    );
+    fails_with(
+        &zeta(&home, d, &["vol", "create", "-b", "3K", "p/w", "3M"]),
+        "power of two",
+    );
+    fails_with(
+        &zeta(&home, d, &["vol", "create", "nopool", "1M"]),
+        "not POOL/VOL",
+    );
+    fails_with(
+        &zeta(&home, d, &["vol", "create", "x/w", "1M"]),
+        "no imported pool named 'x'",
+    );
+    std::fs::write(d.join("big"), vec![1u8; 2 << 20]).unwrap();
+    fails_with(
+        &zeta(&home, d, &["vol", "put", "p/v", "big"]),
+        "does not fit",
+    );
+    fails_with(
+        &zeta(&home, d, &["vol", "put", "p/nope", "small"]),
+        "does not exist",
+    );
+    fails_with(&zeta(&home, d, &["pool", "destroy", "p"]), "-f");
+
+    // Nothing above changed what was stored.
+    ok(&zeta(&home, d, &["vol", "get", "p/v", "back"]));
+    let back = std::fs::read(d.join("back")).unwrap();
+    assert_eq!(back.len(), 1 << 20);
+    assert!(back[..300_000].iter().all(|&b| b == 0x42) && back[300_000..].iter().all(|&b| b == 0));
+    let status = ok(&zeta(&home, d, &["pool", "status", "p", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v[0]["state"], "ONLINE");
+    assert_eq!(v[0]["vdevs"][0]["leaves"].as_array().unwrap().len(), 2);
+
+    // Export, re-import by scanning the directory, and the data is still there.
+    ok(&zeta(&home, d, &["pool", "export", "p"]));
+    fails_with(&zeta(&home, d, &["vol", "list", "p"]), "no imported pool");
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "import", "-d", d.to_str().unwrap(), "p"],
+    ));
+    ok(&zeta(&home, d, &["vol", "get", "p/v", "back2"]));
+    assert_eq!(std::fs::read(d.join("back2")).unwrap(), back);
+}
