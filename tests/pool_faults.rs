@@ -34,7 +34,7 @@ fn power_cut_keeps_last_flushed_txg_whatever_happens_to_unflushed_writes() {
         vol.write(MB, &pattern(seed as u8 + 100, 2 * MB as usize))
             .unwrap();
         if seed % 2 == 0 {
-            std::thread::sleep(std::time::Duration::from_millis(seed as u64 * 15));
+            std::thread::sleep(std::time::Duration::from_millis(seed * 15));
         }
         let mode = match seed % 3 {
             0 => PowerCut::DropUnflushed,
