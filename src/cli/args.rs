@@ -29,6 +29,9 @@ pub enum Command {
     /// Create, resize and copy data into and out of volumes.
     #[command(subcommand)]
     Vol(VolCmd),
+    /// Benchmarks that print ratios against a reference measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// The embedded default: create (on first use) a pool of files under ./zeta-data with a
     /// volume, exercise it, and show its status.
     Up(UpArgs),
@@ -126,4 +129,28 @@ pub struct UpArgs {
     /// Directory for the default pool's files.
     #[arg(long, default_value = "zeta-data")]
     pub dir: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// A volume on a one-file pool against a raw file of the same size: sequential 1 MiB and
+    /// random 4K/16K writes and reads, MB/s and the ratio (median of --runs).
+    Vol(BenchVolArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchVolArgs {
+    /// Size of the volume and of the raw file.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Directory for the pool's file and the raw file (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Random operations per random workload.
+    #[arg(long, default_value_t = 20000)]
+    pub random_ops: u64,
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
 }

@@ -4,6 +4,7 @@
 //! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
 
 pub mod args;
+pub mod bench_cmd;
 pub mod fmt;
 pub mod pool_cmd;
 pub mod state;
@@ -21,6 +22,7 @@ pub fn main() -> i32 {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
         args::Command::Up(cmd) => vol_cmd::up(&home, cmd),
+        args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
     };
     match result {
         Ok(()) => 0,

@@ -753,7 +753,10 @@ impl Pool {
             *os_bp = bp;
             mos.dir_dirty = true;
         }
+        let mut syncing_bytes = syncing_bytes;
         for ds in std::mem::take(&mut mos.destroyed) {
+            // Its unsynced writes die with it; they no longer count as dirty.
+            syncing_bytes += ds.object.begin_sync();
             ds.object.free_all(io, txg)?;
             let os_bp = *ds.objset_bp.lock();
             if !os_bp.is_hole() {
