@@ -18,6 +18,44 @@ use crate::zio::{WriteProps, Zio, ZioError};
 
 const FANOUT: usize = 1 << IND_SHIFT;
 
+/// The part of one block a byte range covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub blkid: u64,
+    /// Offset of the span inside its block.
+    pub in_block: usize,
+    /// Offset of the span inside the caller's buffer.
+    pub in_buf: usize,
+    pub len: usize,
+}
+
+impl Span {
+    pub fn is_whole_block(&self, block_bytes: u64) -> bool {
+        self.len as u64 == block_bytes
+    }
+}
+
+/// Cuts `len` bytes at `offset` into per-block spans, in order.
+pub fn spans(offset: u64, len: usize, block_bytes: u64) -> impl Iterator<Item = Span> {
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let at = offset + done as u64;
+        let in_block = (at % block_bytes) as usize;
+        let n = (block_bytes as usize - in_block).min(len - done);
+        let span = Span {
+            blkid: at / block_bytes,
+            in_block,
+            in_buf: done,
+            len: n,
+        };
+        done += n;
+        Some(span)
+    })
+}
+
 /// What the objects of a pool need from below: verified, cached block reads and writes.
 pub struct ObjectIo {
     pub zio: Arc<Zio>,
@@ -375,4 +413,39 @@ pub fn walk(
         Ok(())
     }
     go(io, &dn.root, dn.nlevels - 1, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_cover_a_range_block_by_block() {
+        let v: Vec<Span> = spans(4000, 5000, 4096).collect();
+        assert_eq!(
+            v,
+            vec![
+                Span {
+                    blkid: 0,
+                    in_block: 4000,
+                    in_buf: 0,
+                    len: 96
+                },
+                Span {
+                    blkid: 1,
+                    in_block: 0,
+                    in_buf: 96,
+                    len: 4096
+                },
+                Span {
+                    blkid: 2,
+                    in_block: 0,
+                    in_buf: 4192,
+                    len: 808
+                },
+            ]
+        );
+        assert!(v[1].is_whole_block(4096));
+        assert_eq!(spans(0, 0, 4096).count(), 0);
+    }
 }

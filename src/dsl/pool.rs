@@ -16,7 +16,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
 use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
-use crate::dmu::object::walk;
+use crate::dmu::object::{spans, walk};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::math::ChecksumKind;
 use crate::spa::label::{
@@ -1033,20 +1033,15 @@ fn write_object_bytes(
     bytes: &[u8],
 ) -> Result<(), ZioError> {
     let bs = obj.block_bytes() as u64;
-    let mut at = offset;
     let end = offset + bytes.len() as u64;
-    while at < end {
-        let blkid = at / bs;
-        let in_block = (at % bs) as usize;
-        let n = ((bs - in_block as u64).min(end - at)) as usize;
-        let mut block = match obj.read_block(io, blkid)? {
+    for sp in spans(offset, bytes.len(), bs) {
+        let mut block = match obj.read_block(io, sp.blkid)? {
             Some(b) => b.to_vec(),
             None => vec![0u8; bs as usize],
         };
-        let src = (at - offset) as usize;
-        block[in_block..in_block + n].copy_from_slice(&bytes[src..src + n]);
-        obj.dirty(blkid, Dirty::Data(Arc::new(block)));
-        at += n as u64;
+        block[sp.in_block..sp.in_block + sp.len]
+            .copy_from_slice(&bytes[sp.in_buf..sp.in_buf + sp.len]);
+        obj.dirty(sp.blkid, Dirty::Data(Arc::new(block)));
     }
     let size = obj.dnode().size_bytes.get();
     if end > size {

@@ -9,6 +9,7 @@ mod range_lock;
 
 use std::sync::Arc;
 
+use crate::dmu::object::spans;
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
 pub use range_lock::RangeLocks;
@@ -87,18 +88,13 @@ impl Volume {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
         self.check("read", offset, buf.len() as u64)?;
-        let bs = self.block_size();
-        let mut done = 0usize;
-        while done < buf.len() {
-            let at = offset + done as u64;
-            let blkid = at / bs;
-            let in_block = (at % bs) as usize;
-            let n = (bs as usize - in_block).min(buf.len() - done);
-            match self.read_block(blkid)? {
-                Some(b) => buf[done..done + n].copy_from_slice(&b[in_block..in_block + n]),
-                None => buf[done..done + n].fill(0),
+        let len = buf.len();
+        for sp in spans(offset, len, self.block_size()) {
+            let dst = &mut buf[sp.in_buf..sp.in_buf + sp.len];
+            match self.read_block(sp.blkid)? {
+                Some(b) => dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]),
+                None => dst.fill(0),
             }
-            done += n;
         }
         Ok(())
     }
@@ -112,26 +108,21 @@ impl Volume {
         let first = offset / bs;
         let last = (offset + data.len() as u64 - 1) / bs;
         let _guard = self.locks.lock(first, last);
-        let mut done = 0usize;
-        while done < data.len() {
-            let at = offset + done as u64;
-            let blkid = at / bs;
-            let in_block = (at % bs) as usize;
-            let n = (bs as usize - in_block).min(data.len() - done);
-            let block = if n == bs as usize {
-                data[done..done + n].to_vec()
+        for sp in spans(offset, data.len(), bs) {
+            let src = &data[sp.in_buf..sp.in_buf + sp.len];
+            let block = if sp.is_whole_block(bs) {
+                src.to_vec()
             } else {
-                let mut b = match self.read_block(blkid)? {
+                let mut b = match self.read_block(sp.blkid)? {
                     Some(b) => b.to_vec(),
                     None => vec![0u8; bs as usize],
                 };
-                b[in_block..in_block + n].copy_from_slice(&data[done..done + n]);
+                b[sp.in_block..sp.in_block + sp.len].copy_from_slice(src);
                 b
             };
             self.pool
-                .dirty_block(&self.ds, blkid, Dirty::Data(Arc::new(block)))
+                .dirty_block(&self.ds, sp.blkid, Dirty::Data(Arc::new(block)))
                 .map_err(|e| self.err(e))?;
-            done += n;
         }
         Ok(())
     }
