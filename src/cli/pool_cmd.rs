@@ -2,7 +2,6 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -11,10 +10,9 @@ use super::args::PoolCmd;
 use super::fmt::{human, parse_size};
 use super::state::{device_paths, open_devices, Home};
 use super::{usage, CliError, Result};
-use crate::dsl::{Pool, PoolOptions, TopSpec};
+use crate::dsl::{probe, Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
-use crate::spa::label::read_labels;
-use crate::vdev::{BlockDevice, FileDevice, Leaf, TopKind};
+use crate::vdev::{BlockDevice, FileDevice, TopKind};
 
 pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
     match cmd {
@@ -238,17 +236,14 @@ fn import(home: &Home, dirs: &[PathBuf], name: Option<&str>, json: bool) -> Resu
         let Ok(dev) = FileDevice::open(p) else {
             continue;
         };
-        let leaf = Leaf::new(Arc::new(dev), 0);
-        if let Ok(labels) = read_labels(&leaf) {
-            if let Some((_, cfg)) = labels.config {
-                if cfg.state != crate::spa::label::PoolState::Destroyed {
-                    found.push((
-                        p.clone(),
-                        cfg.name,
-                        cfg.pool_guid,
-                        format!("{:?}", cfg.state).to_lowercase(),
-                    ));
-                }
+        if let Some(cfg) = probe(Arc::new(dev)) {
+            if cfg.state != crate::spa::label::PoolState::Destroyed {
+                found.push((
+                    p.clone(),
+                    cfg.name,
+                    cfg.pool_guid,
+                    format!("{:?}", cfg.state).to_lowercase(),
+                ));
             }
         }
     }
@@ -355,35 +350,23 @@ fn list(home: &Home, json: bool) -> Result<()> {
 pub fn status_json(p: &Pool) -> serde_json::Value {
     let cfg = p.config();
     let s = p.space();
-    let tops: Vec<_> =
-        p.io.zio
-            .tops
-            .iter()
-            .zip(&cfg.tops)
-            .map(|(t, tc)| {
-                let leaves: Vec<_> = t
-                    .children
-                    .iter()
-                    .map(|l| {
-                        let path = tc
-                            .children
-                            .iter()
-                            .find(|c| c.guid == l.guid)
-                            .map(|c| c.path.clone())
-                            .unwrap_or_default();
-                        json!({"path": path, "guid": l.guid, "state": "ONLINE",
-                           "read_errors": l.counters.read_errors.load(Ordering::Relaxed),
-                           "write_errors": l.counters.write_errors.load(Ordering::Relaxed),
-                           "cksum_errors": l.counters.cksum_errors.load(Ordering::Relaxed),
-                           "repaired_bytes": l.counters.repaired_bytes.load(Ordering::Relaxed)})
-                    })
-                    .collect();
-                let missing = tc.children.len() - t.children.len();
-                json!({"kind": format!("{:?}", t.kind).to_lowercase(), "id": t.id,
-                   "state": if missing == 0 { "ONLINE" } else { "DEGRADED" },
-                   "missing_devices": missing, "leaves": leaves})
-            })
-            .collect();
+    let tops: Vec<_> = p
+        .vdev_status()
+        .into_iter()
+        .map(|t| {
+            let state = if t.missing_devices == 0 {
+                "ONLINE"
+            } else {
+                "DEGRADED"
+            };
+            let mut v = serde_json::to_value(&t).expect("status serializes");
+            v["state"] = json!(state);
+            for l in v["leaves"].as_array_mut().unwrap() {
+                l["state"] = json!("ONLINE");
+            }
+            v
+        })
+        .collect();
     let degraded = tops.iter().any(|t| t["state"] != "ONLINE");
     json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),

@@ -8,4 +8,4 @@
 pub mod dir;
 pub mod pool;
 
-pub use pool::{Dataset, Pool, PoolError, PoolOptions, TopSpec};
+pub use pool::{probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, TopSpec, TopStatus};

@@ -100,6 +100,36 @@ pub struct TopSpec {
     pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
 }
 
+/// Error counters of one leaf, for status displays.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LeafStatus {
+    pub path: String,
+    pub guid: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub cksum_errors: u64,
+    pub repaired_bytes: u64,
+}
+
+/// One top-level vdev as status displays show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TopStatus {
+    pub id: u32,
+    pub kind: TopKind,
+    /// Leaves named in the config but not found at import.
+    pub missing_devices: usize,
+    pub leaves: Vec<LeafStatus>,
+}
+
+/// The newest valid config on a device's labels, if it carries any: what an import scan
+/// needs to know about a device without importing it.
+pub fn probe(dev: Arc<dyn BlockDevice>) -> Option<PoolConfig> {
+    read_labels(&Leaf::new(dev, 0))
+        .ok()?
+        .config
+        .map(|(_, cfg)| cfg)
+}
+
 /// A volume as the pool tracks it.
 pub struct Dataset {
     pub name: String,
@@ -496,6 +526,38 @@ impl Pool {
 
     pub fn space(&self) -> Space {
         self.io.zio.alloc.lock().space()
+    }
+
+    pub fn vdev_status(&self) -> Vec<TopStatus> {
+        let cfg = self.config.lock().clone();
+        self.io
+            .zio
+            .tops
+            .iter()
+            .zip(&cfg.tops)
+            .map(|(t, tc)| TopStatus {
+                id: t.id,
+                kind: t.kind,
+                missing_devices: tc.children.len() - t.children.len(),
+                leaves: t
+                    .children
+                    .iter()
+                    .map(|l| LeafStatus {
+                        path: tc
+                            .children
+                            .iter()
+                            .find(|c| c.guid == l.guid)
+                            .map(|c| c.path.clone())
+                            .unwrap_or_default(),
+                        guid: l.guid,
+                        read_errors: l.counters.read_errors.load(Ordering::Relaxed),
+                        write_errors: l.counters.write_errors.load(Ordering::Relaxed),
+                        cksum_errors: l.counters.cksum_errors.load(Ordering::Relaxed),
+                        repaired_bytes: l.counters.repaired_bytes.load(Ordering::Relaxed),
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     pub fn options(&self) -> &PoolOptions {
