@@ -1020,7 +1020,7 @@ fn meta_props(kind: BlockKind, checksum: ChecksumKind, class: AllocClass) -> Wri
 }
 
 fn check_volsize(volsize: u64, volblocksize: u32) -> Result<(), PoolError> {
-    if volsize == 0 || volsize % volblocksize as u64 != 0 {
+    if volsize == 0 || !volsize.is_multiple_of(volblocksize as u64) {
         return Err(invalid(format!(
             "volume size {volsize} must be a non-zero multiple of the block size ({volblocksize})"
         )));

@@ -1,13 +1,24 @@
 //! Fletcher-4 as ZFS defines it: four 64-bit running sums over the input read as little-endian
 //! 32-bit words. A trailing partial word (length not a multiple of 4) is zero-padded, so every
 //! length has a defined checksum (ZFS itself only ever checksums multiples of 512 bytes).
+//!
+//! Kernels: the reference (one word at a time), a portable unrolled one, and on x86-64 AVX2
+//! and AVX-512 kernels that run N independent lanes (lane i sums words i, i+N, i+2N, ...) and
+//! fold the lanes into the single-stream result at the end ([`combine_lanes`]). The kernel in
+//! use is picked once per process by a short benchmark among those the CPU supports;
+//! `ZETA_FLETCHER4_IMPL=reference|unrolled|avx2|avx512` overrides the choice.
 
 /// The four Fletcher-4 accumulators, `a` = Σ w, `b` = Σ a, `c` = Σ b, `d` = Σ c (all mod 2^64).
 pub type Fletcher4 = [u64; 4];
 
 /// Scalar reference: one word at a time, exactly the definition.
 pub fn fletcher4_reference(data: &[u8]) -> Fletcher4 {
-    let (mut a, mut b, mut c, mut d) = (0u64, 0u64, 0u64, 0u64);
+    continue_words([0; 4], data)
+}
+
+/// Runs the definition over `data` starting from state `s` (used for tails after a kernel).
+fn continue_words(s: Fletcher4, data: &[u8]) -> Fletcher4 {
+    let [mut a, mut b, mut c, mut d] = s;
     for chunk in data.chunks(4) {
         let mut word = [0u8; 4];
         word[..chunk.len()].copy_from_slice(chunk);
@@ -19,7 +30,7 @@ pub fn fletcher4_reference(data: &[u8]) -> Fletcher4 {
     [a, b, c, d]
 }
 
-/// The production kernel: four words per step with the sums expanded in closed form, which
+/// The portable kernel: four words per step with the sums expanded in closed form, which
 /// breaks the serial dependency chain of the reference so the CPU can overlap the additions.
 ///
 /// For four words w0..w3 entering state (a, b, c, d):
@@ -28,7 +39,7 @@ pub fn fletcher4_reference(data: &[u8]) -> Fletcher4 {
 ///   c' = c + 4b + 10a + 10w0 + 6w1 + 3w2 + w3
 ///   d' = d + 4c + 10b + 20a + 20w0 + 10w1 + 4w2 + w3
 /// (the coefficients are the binomial sums of the recurrence; checked against the reference).
-pub fn fletcher4(data: &[u8]) -> Fletcher4 {
+pub fn fletcher4_unrolled(data: &[u8]) -> Fletcher4 {
     let (mut a, mut b, mut c, mut d) = (0u64, 0u64, 0u64, 0u64);
     let mut blocks = data.chunks_exact(16);
     for blk in &mut blocks {
@@ -64,15 +75,237 @@ pub fn fletcher4(data: &[u8]) -> Fletcher4 {
             .wrapping_add(w3);
         (a, b, c, d) = (na, nb, nc, nd);
     }
-    for chunk in blocks.remainder().chunks(4) {
-        let mut word = [0u8; 4];
-        word[..chunk.len()].copy_from_slice(chunk);
-        a = a.wrapping_add(u32::from_le_bytes(word) as u64);
-        b = b.wrapping_add(a);
-        c = c.wrapping_add(b);
-        d = d.wrapping_add(c);
+    continue_words([a, b, c, d], blocks.remainder())
+}
+
+/// Folds N lane states into the state a single stream over the same words would have.
+///
+/// With M words per lane, lane i holds word j = N·k + i at "distance" m = M − k from the end,
+/// so its sums weigh it by 1, m, m(m+1)/2 and m(m+1)(m+2)/6. In the single stream the same
+/// word is at distance x = N·m − i and weighs 1, x, x(x+1)/2, x(x+1)(x+2)/6. Each of these is
+/// an integer-valued cubic in m, so it has integer coordinates (α, β, γ, δ) in the basis of the
+/// lane weights; we find them by evaluating at m = 0, −1, −2, −3 (where the basis is
+/// triangular) in exact i128 arithmetic, then sum α·D_i + β·C_i + γ·B_i + δ·A_i mod 2^64.
+pub fn combine_lanes(lanes: &[Fletcher4]) -> Fletcher4 {
+    let n = lanes.len() as i128;
+    let weights: [fn(i128) -> i128; 4] = [
+        |_| 1,
+        |x| x,
+        |x| x * (x + 1) / 2,
+        |x| x * (x + 1) * (x + 2) / 6,
+    ];
+    let mut out = [0u64; 4];
+    for (i, lane) in lanes.iter().enumerate() {
+        let i = i as i128;
+        let [la, lb, lc, ld] = *lane;
+        for (order, g) in weights.iter().enumerate() {
+            let f = |m: i128| g(n * m - i);
+            let delta = f(0);
+            let gamma = delta - f(-1);
+            let beta = f(-2) + 2 * gamma - delta;
+            let alpha = 3 * beta - 3 * gamma + delta - f(-3);
+            let term = (alpha as u64)
+                .wrapping_mul(ld)
+                .wrapping_add((beta as u64).wrapping_mul(lc))
+                .wrapping_add((gamma as u64).wrapping_mul(lb))
+                .wrapping_add((delta as u64).wrapping_mul(la));
+            out[order] = out[order].wrapping_add(term);
+        }
     }
-    [a, b, c, d]
+    out
+}
+
+/// A Fletcher-4 kernel implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fletcher4Impl {
+    Reference,
+    Unrolled,
+    Avx2,
+    Avx512,
+}
+
+impl Fletcher4Impl {
+    pub const ALL: [Fletcher4Impl; 4] = [Self::Reference, Self::Unrolled, Self::Avx2, Self::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Reference => "reference",
+            Self::Unrolled => "unrolled",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn supported(self) -> bool {
+        match self {
+            Self::Reference | Self::Unrolled => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => std::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Runs the kernel; panics if the CPU lacks it (check [`supported`](Self::supported)).
+    pub fn run(self, data: &[u8]) -> Fletcher4 {
+        assert!(
+            self.supported(),
+            "fletcher4 {} not supported here",
+            self.name()
+        );
+        match self {
+            Self::Reference => fletcher4_reference(data),
+            Self::Unrolled => fletcher4_unrolled(data),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `supported()` just confirmed the CPU has AVX2.
+            Self::Avx2 => unsafe { x86::fletcher4_avx2(data) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `supported()` just confirmed the CPU has AVX-512F.
+            Self::Avx512 => unsafe { x86::fletcher4_avx512(data) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!(),
+        }
+    }
+}
+
+/// The kernel this process uses: `ZETA_FLETCHER4_IMPL` if set (an unknown or unsupported name
+/// is an error, not a silent fallback), else the fastest supported one on a short benchmark.
+pub fn selected() -> Result<Fletcher4Impl, String> {
+    static CHOICE: std::sync::OnceLock<Result<Fletcher4Impl, String>> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| match std::env::var("ZETA_FLETCHER4_IMPL") {
+            Ok(name) => {
+                let Some(k) = Fletcher4Impl::ALL.into_iter().find(|k| k.name() == name) else {
+                    return Err(format!(
+                        "ZETA_FLETCHER4_IMPL={name}: not one of reference, unrolled, avx2, avx512"
+                    ));
+                };
+                if !k.supported() {
+                    return Err(format!(
+                        "ZETA_FLETCHER4_IMPL={name}: this CPU cannot run it"
+                    ));
+                }
+                Ok(k)
+            }
+            Err(_) => Ok(fastest()),
+        })
+        .clone()
+}
+
+/// Times each supported kernel on a 64 KiB buffer (best of a few passes) and returns the
+/// quickest. Takes well under a millisecond.
+fn fastest() -> Fletcher4Impl {
+    let buf: Vec<u8> = (0..65536u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let mut best = (Fletcher4Impl::Unrolled, std::time::Duration::MAX);
+    for k in [
+        Fletcher4Impl::Unrolled,
+        Fletcher4Impl::Avx2,
+        Fletcher4Impl::Avx512,
+    ] {
+        if !k.supported() {
+            continue;
+        }
+        let mut t = std::time::Duration::MAX;
+        for _ in 0..5 {
+            let start = std::time::Instant::now();
+            std::hint::black_box(k.run(std::hint::black_box(&buf)));
+            t = t.min(start.elapsed());
+        }
+        if t < best.1 {
+            best = (k, t);
+        }
+    }
+    best.0
+}
+
+/// Fletcher-4 with the selected kernel. If `ZETA_FLETCHER4_IMPL` names a kernel that cannot
+/// run, the portable kernel is used (the CLI reports the bad setting at start-up).
+pub fn fletcher4(data: &[u8]) -> Fletcher4 {
+    selected().unwrap_or(Fletcher4Impl::Unrolled).run(data)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{combine_lanes, continue_words, Fletcher4};
+    use std::arch::x86_64::*;
+
+    /// Four lanes of 64-bit sums; each step loads 16 bytes and widens its four words.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn fletcher4_avx2(data: &[u8]) -> Fletcher4 {
+        let steps = data.len() / 16;
+        let (mut a, mut b, mut c, mut d) = (
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+        );
+        let p = data.as_ptr();
+        for k in 0..steps {
+            // SAFETY: k < steps, so bytes 16k..16k+16 lie inside `data`; loadu has no
+            // alignment requirement.
+            let w =
+                _mm256_cvtepu32_epi64(unsafe { _mm_loadu_si128(p.add(16 * k) as *const __m128i) });
+            a = _mm256_add_epi64(a, w);
+            b = _mm256_add_epi64(b, a);
+            c = _mm256_add_epi64(c, b);
+            d = _mm256_add_epi64(d, c);
+        }
+        let mut lanes = [[0u64; 4]; 4];
+        let mut tmp = [[0u64; 4]; 4];
+        for (acc, out) in [a, b, c, d].into_iter().zip(tmp.iter_mut()) {
+            // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, acc) };
+        }
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            *lane = [tmp[0][i], tmp[1][i], tmp[2][i], tmp[3][i]];
+        }
+        continue_words(combine_lanes(&lanes), &data[steps * 16..])
+    }
+
+    /// Eight lanes of 64-bit sums; each step loads 32 bytes and widens its eight words.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fletcher4_avx512(data: &[u8]) -> Fletcher4 {
+        let steps = data.len() / 32;
+        let (mut a, mut b, mut c, mut d) = (
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+        );
+        let p = data.as_ptr();
+        for k in 0..steps {
+            // SAFETY: k < steps, so bytes 32k..32k+32 lie inside `data`; loadu has no
+            // alignment requirement.
+            let w = _mm512_cvtepu32_epi64(unsafe {
+                _mm256_loadu_si256(p.add(32 * k) as *const __m256i)
+            });
+            a = _mm512_add_epi64(a, w);
+            b = _mm512_add_epi64(b, a);
+            c = _mm512_add_epi64(c, b);
+            d = _mm512_add_epi64(d, c);
+        }
+        let mut tmp = [[0u64; 8]; 4];
+        for (acc, out) in [a, b, c, d].into_iter().zip(tmp.iter_mut()) {
+            // SAFETY: `out` is 64 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, acc) };
+        }
+        let mut lanes = [[0u64; 4]; 8];
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            *lane = [tmp[0][i], tmp[1][i], tmp[2][i], tmp[3][i]];
+        }
+        continue_words(combine_lanes(&lanes), &data[steps * 32..])
+    }
 }
 
 #[cfg(test)]
@@ -90,26 +323,79 @@ mod tests {
     }
 
     #[test]
-    fn fast_kernel_matches_reference_for_all_small_lengths_and_large_buffers() {
+    fn lane_combination_matches_the_single_stream() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for n in [1usize, 2, 3, 4, 8, 16] {
+            for m in [0usize, 1, 2, 5, 33] {
+                let words: Vec<u32> = (0..n * m).map(|_| rng.next_u32()).collect();
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let lanes: Vec<Fletcher4> = (0..n)
+                    .map(|i| {
+                        let lane: Vec<u8> = words
+                            .iter()
+                            .skip(i)
+                            .step_by(n)
+                            .flat_map(|w| w.to_le_bytes())
+                            .collect();
+                        fletcher4_reference(&lane)
+                    })
+                    .collect();
+                assert_eq!(
+                    combine_lanes(&lanes),
+                    fletcher4_reference(&bytes),
+                    "n {n} m {m}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_supported_kernel_matches_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0xf1e7c4e5);
+        let mut buf = vec![0u8; 1 << 20];
+        rng.fill_bytes(&mut buf);
+        let ones = vec![0xffu8; 1 << 20];
+        for k in Fletcher4Impl::ALL.into_iter().filter(|k| k.supported()) {
+            for len in (0..=1031).chain([4096, 16384, 131072 + 7, (1 << 20) - 3, 1 << 20]) {
+                assert_eq!(
+                    k.run(&buf[..len]),
+                    fletcher4_reference(&buf[..len]),
+                    "{} len {len}",
+                    k.name()
+                );
+            }
+            // Saturated words exercise the wrapping arithmetic.
+            assert_eq!(
+                k.run(&ones),
+                fletcher4_reference(&ones),
+                "{} saturated",
+                k.name()
+            );
+        }
+        assert!(selected().is_ok());
+    }
+
+    #[test]
+    fn unrolled_kernel_matches_reference_for_all_small_lengths_and_large_buffers() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0xf1e7c4e5);
         let mut buf = vec![0u8; 1 << 20];
         rng.fill_bytes(&mut buf);
         for len in 0..=1031 {
             assert_eq!(
-                fletcher4(&buf[..len]),
+                fletcher4_unrolled(&buf[..len]),
                 fletcher4_reference(&buf[..len]),
                 "len {len}"
             );
         }
         for len in [4096, 16384, 131072 + 7, 1 << 20] {
             assert_eq!(
-                fletcher4(&buf[..len]),
+                fletcher4_unrolled(&buf[..len]),
                 fletcher4_reference(&buf[..len]),
                 "len {len}"
             );
         }
         // Saturated words exercise the wrapping arithmetic.
         let ones = vec![0xffu8; 65536];
-        assert_eq!(fletcher4(&ones), fletcher4_reference(&ones));
+        assert_eq!(fletcher4_unrolled(&ones), fletcher4_reference(&ones));
     }
 }

@@ -164,7 +164,7 @@ impl Allocator {
         copies: usize,
         class: AllocClass,
     ) -> Result<Vec<Dva>, AllocError> {
-        assert!(asize > 0 && asize % SECTOR == 0 && (1..=3).contains(&copies));
+        assert!(asize > 0 && asize.is_multiple_of(SECTOR) && (1..=3).contains(&copies));
         let n = self.tops.len();
         let mut dvas: Vec<Dva> = Vec::with_capacity(copies);
         let first = self.rotor;
@@ -214,25 +214,21 @@ impl Allocator {
     fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
         let top = &mut self.tops[v];
         let count = top.metaslabs.len();
-        let mut order: Vec<usize> = Vec::with_capacity(count + 1);
         let preferred = if hint == 0 {
             top.active
         } else {
             (top.active + hint * count / of) % count
         };
-        order.push(preferred);
+        // The preferred metaslab almost always has room: try it before ranking the others,
+        // which costs a sort per allocation.
+        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize) {
+            return Some(off);
+        }
         // Then by weight: the largest free segment first, lower offsets on ties.
         let mut rest: Vec<usize> = (0..count).filter(|&i| i != preferred).collect();
         rest.sort_by_key(|&i| (std::cmp::Reverse(top.metaslabs[i].free.largest()), i));
-        order.extend(rest);
-        for i in order {
-            let ms = &mut top.metaslabs[i];
-            if ms.free.largest() < asize {
-                continue;
-            }
-            if let Some(off) = ms.free.find(asize, ms.cursor) {
-                ms.free.remove(off, asize);
-                ms.cursor = off + asize;
+        for i in rest {
+            if let Some(off) = Self::take_from(&mut top.metaslabs[i], asize) {
                 if hint == 0 {
                     top.active = i;
                 }
@@ -240,6 +236,17 @@ impl Allocator {
             }
         }
         None
+    }
+
+    /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them.
+    fn take_from(ms: &mut Metaslab, asize: u64) -> Option<u64> {
+        if ms.free.largest() < asize {
+            return None;
+        }
+        let off = ms.free.find(asize, ms.cursor)?;
+        ms.free.remove(off, asize);
+        ms.cursor = off + asize;
+        Some(off)
     }
 
     fn unalloc(&mut self, d: &Dva) {

@@ -71,7 +71,7 @@ impl Zio {
         fill: u64,
     ) -> Result<BlkPtr, ZioError> {
         assert!(
-            !data.is_empty() && data.len() as u64 % SECTOR == 0,
+            !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR),
             "unaligned block of {} bytes",
             data.len()
         );

@@ -139,7 +139,7 @@ impl Volume {
         let first_whole = offset.div_ceil(bs);
         let end_whole = end / bs;
         let head_end = end.min(first_whole * bs);
-        if offset % bs != 0 {
+        if !offset.is_multiple_of(bs) {
             self.write(offset, &vec![0u8; (head_end - offset) as usize])?;
         }
         let tail_start = head_end.max(end_whole * bs);
