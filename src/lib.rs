@@ -6,6 +6,7 @@ pub mod cli;
 pub mod dmu;
 pub mod dsl;
 pub mod math;
+pub mod nbd;
 pub mod spa;
 pub mod vdev;
 pub mod zio;

@@ -32,8 +32,15 @@ pub enum Command {
     /// Benchmarks that print ratios against a reference measured in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Serve every volume of the given pools (default: all known pools) over NBD.
+    #[command(after_help = "Each volume is exported as POOL/VOL, e.g.\n  \
+                            nbdinfo nbd://127.0.0.1:10809/tank/vm0\n  \
+                            qemu-img info nbd://127.0.0.1:10809/tank/vm0\n\n\
+                            SIGINT or SIGTERM stops the server cleanly: in-flight requests \
+                            finish and reply, the pools sync and close.")]
+    Serve(ServeArgs),
     /// The embedded default: create (on first use) a pool of files under ./zeta-data with a
-    /// volume, exercise it, and show its status.
+    /// volume, and serve it over NBD on 127.0.0.1:10809.
     Up(UpArgs),
 }
 
@@ -129,6 +136,32 @@ pub struct UpArgs {
     /// Directory for the default pool's files.
     #[arg(long, default_value = "zeta-data")]
     pub dir: PathBuf,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Pools to serve (default: every pool in the pool cache).
+    pub pools: Vec<String>,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NetArgs {
+    /// Address and port to listen on.
+    #[arg(long, default_value = "127.0.0.1:10809", value_name = "ADDR:PORT")]
+    pub listen: String,
+    /// Connections served at once; further clients get a clear refusal.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections: usize,
+    /// Export every volume read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Request payloads and read buffers held in memory at once, server-wide.
+    #[arg(long, default_value = "64M", value_name = "SIZE")]
+    pub max_inflight: String,
 }
 
 #[derive(Subcommand, Debug)]

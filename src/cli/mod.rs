@@ -8,6 +8,7 @@ pub mod args;
 pub mod bench_cmd;
 pub mod fmt;
 pub mod pool_cmd;
+pub mod serve_cmd;
 pub mod state;
 pub mod vol_cmd;
 
@@ -26,7 +27,8 @@ pub fn main() -> i32 {
     let result = match cli.command {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
-        args::Command::Up(cmd) => vol_cmd::up(&home, cmd),
+        args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
+        args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
     };
     match result {

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::args::{UpArgs, VolCmd};
+use super::args::VolCmd;
 use super::fmt::{human, parse_size};
-use super::pool_cmd::{create_pool, status_json};
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
@@ -200,71 +199,5 @@ fn list(home: &Home, pool: Option<&str>, json: bool) -> Result<()> {
             r["checksum"].as_str().unwrap()
         );
     }
-    Ok(())
-}
-
-pub const UP_POOL: &str = "zeta";
-pub const UP_VOLUME: &str = "vol0";
-
-/// The embedded default. Until the NBD server exists this creates the default pool (a mirror
-/// of two files in `dir`) and volume on first use, writes a test pattern through the volume,
-/// reads it back, and prints the pool's status.
-pub fn up(home: &Home, args: UpArgs) -> Result<()> {
-    let a = args.dir.join("disk0");
-    let b = args.dir.join("disk1");
-    let pool = if home.load()?.pools.contains_key(UP_POOL) {
-        home.open(UP_POOL)?
-    } else if a.exists() {
-        // The files exist but this state directory does not know them: import.
-        let devs = super::state::open_devices(&[a.clone(), b.clone()])?;
-        let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
-        home.remember(&p, super::state::device_paths(&p))?;
-        p
-    } else {
-        std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
-        let words = vec![
-            "mirror".to_string(),
-            a.display().to_string(),
-            b.display().to_string(),
-        ];
-        let p = create_pool(home, false, &["size=512M".to_string()], UP_POOL, &words)?;
-        println!(
-            "created pool '{UP_POOL}': a mirror of {} and {}",
-            a.display(),
-            b.display()
-        );
-        p
-    };
-    if pool.dataset(UP_VOLUME).is_err() {
-        pool.create_volume(UP_VOLUME, 256 << 20, 16384, None)?;
-        println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M)");
-    }
-    let v = Volume::open(&pool, UP_VOLUME)?;
-    let pattern: Vec<u8> = (0..4u32 << 20)
-        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
-        .collect();
-    v.write(1 << 20, &pattern)?;
-    v.flush()?;
-    let mut back = vec![0u8; pattern.len()];
-    v.read(1 << 20, &mut back)?;
-    if back != pattern {
-        return Err(usage(
-            "read-back of the test pattern differs: please report this",
-        ));
-    }
-    println!("wrote and read back 4M through '{UP_POOL}/{UP_VOLUME}': ok");
-    let blocks = pool.verify()?;
-    println!("verified {blocks} blocks: every checksum matches");
-    let st = status_json(&pool);
-    pool.close()?;
-    println!(
-        "pool '{UP_POOL}': {} , {} of {} allocated, txg {}",
-        st["state"].as_str().unwrap(),
-        human(st["alloc"].as_u64().unwrap()),
-        human(st["size"].as_u64().unwrap()),
-        st["txg"]
-    );
-    println!("\nnext: zeta vol put {UP_POOL}/{UP_VOLUME} FILE · zeta vol get {UP_POOL}/{UP_VOLUME} FILE · zeta pool status {UP_POOL}");
-    println!("(serving volumes over NBD arrives with `zeta serve`; see README.md)");
     Ok(())
 }

@@ -313,25 +313,36 @@ impl Object {
         })
     }
 
-    /// Block ids in `from..to` that hold data on disk or in a dirty buffer.
+    /// Block ids in `from..to` that hold data, as a reader would see them now: on disk,
+    /// overridden by the syncing txg's changes, overridden by the open txg's (a block freed in
+    /// a txg that has not synced yet is already absent).
     pub fn allocated_blocks(
         &self,
         io: &ObjectIo,
         from: u64,
         to: u64,
     ) -> Result<Vec<u64>, ZioError> {
-        let (dn, mut out) = {
+        let (dn, open, syncing) = {
             let st = self.state.lock();
-            let mut ids: Vec<u64> = st.open.range(from..to).map(|(&k, _)| k).collect();
-            if let Some(s) = &st.syncing {
-                ids.extend(s.range(from..to).map(|(&k, _)| k));
-            }
-            (st.dnode, ids)
+            let pick = |m: &BTreeMap<u64, Dirty>| -> Vec<(u64, bool)> {
+                m.range(from..to)
+                    .map(|(&k, d)| (k, matches!(d, Dirty::Data(_))))
+                    .collect()
+            };
+            let syncing = st.syncing.as_ref().map(|s| pick(s)).unwrap_or_default();
+            (st.dnode, pick(&st.open), syncing)
         };
-        collect_blkids(io, dn.root, dn.nlevels - 1, 0, from, to, &mut out)?;
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
+        let mut on_disk = Vec::new();
+        collect_blkids(io, dn.root, dn.nlevels - 1, 0, from, to, &mut on_disk)?;
+        let mut present: std::collections::BTreeSet<u64> = on_disk.into_iter().collect();
+        for (blkid, has_data) in syncing.into_iter().chain(open) {
+            if has_data {
+                present.insert(blkid);
+            } else {
+                present.remove(&blkid);
+            }
+        }
+        Ok(present.into_iter().collect())
     }
 }
 

@@ -28,11 +28,20 @@ pub enum VolError {
     Pool { vol: String, source: PoolError },
 }
 
+/// A run of a volume that is all data or all hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub hole: bool,
+}
+
 pub struct Volume {
     pool: Arc<Pool>,
     ds: Arc<Dataset>,
     locks: RangeLocks,
     full_name: String,
+    vol_name: String,
 }
 
 impl Volume {
@@ -40,10 +49,19 @@ impl Volume {
         let ds = pool.dataset(name)?;
         Ok(Volume {
             full_name: format!("{}/{}", pool.name, name),
+            vol_name: name.to_string(),
             pool: pool.clone(),
             ds,
             locks: RangeLocks::new(),
         })
+    }
+
+    /// Whether the pool still holds this volume (not destroyed, nor destroyed and
+    /// re-created under the same name since it was opened).
+    pub fn is_current(&self) -> bool {
+        self.pool
+            .dataset(&self.vol_name)
+            .is_ok_and(|d| Arc::ptr_eq(&d, &self.ds))
     }
 
     pub fn name(&self) -> &str {
@@ -158,6 +176,76 @@ impl Volume {
                     .dirty_block(&self.ds, blkid, Dirty::Free)
                     .map_err(|e| self.err(e))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over the range. With `may_punch` whole blocks become holes (freed, as
+    /// [`trim`](Self::trim) does); without it zeros are written as data. Either way the range
+    /// reads as zeros. (All-zero blocks are stored as holes when their txg syncs, so on this
+    /// copy-on-write pool "not punching" cannot reserve space; it only changes the work done.)
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_punch: bool) -> Result<(), VolError> {
+        self.check("write zeroes", offset, len)?;
+        if may_punch {
+            return self.trim(offset, len);
+        }
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = CHUNK.min(offset + len - pos);
+            self.write(pos, &zeros[..n as usize])?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Which parts of the range hold data and which are holes (never written, trimmed, or
+    /// written as zeros and since synced), in order, adjacent extents of a kind merged.
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolError> {
+        self.check("block status", offset, len)?;
+        let mut out: Vec<Extent> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        let bs = self.block_size();
+        let end = offset + len;
+        let present = self
+            .ds
+            .object
+            .allocated_blocks(&self.pool.io, offset / bs, end.div_ceil(bs))
+            .map_err(|e| self.err(e.into()))?;
+        let push = |out: &mut Vec<Extent>, start: u64, stop: u64, hole: bool| match out.last_mut() {
+            Some(last) if last.hole == hole && last.offset + last.len == start => {
+                last.len = stop - last.offset
+            }
+            _ => out.push(Extent {
+                offset: start,
+                len: stop - start,
+                hole,
+            }),
+        };
+        let mut pos = offset;
+        for blkid in present {
+            let start = (blkid * bs).max(offset);
+            let stop = ((blkid + 1) * bs).min(end);
+            if start > pos {
+                push(&mut out, pos, start, true);
+            }
+            push(&mut out, start, stop, false);
+            pos = stop;
+        }
+        if pos < end {
+            push(&mut out, pos, end, true);
+        }
+        Ok(out)
+    }
+
+    /// Reads the range's blocks into the cache without returning them (NBD_CMD_CACHE).
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), VolError> {
+        self.check("cache", offset, len)?;
+        for sp in spans(offset, len as usize, self.block_size()) {
+            self.read_block(sp.blkid)?;
         }
         Ok(())
     }

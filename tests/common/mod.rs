@@ -8,6 +8,8 @@ use zeta::dsl::{Pool, PoolOptions, TopSpec};
 use zeta::vdev::mem::{MemDevice, PowerCut};
 use zeta::vdev::{BlockDevice, TopKind};
 
+pub mod nbd_client;
+
 pub const MB: u64 = 1 << 20;
 
 pub fn opts() -> PoolOptions {

@@ -1,0 +1,189 @@
+//! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use super::args::{NetArgs, ServeArgs, UpArgs};
+use super::fmt::{human, parse_size};
+use super::pool_cmd::create_pool;
+use super::state::Home;
+use super::{usage, CliError, Result};
+use crate::dsl::Pool;
+use crate::nbd::{PoolExports, Server, ServerConfig};
+
+pub const UP_POOL: &str = "zeta";
+pub const UP_VOLUME: &str = "vol0";
+
+fn config(net: &NetArgs) -> Result<ServerConfig> {
+    let listen: SocketAddr = net.listen.parse().map_err(|_| {
+        usage(format!(
+            "--listen '{}' is not an ADDR:PORT such as 127.0.0.1:10809",
+            net.listen
+        ))
+    })?;
+    if net.max_connections == 0 {
+        return Err(usage("--max-connections must be at least 1"));
+    }
+    let inflight = parse_size(&net.max_inflight)?;
+    if inflight < 1 << 20 {
+        return Err(usage("--max-inflight must be at least 1M"));
+    }
+    Ok(ServerConfig {
+        listen,
+        max_connections: net.max_connections,
+        read_only: net.read_only,
+        inflight_bytes: inflight,
+        ..Default::default()
+    })
+}
+
+pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
+    let cfg = config(&args.net)?;
+    let names = if args.pools.is_empty() {
+        let mut v: Vec<String> = home.load()?.pools.keys().cloned().collect();
+        v.sort();
+        if v.is_empty() {
+            return Err(usage(
+                "no pools to serve: create one (`zeta pool create`) or run `zeta up`",
+            ));
+        }
+        v
+    } else {
+        args.pools.clone()
+    };
+    let mut pools = Vec::new();
+    for n in &names {
+        match home.open(n) {
+            Ok(p) => pools.push(p),
+            Err(e) => {
+                close_all(&pools);
+                return Err(e);
+            }
+        }
+    }
+    run(cfg, pools, None)
+}
+
+/// The embedded default: the pool `zeta` (a mirror of two 512M files in `dir`) and its volume
+/// `vol0` (256M), created on first use, served on 127.0.0.1:10809.
+pub fn up(home: &Home, args: UpArgs) -> Result<()> {
+    let cfg = config(&args.net)?;
+    let a = args.dir.join("disk0");
+    let b = args.dir.join("disk1");
+    let pool = if home.load()?.pools.contains_key(UP_POOL) {
+        home.open(UP_POOL)?
+    } else if a.exists() {
+        // The files exist but this state directory does not know them: import.
+        let devs = super::state::open_devices(&[a.clone(), b.clone()])?;
+        let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
+        home.remember(&p, super::state::device_paths(&p))?;
+        p
+    } else {
+        std::fs::create_dir_all(&args.dir).map_err(|e| CliError::Io {
+            path: args.dir.display().to_string(),
+            source: e,
+        })?;
+        let words = vec![
+            "mirror".to_string(),
+            a.display().to_string(),
+            b.display().to_string(),
+        ];
+        let p = create_pool(home, false, &["size=512M".to_string()], UP_POOL, &words)?;
+        println!(
+            "created pool '{UP_POOL}': a mirror of {} and {}",
+            a.display(),
+            b.display()
+        );
+        p
+    };
+    if pool.dataset(UP_VOLUME).is_err() {
+        if let Err(e) = pool.create_volume(UP_VOLUME, 256 << 20, 16384, None) {
+            close_all(&[pool]);
+            return Err(e.into());
+        }
+        println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M, 16K blocks)");
+    }
+    run(cfg, vec![pool], Some(format!("{UP_POOL}/{UP_VOLUME}")))
+}
+
+fn close_all(pools: &[Arc<Pool>]) {
+    for p in pools {
+        if let Err(e) = p.close() {
+            eprintln!("zeta: closing pool '{}': {e}", p.name);
+        }
+    }
+}
+
+fn run(cfg: ServerConfig, pools: Vec<Arc<Pool>>, default: Option<String>) -> Result<()> {
+    // Register for the signals before serving, so an early SIGTERM is not lost.
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::Io {
+        path: "signal handler".into(),
+        source: e,
+    })?;
+    let exports = Arc::new(PoolExports::new(pools.clone(), default.clone()));
+    let server = match Server::start(cfg.clone(), exports.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            close_all(&pools);
+            return Err(usage(format!("cannot listen on {}: {e}", cfg.listen)));
+        }
+    };
+    let addr = server.local_addr();
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    let base = if addr.port() == crate::nbd::DEFAULT_PORT {
+        format!("nbd://{host}")
+    } else {
+        format!("nbd://{host}:{}", addr.port())
+    };
+    println!(
+        "serving on {addr}{}: (max {} connections)",
+        if cfg.read_only { ", read-only" } else { "" },
+        cfg.max_connections
+    );
+    for name in exports.names() {
+        let size = exports
+            .pools()
+            .iter()
+            .find_map(|p| {
+                let (pn, vn) = name.split_once('/')?;
+                (p.name == pn).then(|| p.dataset(vn).ok().map(|d| d.volsize()))?
+            })
+            .unwrap_or(0);
+        println!("  {base}/{name}  ({})", human(size));
+    }
+    if let Some(d) = &default {
+        println!("\ntry:\n  nbdinfo {base}/{d}\n  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {base}/{d}\n  qemu-img convert -n -O raw disk.img {base}/{d}\n  fio --ioengine=nbd --uri={base}/{d} --name=t --rw=randrw --bs=4k --size=64M\n");
+    }
+    println!("stop with Ctrl-C (or SIGTERM)");
+    // Block until a signal arrives.
+    let sig = signals.forever().next();
+    println!(
+        "zeta serve: {} received, finishing in-flight requests",
+        match sig {
+            Some(SIGINT) => "SIGINT",
+            _ => "SIGTERM",
+        }
+    );
+    server.shutdown();
+    let mut failed = None;
+    for p in &pools {
+        if let Err(e) = p.close() {
+            eprintln!("zeta: closing pool '{}': {e}", p.name);
+            failed = Some(e);
+        }
+    }
+    match failed {
+        Some(e) => Err(e.into()),
+        None => {
+            println!("zeta serve: pools synced and closed");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The transmission phase of one connection: a reader thread frames requests and hands them
+//! to the server's worker pool; workers run them against the volume and write replies, in
+//! whatever order they finish, under the connection's send lock.
+//!
+//! Memory is bounded by the server-wide in-flight budget: the reader takes budget for a
+//! request's data before reading its payload (or before issuing a read), and a request gives
+//! it back once its reply is on the wire. When the budget is spent the reader stops reading
+//! the socket, which is TCP's backpressure on the client.
+
+use std::io::{self, BufReader, IoSlice, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::budget::{Budget, Grant};
+use super::handshake::Session;
+use super::proto::*;
+use crate::dsl::PoolError;
+use crate::zvol::{VolError, Volume};
+
+/// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
+const MAX_STATUS_SPAN: u64 = 1 << 30;
+/// The longest range one CACHE request prefetches; the rest is a hint we may ignore.
+const MAX_CACHE_SPAN: u64 = 64 << 20;
+
+pub struct Shared {
+    pub session: Session,
+    send: Mutex<TcpStream>,
+    inflight: Mutex<usize>,
+    drained: Condvar,
+}
+
+impl Shared {
+    fn volume(&self) -> &Volume {
+        &self.session.volume
+    }
+
+    fn finish_one(&self) {
+        let mut n = self.inflight.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.drained.notify_all();
+        }
+    }
+
+    fn wait_drained(&self) {
+        let mut n = self.inflight.lock();
+        while *n > 0 {
+            self.drained.wait(&mut n);
+        }
+    }
+
+    /// Sends bufs as one reply; a failed send means the client is gone, and the reader will
+    /// see that too, so the error is dropped here.
+    fn send(&self, bufs: &[&[u8]]) {
+        let mut s = self.send.lock();
+        let _ = write_all_vectored(&mut s, bufs);
+    }
+
+    fn reply_ok(&self, req: &Request) {
+        self.send(&[&simple_reply_header(req.cookie, 0)]);
+    }
+
+    fn reply_err(&self, req: &Request, error: u32, msg: &str) {
+        if self.session.structured {
+            let mut p = Vec::with_capacity(6 + msg.len());
+            p.extend_from_slice(&error.to_be_bytes());
+            p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+            p.extend_from_slice(msg.as_bytes());
+            let h = chunk_header(
+                req.cookie,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                p.len() as u32,
+            );
+            self.send(&[&h, &p]);
+        } else {
+            self.send(&[&simple_reply_header(req.cookie, error)]);
+        }
+    }
+
+    fn reply_data(&self, req: &Request, data: &[u8]) {
+        if self.session.structured {
+            let h = chunk_header(
+                req.cookie,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                8 + data.len() as u32,
+            );
+            self.send(&[&h, &req.offset.to_be_bytes(), data]);
+        } else {
+            self.send(&[&simple_reply_header(req.cookie, 0), data]);
+        }
+    }
+}
+
+fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> io::Result<()> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0usize;
+    while done < total {
+        // Rebuild the slice list past what has been written (short writes are rare).
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&b[skip..]));
+            skip = 0;
+        }
+        match s.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Serves requests until the client disconnects (DISC, EOF, a framing error) or the socket is
+/// shut down for reading by the server; returns after every started request has replied.
+pub fn serve(
+    stream: TcpStream,
+    session: Session,
+    budget: &Arc<Budget>,
+    workers: &rayon::ThreadPool,
+) {
+    let Ok(send) = stream.try_clone() else {
+        return;
+    };
+    let shared = Arc::new(Shared {
+        session,
+        send: Mutex::new(send),
+        inflight: Mutex::new(0),
+        drained: Condvar::new(),
+    });
+    let mut reader = BufReader::with_capacity(256 << 10, stream);
+    // EOF, reset, shutdown or a framing error (bad magic) ends the loop.
+    while let Ok(Incoming::Request(req)) = read_request(&mut reader) {
+        if req.kind == CMD_DISC {
+            break;
+        }
+        match admit(&shared, &req) {
+            Admit::Run => {}
+            Admit::Refuse(error, msg) => {
+                if req.kind == CMD_WRITE && discard(&mut reader, req.length as u64).is_err() {
+                    break;
+                }
+                shared.reply_err(&req, error, &msg);
+                continue;
+            }
+        }
+        let cost = match req.kind {
+            CMD_READ | CMD_WRITE => req.length as u64,
+            _ => 0,
+        };
+        let grant = budget.acquire(cost);
+        let payload = if req.kind == CMD_WRITE {
+            let mut p = vec![0u8; req.length as usize];
+            if io::Read::read_exact(&mut reader, &mut p).is_err() {
+                break; // the client went away mid-payload: nothing was written
+            }
+            Some(p)
+        } else {
+            None
+        };
+        *shared.inflight.lock() += 1;
+        let sh = shared.clone();
+        workers.spawn(move || {
+            execute(&sh, &req, payload, grant);
+            sh.finish_one();
+        });
+    }
+    shared.wait_drained();
+    let _ = shared.send.lock().shutdown(std::net::Shutdown::Both);
+}
+
+enum Admit {
+    Run,
+    Refuse(u32, String),
+}
+
+/// Checks a request against the session before any work or payload read.
+fn admit(sh: &Shared, req: &Request) -> Admit {
+    let s = &sh.session;
+    let known = matches!(
+        req.kind,
+        CMD_READ
+            | CMD_WRITE
+            | CMD_FLUSH
+            | CMD_TRIM
+            | CMD_CACHE
+            | CMD_WRITE_ZEROES
+            | CMD_BLOCK_STATUS
+    );
+    if !known {
+        return Admit::Refuse(EINVAL, format!("unknown command {}", req.kind));
+    }
+    let name = command_name(req.kind);
+    let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && s.read_only {
+        return Admit::Refuse(EPERM, format!("{name} on read-only export {}", s.name));
+    }
+    if req.kind == CMD_BLOCK_STATUS && !s.base_allocation {
+        return Admit::Refuse(
+            EINVAL,
+            "BLOCK_STATUS without a negotiated meta context".into(),
+        );
+    }
+    if matches!(req.kind, CMD_READ | CMD_WRITE) && req.length > MAX_PAYLOAD {
+        return Admit::Refuse(
+            EINVAL,
+            format!(
+                "{name} of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
+                req.length
+            ),
+        );
+    }
+    if req.kind != CMD_FLUSH {
+        let size = sh.volume().size();
+        if req
+            .offset
+            .checked_add(req.length as u64)
+            .is_none_or(|end| end > size)
+        {
+            let error = if req.kind == CMD_WRITE || req.kind == CMD_WRITE_ZEROES {
+                ENOSPC
+            } else {
+                EINVAL
+            };
+            return Admit::Refuse(
+                error,
+                format!(
+                    "{name} of {} bytes at {} lies past the end ({size})",
+                    req.length, req.offset
+                ),
+            );
+        }
+        let aligned = |v: u64| v.is_multiple_of(MIN_BLOCK as u64);
+        if s.promised_alignment
+            && req.kind != CMD_BLOCK_STATUS
+            && !(aligned(req.offset) && aligned(req.length as u64))
+        {
+            return Admit::Refuse(
+                EINVAL,
+                format!(
+                    "{name} at {} of {} bytes is not {MIN_BLOCK}-byte aligned",
+                    req.offset, req.length
+                ),
+            );
+        }
+    }
+    if req.kind == CMD_WRITE_ZEROES
+        && req.flags & CMD_FLAG_FAST_ZERO != 0
+        && req.flags & CMD_FLAG_NO_HOLE != 0
+    {
+        // Zeroing without punching holes writes every byte: no faster than a plain write.
+        return Admit::Refuse(ENOTSUP, "fast zeroing needs holes".into());
+    }
+    Admit::Run
+}
+
+fn error_code(e: &VolError) -> u32 {
+    match e {
+        VolError::OutOfRange { .. } => EINVAL,
+        VolError::Pool {
+            source: PoolError::NoSpace(_),
+            ..
+        } => ENOSPC,
+        VolError::Pool { .. } => EIO,
+    }
+}
+
+fn execute(sh: &Shared, req: &Request, payload: Option<Vec<u8>>, grant: Grant) {
+    let vol = sh.volume();
+    let fua = req.flags & CMD_FLAG_FUA != 0;
+    let done = |r: Result<(), VolError>| match r {
+        Ok(()) => sh.reply_ok(req),
+        Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
+    };
+    match req.kind {
+        CMD_READ => {
+            let mut buf = vec![0u8; req.length as usize];
+            match vol.read(req.offset, &mut buf) {
+                Ok(()) => sh.reply_data(req, &buf),
+                Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
+            }
+        }
+        CMD_WRITE => {
+            let data = payload.unwrap_or_default();
+            done(vol.write(req.offset, &data).and_then(|_| durable(vol, fua)));
+        }
+        CMD_FLUSH => done(vol.flush()),
+        CMD_TRIM => done(
+            vol.trim(req.offset, req.length as u64)
+                .and_then(|_| durable(vol, fua)),
+        ),
+        CMD_WRITE_ZEROES => {
+            let punch = req.flags & CMD_FLAG_NO_HOLE == 0;
+            done(
+                vol.write_zeroes(req.offset, req.length as u64, punch)
+                    .and_then(|_| durable(vol, fua)),
+            )
+        }
+        CMD_CACHE => {
+            let len = (req.length as u64).min(MAX_CACHE_SPAN);
+            done(vol.prefetch(req.offset, len))
+        }
+        CMD_BLOCK_STATUS => block_status(sh, req),
+        _ => unreachable!("admit() refuses unknown commands"),
+    }
+    drop(grant);
+}
+
+fn durable(vol: &Volume, fua: bool) -> Result<(), VolError> {
+    if fua {
+        vol.flush()
+    } else {
+        Ok(())
+    }
+}
+
+fn block_status(sh: &Shared, req: &Request) {
+    let vol = sh.volume();
+    let len = (req.length as u64).min(MAX_STATUS_SPAN);
+    let extents = match vol.allocation(req.offset, len) {
+        Ok(x) => x,
+        Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string()),
+    };
+    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+        1
+    } else {
+        extents.len()
+    };
+    let mut p = Vec::with_capacity(4 + 8 * take);
+    p.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+    for x in extents.iter().take(take) {
+        // Each descriptor's length is a u32; extents are at most MAX_STATUS_SPAN (1 GiB).
+        p.extend_from_slice(&(x.len as u32).to_be_bytes());
+        let flags = if x.hole { STATE_HOLE | STATE_ZERO } else { 0 };
+        p.extend_from_slice(&flags.to_be_bytes());
+    }
+    let h = chunk_header(
+        req.cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        p.len() as u32,
+    );
+    sh.send(&[&h, &p]);
+}

@@ -1,0 +1,478 @@
+//! The NBD server against a raw client: negotiation, every command, durability across
+//! connections, and bad input (each case leaves the server up for other connections).
+
+mod common;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::nbd_client::Client;
+use common::*;
+use zeta::dsl::Pool;
+use zeta::nbd::proto::*;
+use zeta::nbd::{PoolExports, Server, ServerConfig};
+use zeta::vdev::mem::{MemDevice, PowerCut};
+
+const VOL: &str = "tank/v";
+const VOLSIZE: u64 = 8 * MB;
+
+struct Rig {
+    devs: Vec<Arc<MemDevice>>,
+    pool: Arc<Pool>,
+    server: Option<Server>,
+}
+
+impl Rig {
+    fn new(cfg: ServerConfig) -> Rig {
+        let devs = mem_devs(2, 128 * MB);
+        let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+        pool.create_volume("v", VOLSIZE, 4096, None).unwrap();
+        pool.create_volume("w", VOLSIZE, 16384, None).unwrap();
+        let exports = Arc::new(PoolExports::new(vec![pool.clone()], None));
+        let cfg = ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..cfg
+        };
+        let server = Server::start(cfg, exports).unwrap();
+        Rig {
+            devs,
+            pool,
+            server: Some(server),
+        }
+    }
+
+    fn default() -> Rig {
+        Rig::new(ServerConfig::default())
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.server.as_ref().unwrap().local_addr()
+    }
+
+    /// A fresh session still works: the server survived whatever the test did.
+    fn assert_serving(&self) {
+        let mut c = Client::open(self.addr(), VOL);
+        assert_eq!(c.write(0, &[9u8; 4096]), 0);
+        assert_eq!(c.read(0, 4096).unwrap(), vec![9u8; 4096]);
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+        let _ = self.pool.close();
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn list_info_and_every_command() {
+    let rig = Rig::default();
+    let mut c = Client::connect(rig.addr());
+    let list = c.option(OPT_LIST, &[]);
+    let names: Vec<String> = list
+        .iter()
+        .filter(|(k, _)| *k == REP_SERVER)
+        .map(|(_, d)| {
+            let n = u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize;
+            String::from_utf8(d[4..4 + n].to_vec()).unwrap()
+        })
+        .collect();
+    assert_eq!(names, ["tank/v", "tank/w"]);
+    // INFO with block sizes, name and description, then GO.
+    let info = c.option(
+        OPT_INFO,
+        &Client::info_data("tank/w", &[INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION]),
+    );
+    let bs = info
+        .iter()
+        .find(|(k, d)| *k == REP_INFO && d[0..2] == INFO_BLOCK_SIZE.to_be_bytes())
+        .expect("block size info");
+    let field = |i: usize| u32::from_be_bytes(bs.1[2 + 4 * i..6 + 4 * i].try_into().unwrap());
+    assert_eq!((field(0), field(1), field(2)), (512, 16384, 32 << 20));
+    assert!(info
+        .iter()
+        .any(|(k, d)| *k == REP_INFO && d[2..] == *b"tank/w"));
+    c.structured();
+    c.set_meta(VOL);
+    let (size, flags) = c.go(VOL, &[]).unwrap();
+    assert_eq!(size, VOLSIZE);
+    for f in [
+        TF_HAS_FLAGS,
+        TF_SEND_FLUSH,
+        TF_SEND_FUA,
+        TF_SEND_TRIM,
+        TF_SEND_WRITE_ZEROES,
+        TF_SEND_CACHE,
+        TF_CAN_MULTI_CONN,
+        TF_SEND_FAST_ZERO,
+    ] {
+        assert_ne!(flags & f, 0, "flag {f:#x}");
+    }
+    assert_eq!(flags & TF_READ_ONLY, 0);
+
+    // Never-written space is a hole.
+    let r = c.call(CMD_BLOCK_STATUS, 0, 0, VOLSIZE as u32, &[]);
+    assert_eq!(r.extents, vec![(VOLSIZE as u32, STATE_HOLE | STATE_ZERO)]);
+    // Unaligned write (no alignment promised) is read-modify-written.
+    let data = pattern(10_000, 3);
+    assert_eq!(c.write(1000, &data), 0);
+    assert_eq!(c.read(1000, 10_000).unwrap(), data);
+    assert_eq!(
+        c.call(CMD_WRITE, CMD_FLAG_FUA, 65536, 4096, &pattern(4096, 5))
+            .error,
+        0
+    );
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    let r = c.call(CMD_BLOCK_STATUS, 0, 0, 128 << 10, &[]);
+    assert_eq!(
+        r.extents,
+        vec![(12288, 0), (53248, 3), (4096, 0), (61440, 3)],
+        "data at blocks 0-2 and 16"
+    );
+    let one = c.call(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 128 << 10, &[]);
+    assert_eq!(one.extents, vec![(12288, 0)]);
+    // TRIM and WRITE_ZEROES read back as zeros and become holes.
+    assert_eq!(c.call(CMD_TRIM, 0, 0, 8192, &[]).error, 0);
+    assert_eq!(
+        c.call(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 65536, 4096, &[])
+            .error,
+        0
+    );
+    assert_eq!(c.read(0, 8192).unwrap(), vec![0u8; 8192]);
+    assert_eq!(c.read(65536, 4096).unwrap(), vec![0u8; 4096]);
+    let r = c.call(CMD_BLOCK_STATUS, 0, 0, 128 << 10, &[]);
+    assert_eq!(r.extents, vec![(8192, 3), (4096, 0), (118784, 3)]);
+    // NO_HOLE zeroing writes zeros; with FAST_ZERO it refuses rather than be slow.
+    assert_eq!(
+        c.call(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 8192, 4096, &[])
+            .error,
+        0
+    );
+    assert_eq!(c.read(8192, 4096).unwrap(), vec![0u8; 4096]);
+    assert_eq!(
+        c.call(
+            CMD_WRITE_ZEROES,
+            CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            0,
+            4096,
+            &[]
+        )
+        .error,
+        ENOTSUP
+    );
+    assert_eq!(c.call(CMD_CACHE, 0, 0, 1 << 20, &[]).error, 0);
+    // DISC: the server closes after replying to what it started.
+    c.send(CMD_DISC, 0, 1, 0, 0, &[]).unwrap();
+    assert!(c.closed());
+    rig.assert_serving();
+}
+
+#[test]
+fn simple_replies_and_export_name() {
+    let rig = Rig::default();
+    let mut c = Client::connect(rig.addr());
+    c.send_option(OPT_EXPORT_NAME, b"tank/v").unwrap();
+    let mut h = [0u8; 10];
+    std::io::Read::read_exact(&mut c.s, &mut h).unwrap();
+    assert_eq!(u64::from_be_bytes(h[0..8].try_into().unwrap()), VOLSIZE);
+    let data = pattern(8192, 1);
+    assert_eq!(c.write(4096, &data), 0);
+    assert_eq!(c.read(4096, 8192).unwrap(), data);
+    // BLOCK_STATUS without a negotiated context is refused, not a crash.
+    assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 4096, &[]).error, EINVAL);
+    // An export name that does not exist ends the session (EXPORT_NAME cannot carry errors).
+    let mut c = Client::connect(rig.addr());
+    c.send_option(OPT_EXPORT_NAME, b"tank/nope").unwrap();
+    assert!(c.closed());
+    rig.assert_serving();
+}
+
+#[test]
+fn unknown_option_and_unknown_export_keep_the_session() {
+    let rig = Rig::default();
+    let mut c = Client::connect(rig.addr());
+    let r = c.option(999, b"whatever");
+    assert_eq!(r.last().unwrap().0, REP_ERR_UNSUP);
+    let r = c.option(OPT_LIST, b"junk");
+    assert_eq!(r.last().unwrap().0, REP_ERR_INVALID);
+    let err = c.go("tank/nope", &[]).unwrap_err();
+    assert_eq!(err.0, REP_ERR_UNKNOWN);
+    assert!(err.1.contains("tank/nope"), "{}", err.1);
+    // Malformed GO data (name length past the end).
+    let mut bad = 100u32.to_be_bytes().to_vec();
+    bad.extend_from_slice(b"tank/v\0\0");
+    assert_eq!(c.option(OPT_GO, &bad).last().unwrap().0, REP_ERR_INVALID);
+    // Meta contexts need structured replies first.
+    let mut meta = 6u32.to_be_bytes().to_vec();
+    meta.extend_from_slice(b"tank/v");
+    meta.extend_from_slice(&0u32.to_be_bytes());
+    assert_eq!(
+        c.option(OPT_SET_META_CONTEXT, &meta).last().unwrap().0,
+        REP_ERR_INVALID
+    );
+    // Still negotiating: GO to a real export works.
+    assert!(c.go(VOL, &[]).is_ok());
+    assert_eq!(c.write(0, &[1u8; 512]), 0);
+    // ABORT is acknowledged.
+    let mut a = Client::connect(rig.addr());
+    assert_eq!(a.option(OPT_ABORT, &[]), vec![(REP_ACK, vec![])]);
+    assert!(a.closed());
+}
+
+#[test]
+fn wrong_magic_drops_only_that_connection() {
+    let rig = Rig::default();
+    let mut other = Client::open(rig.addr(), VOL);
+    // Bad option magic during negotiation.
+    let mut c = Client::connect(rig.addr());
+    c.s.write_all(&[0xde; 16]).unwrap();
+    assert!(c.closed());
+    // Bad request magic during transmission.
+    let mut c = Client::open(rig.addr(), VOL);
+    c.s.write_all(&[0xad; 28]).unwrap();
+    assert!(c.closed());
+    // Unknown client flags.
+    let mut s = std::net::TcpStream::connect(rig.addr()).unwrap();
+    let mut g = [0u8; 18];
+    std::io::Read::read_exact(&mut s, &mut g).unwrap();
+    s.write_all(&0xffff_0000u32.to_be_bytes()).unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(
+        std::io::Read::read(&mut s, &mut b),
+        Ok(0) | Err(_)
+    ));
+    assert_eq!(other.write(0, &[5u8; 4096]), 0);
+    rig.assert_serving();
+}
+
+#[test]
+fn oversized_option_data() {
+    let rig = Rig::default();
+    let mut c = Client::connect(rig.addr());
+    let r = c.option(OPT_INFO, &vec![0u8; 100_000]);
+    assert_eq!(r.last().unwrap().0, REP_ERR_TOO_BIG);
+    assert!(
+        c.go(VOL, &[]).is_ok(),
+        "the session goes on after a too-big option"
+    );
+    // Absurd lengths end the session without the server reading them.
+    let mut c = Client::connect(rig.addr());
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend_from_slice(&OPT_GO.to_be_bytes());
+    m.extend_from_slice(&u32::MAX.to_be_bytes());
+    c.s.write_all(&m).unwrap();
+    assert!(c.closed());
+    rig.assert_serving();
+}
+
+#[test]
+fn requests_past_the_end_too_long_or_unknown() {
+    let rig = Rig::default();
+    let mut c = Client::open(rig.addr(), VOL);
+    assert_eq!(c.read(VOLSIZE - 512, 1024).unwrap_err(), EINVAL);
+    assert_eq!(c.write(VOLSIZE - 512, &[1u8; 1024]), ENOSPC);
+    assert_eq!(c.call(CMD_TRIM, 0, VOLSIZE, 4096, &[]).error, EINVAL);
+    assert_eq!(c.call(CMD_READ, 0, u64::MAX - 10, 4096, &[]).error, EINVAL);
+    // Above the maximum payload: refused; a write's payload is consumed so framing holds.
+    assert_eq!(c.call(CMD_READ, 0, 0, MAX_PAYLOAD + 512, &[]).error, EINVAL);
+    let big = vec![7u8; MAX_PAYLOAD as usize + 512];
+    assert_eq!(
+        c.call(CMD_WRITE, 0, 0, big.len() as u32, &big).error,
+        EINVAL
+    );
+    assert_eq!(c.call(77, 0, 0, 0, &[]).error, EINVAL, "unknown command");
+    // Nothing of the refused requests landed; the session still works.
+    assert_eq!(c.read(0, 4096).unwrap(), vec![0u8; 4096]);
+    assert_eq!(c.read(VOLSIZE - 512, 512).unwrap(), vec![0u8; 512]);
+    rig.assert_serving();
+}
+
+#[test]
+fn misaligned_requests_are_refused_only_when_alignment_was_promised() {
+    let rig = Rig::default();
+    let mut c = Client::connect(rig.addr());
+    c.structured();
+    c.go(VOL, &[INFO_BLOCK_SIZE]).unwrap();
+    assert_eq!(c.write(100, &[1u8; 512]), EINVAL);
+    assert_eq!(c.write(512, &[1u8; 100]), EINVAL);
+    assert_eq!(c.read(1, 512).unwrap_err(), EINVAL);
+    assert_eq!(c.write(512, &[1u8; 512]), 0);
+    // Without the promise the same request is served (read-modify-write).
+    let mut d = Client::open(rig.addr(), VOL);
+    assert_eq!(d.write(100, &[2u8; 512]), 0);
+    assert_eq!(d.read(100, 512).unwrap(), vec![2u8; 512]);
+}
+
+#[test]
+fn disconnects_mid_request_and_mid_payload() {
+    let rig = Rig::default();
+    {
+        let mut c = Client::open(rig.addr(), VOL);
+        c.s.write_all(&REQUEST_MAGIC.to_be_bytes()[..3]).unwrap();
+    }
+    {
+        let mut c = Client::open(rig.addr(), VOL);
+        let mut m = REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&CMD_WRITE.to_be_bytes());
+        m.extend_from_slice(&1u64.to_be_bytes());
+        m.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        m.extend_from_slice(&65536u32.to_be_bytes());
+        m.extend_from_slice(&[0xee; 1000]);
+        c.s.write_all(&m).unwrap();
+    }
+    let mut c = Client::open(rig.addr(), VOL);
+    // The half-sent write never happened.
+    assert_eq!(c.read(1 << 20, 65536).unwrap(), vec![0u8; 65536]);
+    rig.assert_serving();
+}
+
+#[test]
+fn connections_above_the_limit_are_refused_cleanly() {
+    let rig = Rig::new(ServerConfig {
+        max_connections: 2,
+        ..Default::default()
+    });
+    let a = Client::open(rig.addr(), VOL);
+    let mut b = Client::open(rig.addr(), VOL);
+    let mut c = Client::connect(rig.addr());
+    let err = c.go(VOL, &[]).unwrap_err();
+    assert_eq!(err.0, REP_ERR_POLICY);
+    assert!(err.1.contains("limit of 2"), "{}", err.1);
+    drop(a);
+    // The slot frees once the server notices the close.
+    let mut ok = false;
+    for _ in 0..100 {
+        let mut d = Client::connect(rig.addr());
+        if d.go(VOL, &[]).is_ok() {
+            assert_eq!(d.write(0, &[3u8; 512]), 0);
+            ok = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ok, "a slot came free after a client left");
+    assert_eq!(b.write(512, &[4u8; 512]), 0);
+}
+
+#[test]
+fn read_only_exports_refuse_changes() {
+    let rig = Rig::new(ServerConfig {
+        read_only: true,
+        ..Default::default()
+    });
+    let mut c = Client::connect(rig.addr());
+    c.structured();
+    let (_, flags) = c.go(VOL, &[]).unwrap();
+    assert_ne!(flags & TF_READ_ONLY, 0);
+    assert_eq!(c.write(0, &[1u8; 512]), EPERM);
+    assert_eq!(c.call(CMD_TRIM, 0, 0, 4096, &[]).error, EPERM);
+    assert_eq!(c.call(CMD_WRITE_ZEROES, 0, 0, 4096, &[]).error, EPERM);
+    assert_eq!(c.read(0, 512).unwrap(), vec![0u8; 512]);
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+}
+
+#[test]
+fn many_requests_in_flight_reply_by_cookie() {
+    let rig = Rig::default();
+    let mut c = Client::open(rig.addr(), VOL);
+    let n = 64u64;
+    for i in 0..n {
+        c.send(CMD_WRITE, 0, i, i * 65536, 65536, &pattern(65536, i as u8))
+            .unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..n {
+        let r = c.recv().unwrap();
+        assert_eq!(r.error, 0);
+        assert!(seen.insert(r.cookie));
+    }
+    for i in 0..n {
+        c.send(CMD_READ, 0, 1000 + i, i * 65536, 65536, &[])
+            .unwrap();
+    }
+    for _ in 0..n {
+        let r = c.recv().unwrap();
+        assert_eq!(r.error, 0);
+        assert_eq!(
+            r.data,
+            pattern(65536, (r.cookie - 1000) as u8),
+            "cookie {}",
+            r.cookie
+        );
+    }
+}
+
+/// CAN_MULTI_CONN is advertised, so a FLUSH on one connection must make the writes replied
+/// to on another durable; FUA must make its own write durable. Checked by a power cut of the
+/// simulated devices right after the reply, then an import of what survived.
+#[test]
+fn flush_and_fua_are_durable_across_connections() {
+    let rig = Rig::new(ServerConfig::default());
+    let mut a = Client::open(rig.addr(), VOL);
+    let mut b = Client::open(rig.addr(), "tank/w");
+    let da = pattern(65536, 11);
+    let db = pattern(65536, 12);
+    assert_eq!(a.write(0, &da), 0);
+    assert_eq!(b.write(65536, &db), 0);
+    assert_eq!(b.call(CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    let survived = power_cut(&rig.devs, PowerCut::DropUnflushed);
+    let dfua = pattern(4096, 13);
+    assert_eq!(
+        a.call(CMD_WRITE, CMD_FLAG_FUA, 1 << 20, 4096, &dfua).error,
+        0
+    );
+    let survived_fua = power_cut(&rig.devs, PowerCut::DropUnflushed);
+
+    let p = import(&survived);
+    let v = zeta::zvol::Volume::open(&p, "v").unwrap();
+    let w = zeta::zvol::Volume::open(&p, "w").unwrap();
+    let mut buf = vec![0u8; 65536];
+    v.read(0, &mut buf).unwrap();
+    assert_eq!(buf, da, "write on connection A, flushed by B");
+    w.read(65536, &mut buf).unwrap();
+    assert_eq!(buf, db);
+    p.close().unwrap();
+
+    let p = import(&survived_fua);
+    let v = zeta::zvol::Volume::open(&p, "v").unwrap();
+    let mut buf = vec![0u8; 4096];
+    v.read(1 << 20, &mut buf).unwrap();
+    assert_eq!(buf, dfua, "FUA write");
+    p.close().unwrap();
+}
+
+#[test]
+fn shutdown_answers_started_requests_then_closes() {
+    let mut rig = Rig::default();
+    let mut c = Client::open(rig.addr(), VOL);
+    for i in 0..16u64 {
+        c.send(CMD_WRITE, 0, i, i * 4096, 4096, &pattern(4096, i as u8))
+            .unwrap();
+    }
+    // Wait for the first reply so the server is surely mid-stream, then stop it.
+    let first = c.recv().unwrap();
+    assert_eq!(first.error, 0);
+    rig.server.take().unwrap().shutdown();
+    let mut acked = vec![first.cookie];
+    while let Ok(r) = c.recv() {
+        assert_eq!(r.error, 0);
+        acked.push(r.cookie);
+    }
+    // Everything acknowledged is in the pool.
+    let v = zeta::zvol::Volume::open(&rig.pool, "v").unwrap();
+    for i in acked {
+        let mut buf = vec![0u8; 4096];
+        v.read(i * 4096, &mut buf).unwrap();
+        assert_eq!(buf, pattern(4096, i as u8));
+    }
+}
