@@ -160,7 +160,7 @@ pub struct NetArgs {
     #[arg(long)]
     pub read_only: bool,
     /// Request payloads and read buffers held in memory at once, server-wide.
-    #[arg(long, default_value = "64M", value_name = "SIZE")]
+    #[arg(long, default_value = "32M", value_name = "SIZE")]
     pub max_inflight: String,
 }
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# NBD benchmark: fio's nbd engine against (a) `zeta serve` on a one-file pool and (c) `nbdkit
+# file` serving a raw file of the same size on the same disk, in one run, with ratios.
+#
+#   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
+#
+# Each point is fio --rw={read,write,randread,randwrite} at queue depth 32 for --runtime
+# seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
+# is measured N times, alternating servers, and the median is printed. Needs fio, nbdkit and a
+# release build of zeta (built here if missing). Prints IOPS, mean and p99 latency, and the
+# zeta/nbdkit IOPS ratio; then the peak RSS of the zeta server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RUNS=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --runtime) RUNTIME=$2; shift 2 ;;
+        --size) SIZE=$2; shift 2 ;;
+        --dir) DIR=$2; shift 2 ;;
+        --bs) BSS=$2; shift 2 ;;
+        --runs) RUNS=$2; shift 2 ;;
+        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+for t in fio nbdkit python3; do
+    command -v $t >/dev/null || { echo "$t is required (apt-get install fio nbdkit)" >&2; exit 1; }
+done
+cargo build --release -q
+ZETA=$PWD/target/release/zeta
+
+WORK=$(mktemp -d "$DIR/zeta-bench-nbd.XXXXXX")
+ZPID="" KPID=""
+cleanup() {
+    [ -n "$ZPID" ] && kill -TERM "$ZPID" 2>/dev/null && wait "$ZPID" 2>/dev/null || true
+    [ -n "$KPID" ] && kill "$KPID" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+export ZETA_HOME=$WORK/home
+BYTES=$(python3 -c "import sys;u={'K':1<<10,'M':1<<20,'G':1<<30};s=sys.argv[1];print(int(s[:-1])*u[s[-1]] if s[-1] in u else int(s))" "$SIZE")
+LEAF_BYTES=$((BYTES + BYTES / 4 + (256 << 20)))
+$ZETA pool create -o size=$LEAF_BYTES bench "$WORK/leaf" >/dev/null
+$ZETA vol create bench/v "$SIZE" >/dev/null
+truncate -s "$BYTES" "$WORK/raw"
+
+$ZETA serve --listen 127.0.0.1:10811 bench >"$WORK/zeta.log" 2>&1 &
+ZPID=$!
+nbdkit --exit-with-parent -f -p 10812 -i 127.0.0.1 file "$WORK/raw" >"$WORK/nbdkit.log" 2>&1 &
+KPID=$!
+sleep 1
+
+# Fill both once so reads hit written data, not holes.
+for uri in nbd://127.0.0.1:10811/bench/v nbd://127.0.0.1:10812/; do
+    fio --name=fill --ioengine=nbd --uri=$uri --rw=write --bs=1M --iodepth=8 --size="$BYTES" \
+        --output-format=terse >/dev/null
+done
+
+point() { # uri rw bs -> "iops mean_us p99_us"
+    fio --name=p --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=32 --size="$BYTES" \
+        --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json |
+    python3 -c '
+import json,sys
+t=sys.stdin.read()
+j=json.loads(t[t.index("{"):])["jobs"][0]
+side=j["read"] if j["read"]["io_bytes"] else j["write"]
+lat=side["clat_ns"]
+print("%.0f %.1f %.1f" % (side["iops"], lat["mean"]/1e3, lat["percentile"].get("99.000000",0)/1e3))'
+}
+median() { python3 -c 'import sys; v=sorted(sys.stdin.read().split("\n")[:-1], key=lambda l: float(l.split()[0])); print(v[len(v)//2])'; }
+
+printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7s\n" rw bs zeta_iops mean_us p99_us nbdkit_iops mean_us p99_us ratio
+for rw in randread randwrite read write; do
+    for bs in $BSS; do
+        Z="" K=""
+        for _ in $(seq "$RUNS"); do
+            Z+="$(point nbd://127.0.0.1:10811/bench/v $rw $bs)"$'\n'
+            K+="$(point nbd://127.0.0.1:10812/ $rw $bs)"$'\n'
+        done
+        z=$(printf "%s" "$Z" | median) k=$(printf "%s" "$K" | median)
+        read -r zi zm zp <<<"$z"; read -r ki km kp <<<"$k"
+        printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7.2f\n" $rw $bs $zi $zm $zp $ki $km $kp \
+            "$(python3 -c "print($zi/$ki if $ki else 0)")"
+    done
+done
+
+# Memory under many connections: 32 jobs x QD 32 of random writes.
+fio --name=mem --ioengine=nbd --uri=nbd://127.0.0.1:10811/bench/v --rw=randwrite --bs=128k \
+    --iodepth=32 --numjobs=32 --size="$BYTES" --time_based --runtime=$(( RUNTIME < 10 ? RUNTIME : 10 )) \
+    --output-format=terse >/dev/null
+echo "zeta server peak RSS: $(grep VmHWM /proc/$ZPID/status | awk '{print $2/1024 " MiB"}') (limit: cache 256M + dirty 128M + 64M = 448 MiB)"
