@@ -10,7 +10,7 @@ use zeta::dmu::object::walk;
 use zeta::dsl::{Pool, PoolError, PoolOptions};
 use zeta::spa::label::{CONFIG_AREA, UB_SLOT, UB_SLOTS};
 use zeta::vdev::layout::label_offset;
-use zeta::vdev::mem::{MemDevice, PowerCut};
+use zeta::vdev::mem::{Faults, MemDevice, PowerCut};
 use zeta::vdev::{BlockDevice, LABEL_COUNT, RESERVE_BYTES};
 use zeta::zvol::{VolError, Volume};
 
@@ -303,4 +303,85 @@ fn space_returns_to_its_start_after_overwrite_trim_destroy_and_restart() {
         end.abs_diff(start) <= 256 * 1024,
         "start {start}, end {end}"
     );
+}
+
+/// Reads the whole of volume `v` and compares it with `want`.
+fn assert_volume(pool: &std::sync::Arc<Pool>, want: &[u8], what: &str) {
+    let vol = Volume::open(pool, "v").unwrap();
+    let mut got = vec![0u8; want.len()];
+    vol.read(0, &mut got).unwrap();
+    assert!(got == want, "{what}: volume content differs");
+}
+
+#[test]
+fn a_mirror_keeps_committing_with_one_failed_leaf() {
+    let devs = mem_devs(2, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut want = pattern(1, 8 * MB as usize);
+    vol.write(0, &want).unwrap();
+    vol.flush().unwrap();
+    // Leaf 1 dies: every write and flush to it fails from now on, labels included.
+    devs[1].set_faults(Faults {
+        fail_writes: true,
+        fail_flush: true,
+        ..Faults::default()
+    });
+    for round in 0..3u8 {
+        let at = (round as usize + 1) * MB as usize;
+        let new = pattern(10 + round, 2 * MB as usize);
+        vol.write(at as u64, &new).unwrap();
+        want[at..at + new.len()].copy_from_slice(&new);
+        vol.flush().unwrap();
+    }
+    pool.sync_now().unwrap();
+    let status = pool.vdev_status();
+    assert!(status[0].leaves[1].write_errors > 0, "{status:?}");
+    assert_eq!(status[0].leaves[0].write_errors, 0, "{status:?}");
+    // Export rewrites the config, which must also tolerate the dead leaf.
+    pool.export().unwrap();
+    drop(vol);
+    drop(pool);
+
+    let pool = import(&devs[..1]);
+    pool.verify().unwrap();
+    assert_volume(&pool, &want, "healthy leaf alone");
+    pool.export().unwrap();
+    drop(pool);
+
+    // The dead leaf comes back with stale blocks and labels: the healthy leaf's newer
+    // uberblock wins, and reads heal the stale copies.
+    devs[1].set_faults(Faults::default());
+    let pool = import(&devs);
+    pool.verify().unwrap();
+    assert_volume(&pool, &want, "both leaves");
+}
+
+#[test]
+fn a_vdev_that_lost_every_leaf_suspends_the_pool() {
+    let devs = mem_devs(2, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    // Data writes still land, but no leaf can flush, so no leaf can take the uberblock.
+    for d in &devs {
+        d.set_faults(Faults {
+            fail_flush: true,
+            ..Faults::default()
+        });
+    }
+    vol.write(0, &pattern(4, MB as usize)).unwrap();
+    let err = pool.sync_now().expect_err("sync must fail");
+    assert!(matches!(err, PoolError::Suspended { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("vdev 0") && msg.contains("uberblock"), "{msg}");
+    assert!(msg.contains("mem0") && msg.contains("mem1"), "{msg}");
+    assert!(matches!(
+        vol.write(0, &[1u8; 4096]),
+        Err(VolError::Pool {
+            source: PoolError::Suspended { .. },
+            ..
+        })
+    ));
 }
