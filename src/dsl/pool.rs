@@ -20,8 +20,8 @@ use crate::dmu::object::{spans, walk};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::math::ChecksumKind;
 use crate::spa::label::{
-    read_labels, write_config, write_uberblock, LabelError, LeafConfig, PoolConfig, PoolState,
-    TopConfig, Uberblock, FORMAT_VERSION,
+    read_labels, txg_above_skipped, write_config, write_uberblock, LabelError, LeafConfig,
+    PoolConfig, PoolState, TopConfig, Uberblock, FORMAT_VERSION,
 };
 use crate::spa::metaslab::ms_shift_for;
 use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
@@ -489,9 +489,9 @@ impl Pool {
         uberblocks.retain(|u| u.pool_guid.get() == guid);
         uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
         uberblocks.dedup_by_key(|u| u.txg.get());
-        if uberblocks.is_empty() {
+        let Some(newest_seen) = uberblocks.first().map(|u| u.txg.get()) else {
             return Err(cannot("no valid uberblock on any device".into()));
-        }
+        };
         let mut failures = Vec::new();
         for ub in &uberblocks {
             let alloc = Allocator::new(&alloc_geometry(&config));
@@ -504,7 +504,8 @@ impl Pool {
                 Ok((mos, datasets)) => {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
-                    let txg = ub.txg.get();
+                    // New txgs must outrank every uberblock skipped on the way here.
+                    let txg = commit_above_skipped(&tops_arc, guid, ub, newest_seen)?;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     {
                         let mut map = pool.datasets.write();
@@ -1015,6 +1016,34 @@ fn sync_thread(pool: Weak<Pool>) {
             return;
         }
     }
+}
+
+/// After an import fell back to `imported` past newer uberblocks (up to txg `newest_seen`) whose
+/// trees did not verify, commits the imported tree again under a txg above all of them, before
+/// the pool allocates anything; returns the txg the pool now stands at. The skipped uberblocks
+/// stay in their ring slots and their damage may be transient, so unless something newer
+/// outranks them a later import could prefer one even though the pool has reused space its
+/// tree references. Later txgs number on from this one.
+fn commit_above_skipped(
+    tops: &[Arc<TopVdev>],
+    pool_guid: u64,
+    imported: &Uberblock,
+    newest_seen: u64,
+) -> Result<u64, PoolError> {
+    let imported_txg = imported.txg.get();
+    if newest_seen <= imported_txg {
+        return Ok(imported_txg);
+    }
+    let txg = txg_above_skipped(imported_txg, newest_seen);
+    let ub = Uberblock::new(txg, pool_guid, imported.root);
+    let what =
+        format!("the uberblock of txg {txg} (txg {imported_txg} again, above txg {newest_seen})");
+    let mut update = LabelUpdate::new(tops, what);
+    // As in every commit, flush first: the import may have healed blocks of the tree.
+    update.step(|leaf| leaf.dev.flush())?;
+    update.step(|leaf| write_uberblock(leaf, &ub))?;
+    update.step(|leaf| leaf.dev.flush())?;
+    Ok(txg)
 }
 
 /// A write to the labels of every leaf (an uberblock or a config), done in steps such as

@@ -256,6 +256,20 @@ pub fn write_config(
     Ok(())
 }
 
+/// The txg under which an import that fell back to txg `imported`, past newer uberblocks up to
+/// txg `newest_seen` whose trees did not verify, commits the imported tree again. It numbers
+/// above every uberblock still in the ring, so that a later import never prefers a skipped one
+/// over what the pool has written since. Its slot (txg mod `UB_SLOTS`) must not be the imported
+/// txg's: until it has committed, a crash falls back to that uberblock.
+pub fn txg_above_skipped(imported: u64, newest_seen: u64) -> u64 {
+    let txg = imported.max(newest_seen) + 1;
+    if txg % UB_SLOTS == imported % UB_SLOTS {
+        txg + 1
+    } else {
+        txg
+    }
+}
+
 /// Writes an uberblock into its ring slot in all four labels.
 pub fn write_uberblock(leaf: &Leaf, ub: &Uberblock) -> Result<(), VdevError> {
     let slot = ub.encode_slot();
@@ -328,6 +342,21 @@ mod tests {
             decode_config(&newer),
             Err(LabelError::UnknownVersion(2))
         ));
+    }
+
+    #[test]
+    fn txgs_after_a_fallback_number_above_the_skipped_ones_and_spare_the_imported_slot() {
+        assert_eq!(txg_above_skipped(10, 13), 14);
+        assert_eq!(txg_above_skipped(10, 11), 12);
+        // Txg 10 + UB_SLOTS - 1 + 1 would overwrite txg 10's slot.
+        assert_eq!(txg_above_skipped(10, 10 + UB_SLOTS - 1), 10 + UB_SLOTS + 1);
+        for imported in [1, 7, UB_SLOTS, 3 * UB_SLOTS - 1] {
+            for newest in imported + 1..imported + 3 * UB_SLOTS {
+                let txg = txg_above_skipped(imported, newest);
+                assert!(txg > newest);
+                assert_ne!(txg % UB_SLOTS, imported % UB_SLOTS);
+            }
+        }
     }
 
     #[test]
