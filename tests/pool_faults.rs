@@ -8,6 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use sha2::{Digest, Sha256};
 use zeta::dmu::object::walk;
 use zeta::dsl::{Pool, PoolError, PoolOptions};
 use zeta::spa::label::{read_labels, Uberblock, CONFIG_AREA, UB_SLOT, UB_SLOTS};
@@ -499,4 +502,79 @@ fn txgs_after_a_fallback_outrank_the_skipped_uberblocks() {
         pool.verify().unwrap();
         assert_volume(&pool, &want, &format!("re-import at txg {txg}"));
     }
+}
+
+/// Rewrites the config header of every label of `dev` as a zeta of format `version` would:
+/// intact (magic and SHA-256 correct), but of that version.
+fn relabel_with_version(dev: &MemDevice, version: u64) {
+    for index in 0..LABEL_COUNT {
+        let at = label_offset(index, dev.len_bytes());
+        let mut area = vec![0u8; CONFIG_AREA as usize];
+        dev.read_at(&mut area, at).unwrap();
+        area[8..16].copy_from_slice(&version.to_le_bytes());
+        let payload_len = u64::from_le_bytes(area[24..32].try_into().unwrap()) as usize;
+        let mut digest = Sha256::new();
+        digest.update(&area[..32]);
+        digest.update(&area[64..64 + payload_len]);
+        area[32..64].copy_from_slice(&digest.finalize());
+        dev.corrupt(at, &area);
+    }
+}
+
+fn create_on(devs: &[Arc<MemDevice>], opts: PoolOptions) -> Result<Arc<Pool>, PoolError> {
+    Pool::create("tank", spec(Layout::Stripe, devs), opts)
+}
+
+#[test]
+fn create_refuses_a_device_whose_zeta_label_it_cannot_read() {
+    let forced = PoolOptions {
+        force: true,
+        ..opts()
+    };
+    // Labels of a newer zeta: intact, but of format version 2.
+    let newer = mem_devs(1, 96 * MB);
+    create_on(&newer, opts()).unwrap().export().unwrap();
+    relabel_with_version(&newer[0], 2);
+    let err = create_on(&newer, opts()).err().expect("must refuse");
+    assert!(matches!(err, PoolError::UnreadableLabel { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("mem0") && msg.contains("version 2") && msg.contains("-f"),
+        "{msg}"
+    );
+    // Damaged labels: every copy carries the magic but fails its checksum.
+    let damaged = mem_devs(1, 96 * MB);
+    create_on(&damaged, opts()).unwrap().export().unwrap();
+    for index in 0..LABEL_COUNT {
+        damaged[0].corrupt(label_offset(index, damaged[0].len_bytes()) + 70, &[1, 2, 3]);
+    }
+    let err = create_on(&damaged, opts()).err().expect("must refuse");
+    assert!(matches!(err, PoolError::UnreadableLabel { .. }), "{err}");
+    assert!(err.to_string().contains("checksum"), "{err}");
+    // A device whose labels cannot be read at all is not taken for blank either.
+    let unreadable = mem_devs(1, 96 * MB);
+    unreadable[0].set_faults(Faults {
+        fail_reads: true,
+        ..Faults::default()
+    });
+    let err = create_on(&unreadable, opts()).err().expect("must refuse");
+    assert!(err.to_string().contains("mem0: injected read"), "{err}");
+    // With -f, both labelled devices are overwritten.
+    for devs in [&newer, &damaged] {
+        create_on(devs, forced.clone()).unwrap().close().unwrap();
+    }
+}
+
+#[test]
+fn create_takes_a_device_without_any_zeta_label() {
+    // All zeros.
+    let zeros = mem_devs(1, 96 * MB);
+    create_on(&zeros, opts()).unwrap().close().unwrap();
+    // Random bytes everywhere, labels included, but no zeta magic.
+    let mut image = vec![0u8; 96 * MB as usize];
+    StdRng::seed_from_u64(7).fill_bytes(&mut image);
+    let garbage = vec![Arc::new(MemDevice::from_image("garbage", image))];
+    create_on(&garbage, opts()).unwrap().export().unwrap();
+    let pool = import(&garbage);
+    pool.verify().unwrap();
 }

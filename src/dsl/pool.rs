@@ -51,6 +51,8 @@ pub enum PoolError {
         pool: String,
         state: PoolState,
     },
+    #[error("{path}: carries a zeta label this zeta cannot read: {why}; use -f to overwrite it")]
+    UnreadableLabel { path: String, why: String },
     #[error("no pool found{0}")]
     NotFound(String),
     #[error("pool '{pool}': cannot import: {why}")]
@@ -262,17 +264,7 @@ impl Pool {
                 }
                 let leaf = Leaf::new(dev, random_guid());
                 if !opts.force {
-                    if let Ok(labels) = read_labels(&leaf) {
-                        if let Some((_, cfg)) = labels.config {
-                            if cfg.state != PoolState::Destroyed {
-                                return Err(PoolError::InUse {
-                                    path,
-                                    pool: cfg.name,
-                                    state: cfg.state,
-                                });
-                            }
-                        }
-                    }
+                    check_unused(&leaf, &path)?;
                 }
                 children.push(LeafConfig {
                     guid: leaf.guid,
@@ -396,7 +388,7 @@ impl Pool {
                     Some((generation, cfg)) => {
                         pools.entry(cfg.pool_guid).or_default().push((dev, path, generation, cfg, l.uberblocks))
                     }
-                    None => unreadable.push(format!("{path}: no valid label ({})", l.errors.join(", "))),
+                    None => unreadable.push(format!("{path}: no valid label ({})", l.describe_errors(|_| true))),
                 },
                 Err(LabelError::UnknownVersion(v)) => {
                     return Err(PoolError::CannotImport {
@@ -1140,6 +1132,35 @@ impl<'a> LabelUpdate<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses a device that may be in use: one whose labels name a pool that is not destroyed, or
+/// that carries a zeta label this zeta cannot read (a newer format, or every copy damaged), so
+/// that nobody can tell whether it is in use. A device without any zeta label is free; `-f`
+/// skips this check.
+fn check_unused(leaf: &Leaf, path: &str) -> Result<(), PoolError> {
+    let unreadable = |why: String| PoolError::UnreadableLabel {
+        path: path.to_string(),
+        why,
+    };
+    let labels = match read_labels(leaf) {
+        Ok(labels) => labels,
+        Err(e) if e.label_present() => return Err(unreadable(e.to_string())),
+        // The device itself failed: say so rather than guess what it holds.
+        Err(e) => return Err(e.into()),
+    };
+    match labels.config {
+        Some((_, cfg)) if cfg.state != PoolState::Destroyed => Err(PoolError::InUse {
+            path: path.to_string(),
+            pool: cfg.name,
+            state: cfg.state,
+        }),
+        Some(_) => Ok(()),
+        None if labels.errors.iter().any(|(_, e)| e.label_present()) => Err(unreadable(
+            labels.describe_errors(LabelError::label_present),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -37,6 +37,17 @@ pub enum LabelError {
     Io(#[from] VdevError),
 }
 
+impl LabelError {
+    /// Whether this says that a zeta label is there but cannot be used (damaged, unparsable, or
+    /// of a newer format), as opposed to there being none or the device being unreadable.
+    pub fn label_present(&self) -> bool {
+        matches!(
+            self,
+            LabelError::UnknownVersion(_) | LabelError::BadChecksum | LabelError::Parse(_)
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolState {
@@ -207,8 +218,21 @@ pub struct LeafLabels {
     pub config: Option<(u64, PoolConfig)>,
     /// Every uberblock that verified in any label, newest txg first, one per txg.
     pub uberblocks: Vec<Uberblock>,
-    /// Why labels were rejected, for messages when none verified.
-    pub errors: Vec<String>,
+    /// Why config copies were rejected, by label index, for messages when none verified.
+    pub errors: Vec<(usize, LabelError)>,
+}
+
+impl LeafLabels {
+    /// The rejections `keep` selects, as "label I: why, ...".
+    pub fn describe_errors(&self, keep: impl Fn(&LabelError) -> bool) -> String {
+        let each: Vec<String> = self
+            .errors
+            .iter()
+            .filter(|(_, e)| keep(e))
+            .map(|(index, e)| format!("label {index}: {e}"))
+            .collect();
+        each.join(", ")
+    }
 }
 
 pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
@@ -227,7 +251,7 @@ pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
                 }
             }
             Err(LabelError::UnknownVersion(v)) => return Err(LabelError::UnknownVersion(v)),
-            Err(e) => out.errors.push(format!("label {index}: {e}")),
+            Err(e) => out.errors.push((index, e)),
         }
         for slot in buf[CONFIG_AREA as usize..].chunks_exact(UB_SLOT as usize) {
             if let Some(ub) = Uberblock::decode_slot(slot)? {
