@@ -20,8 +20,8 @@ use crate::dmu::object::{spans, walk};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::math::ChecksumKind;
 use crate::spa::label::{
-    read_labels, write_config, write_uberblock, LabelError, LeafConfig, PoolConfig, PoolState,
-    TopConfig, Uberblock, FORMAT_VERSION,
+    read_labels, txg_above_skipped, write_config, write_uberblock, LabelError, LeafConfig,
+    PoolConfig, PoolState, TopConfig, Uberblock, FORMAT_VERSION,
 };
 use crate::spa::metaslab::ms_shift_for;
 use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
@@ -51,6 +51,8 @@ pub enum PoolError {
         pool: String,
         state: PoolState,
     },
+    #[error("{path}: carries a zeta label this zeta cannot read: {why}; use -f to overwrite it")]
+    UnreadableLabel { path: String, why: String },
     #[error("no pool found{0}")]
     NotFound(String),
     #[error("pool '{pool}': cannot import: {why}")]
@@ -63,6 +65,12 @@ pub enum PoolError {
     VolumeExists(String),
     #[error("pool '{pool}' is suspended after an I/O failure and accepts no more writes: {why}")]
     Suspended { pool: String, why: String },
+    #[error("vdev {vdev}: no device took {what}: {why}")]
+    VdevLost {
+        vdev: u32,
+        what: String,
+        why: String,
+    },
 }
 
 impl From<AllocError> for PoolError {
@@ -256,17 +264,7 @@ impl Pool {
                 }
                 let leaf = Leaf::new(dev, random_guid());
                 if !opts.force {
-                    if let Ok(labels) = read_labels(&leaf) {
-                        if let Some((_, cfg)) = labels.config {
-                            if cfg.state != PoolState::Destroyed {
-                                return Err(PoolError::InUse {
-                                    path,
-                                    pool: cfg.name,
-                                    state: cfg.state,
-                                });
-                            }
-                        }
-                    }
+                    check_unused(&leaf, &path)?;
                 }
                 children.push(LeafConfig {
                     guid: leaf.guid,
@@ -358,15 +356,15 @@ impl Pool {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let mut cfg = self.config.lock().clone();
         cfg.state = state;
+        let mut update =
+            LabelUpdate::new(&self.io.zio.tops, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
-            for top in &self.io.zio.tops {
-                for leaf in &top.children {
-                    let mut c = cfg.clone();
-                    c.leaf_guid = leaf.guid;
-                    write_config(leaf, &c, generation, &phase)?;
-                }
-            }
-            self.io.zio.flush_all()?;
+            update.step(|leaf| {
+                let mut c = cfg.clone();
+                c.leaf_guid = leaf.guid;
+                write_config(leaf, &c, generation, &phase)
+            })?;
+            update.step(|leaf| leaf.dev.flush())?;
         }
         self.config.lock().state = state;
         Ok(())
@@ -390,7 +388,7 @@ impl Pool {
                     Some((generation, cfg)) => {
                         pools.entry(cfg.pool_guid).or_default().push((dev, path, generation, cfg, l.uberblocks))
                     }
-                    None => unreadable.push(format!("{path}: no valid label ({})", l.errors.join(", "))),
+                    None => unreadable.push(format!("{path}: no valid label ({})", l.describe_errors(|_| true))),
                 },
                 Err(LabelError::UnknownVersion(v)) => {
                     return Err(PoolError::CannotImport {
@@ -483,9 +481,9 @@ impl Pool {
         uberblocks.retain(|u| u.pool_guid.get() == guid);
         uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
         uberblocks.dedup_by_key(|u| u.txg.get());
-        if uberblocks.is_empty() {
+        let Some(newest_seen) = uberblocks.first().map(|u| u.txg.get()) else {
             return Err(cannot("no valid uberblock on any device".into()));
-        }
+        };
         let mut failures = Vec::new();
         for ub in &uberblocks {
             let alloc = Allocator::new(&alloc_geometry(&config));
@@ -498,7 +496,8 @@ impl Pool {
                 Ok((mos, datasets)) => {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
-                    let txg = ub.txg.get();
+                    // New txgs must outrank every uberblock skipped on the way here.
+                    let txg = commit_above_skipped(&tops_arc, guid, ub, newest_seen)?;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     {
                         let mut map = pool.datasets.write();
@@ -790,6 +789,8 @@ impl Pool {
             (txg, bytes, datasets)
         };
         let io = &self.io;
+        // Begun now so that it sees which leaves miss a write of this txg.
+        let mut commit = LabelUpdate::new(&io.zio.tops, format!("the uberblock of txg {txg}"));
 
         // 1. Volumes: data, indirect blocks, and a new objset block for each changed one.
         for ds in &datasets {
@@ -889,15 +890,15 @@ impl Pool {
         }
         mos.objset_bp = root;
 
-        // 5. Commit: flush everything the uberblock points at, write it, flush again.
-        io.zio.flush_all()?;
+        // 5. Commit: flush everything the uberblock points at, write it, flush again. A leaf
+        // that missed a write of this txg or fails a step takes no further part (its labels
+        // keep an older txg); the txg commits if every top-level vdev still has a leaf that
+        // took every write and all three steps.
         let ub = Uberblock::new(txg, self.guid, root);
-        for top in &io.zio.tops {
-            for leaf in &top.children {
-                write_uberblock(leaf, &ub)?;
-            }
-        }
-        io.zio.flush_all()?;
+        commit.drop_leaves_that_missed_writes()?;
+        commit.step(|leaf| leaf.dev.flush())?;
+        commit.step(|leaf| write_uberblock(leaf, &ub))?;
+        commit.step(|leaf| leaf.dev.flush())?;
         io.zio.alloc.lock().txg_synced(txg);
         self.dirty_bytes
             .fetch_sub(syncing_bytes as i64, Ordering::AcqRel);
@@ -1006,6 +1007,160 @@ fn sync_thread(pool: Weak<Pool>) {
         if shutting_down && (idle || st.error.is_some()) {
             return;
         }
+    }
+}
+
+/// After an import fell back to `imported` past newer uberblocks (up to txg `newest_seen`) whose
+/// trees did not verify, commits the imported tree again under a txg above all of them, before
+/// the pool allocates anything; returns the txg the pool now stands at. The skipped uberblocks
+/// stay in their ring slots and their damage may be transient, so unless something newer
+/// outranks them a later import could prefer one even though the pool has reused space its
+/// tree references. Later txgs number on from this one.
+fn commit_above_skipped(
+    tops: &[Arc<TopVdev>],
+    pool_guid: u64,
+    imported: &Uberblock,
+    newest_seen: u64,
+) -> Result<u64, PoolError> {
+    let imported_txg = imported.txg.get();
+    if newest_seen <= imported_txg {
+        return Ok(imported_txg);
+    }
+    let txg = txg_above_skipped(imported_txg, newest_seen);
+    let ub = Uberblock::new(txg, pool_guid, imported.root);
+    let what =
+        format!("the uberblock of txg {txg} (txg {imported_txg} again, above txg {newest_seen})");
+    let mut update = LabelUpdate::new(tops, what);
+    // As in every commit, flush first: the import may have healed blocks of the tree.
+    update.step(|leaf| leaf.dev.flush())?;
+    update.step(|leaf| write_uberblock(leaf, &ub))?;
+    update.step(|leaf| leaf.dev.flush())?;
+    Ok(txg)
+}
+
+/// A write to the labels of every leaf (an uberblock or a config), done in steps such as
+/// write, then flush. It has the success rule of a mirror write (`TopVdev::write`): a leaf may
+/// fail, as long as every top-level vdev keeps at least one leaf that took every step, so
+/// that some label on each vdev describes the update.
+struct LabelUpdate<'a> {
+    tops: &'a [Arc<TopVdev>],
+    what: String,
+    /// Per top-level vdev and leaf: why the leaf dropped out, or None while it takes part.
+    dropped: Vec<Vec<Option<String>>>,
+    /// Per top-level vdev and leaf: its write-error count when the update began.
+    write_errors_at_start: Vec<Vec<u64>>,
+}
+
+impl<'a> LabelUpdate<'a> {
+    fn new(tops: &'a [Arc<TopVdev>], what: String) -> Self {
+        let dropped = tops.iter().map(|t| vec![None; t.children.len()]).collect();
+        let write_errors_at_start = tops
+            .iter()
+            .map(|t| {
+                t.children
+                    .iter()
+                    .map(|l| l.counters.write_errors.load(Ordering::Relaxed))
+                    .collect()
+            })
+            .collect();
+        LabelUpdate {
+            tops,
+            what,
+            dropped,
+            write_errors_at_start,
+        }
+    }
+
+    /// Drops the leaves that failed a write since the update began (a mirror write went on
+    /// without them). Such a leaf lacks a block the new labels point at: its labels must not
+    /// claim that block, and its flush cannot make that block durable.
+    fn drop_leaves_that_missed_writes(&mut self) -> Result<(), PoolError> {
+        for (t, top) in self.tops.iter().enumerate() {
+            for (l, leaf) in top.children.iter().enumerate() {
+                let now = leaf.counters.write_errors.load(Ordering::Relaxed);
+                if now > self.write_errors_at_start[t][l] && self.dropped[t][l].is_none() {
+                    self.dropped[t][l] = Some(format!("{}: missed a write", leaf.name()));
+                }
+            }
+        }
+        self.check()
+    }
+
+    /// Runs `op` on every leaf still taking part, in parallel. A leaf it fails on counts a
+    /// write error and drops out: after a failed write or flush its earlier writes are in
+    /// doubt, so a later flush could not vouch for them (a flush is never retried). Fails
+    /// once some top-level vdev has no leaf left.
+    fn step(
+        &mut self,
+        op: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
+    ) -> Result<(), PoolError> {
+        use rayon::prelude::*;
+        let live: Vec<(usize, usize)> = self
+            .dropped
+            .iter()
+            .enumerate()
+            .flat_map(|(t, leaves)| {
+                leaves
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, why)| why.is_none())
+                    .map(move |(l, _)| (t, l))
+            })
+            .collect();
+        let results: Vec<Result<(), VdevError>> = live
+            .par_iter()
+            .map(|&(t, l)| op(&self.tops[t].children[l]))
+            .collect();
+        for (&(t, l), r) in live.iter().zip(results) {
+            if let Err(e) = r {
+                self.tops[t].children[l].count_write_error();
+                self.dropped[t][l] = Some(e.to_string());
+            }
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), PoolError> {
+        for (top, leaves) in self.tops.iter().zip(&self.dropped) {
+            if leaves.iter().all(Option::is_some) {
+                let why: Vec<&str> = leaves.iter().flatten().map(String::as_str).collect();
+                return Err(PoolError::VdevLost {
+                    vdev: top.id,
+                    what: self.what.clone(),
+                    why: why.join("; "),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a device that may be in use: one whose labels name a pool that is not destroyed, or
+/// that carries a zeta label this zeta cannot read (a newer format, or every copy damaged), so
+/// that nobody can tell whether it is in use. A device without any zeta label is free; `-f`
+/// skips this check.
+fn check_unused(leaf: &Leaf, path: &str) -> Result<(), PoolError> {
+    let unreadable = |why: String| PoolError::UnreadableLabel {
+        path: path.to_string(),
+        why,
+    };
+    let labels = match read_labels(leaf) {
+        Ok(labels) => labels,
+        Err(e) if e.label_present() => return Err(unreadable(e.to_string())),
+        // The device itself failed: say so rather than guess what it holds.
+        Err(e) => return Err(e.into()),
+    };
+    match labels.config {
+        Some((_, cfg)) if cfg.state != PoolState::Destroyed => Err(PoolError::InUse {
+            path: path.to_string(),
+            pool: cfg.name,
+            state: cfg.state,
+        }),
+        Some(_) => Ok(()),
+        None if labels.errors.iter().any(|(_, e)| e.label_present()) => Err(unreadable(
+            labels.describe_errors(LabelError::label_present),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -1262,4 +1417,81 @@ fn load_mos(
     }
     let _ = (config, OBJSET_BYTES);
     Ok((mos, datasets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vdev::mem::{Faults, MemDevice};
+    use std::sync::atomic::AtomicUsize;
+
+    fn mirror(n: usize) -> (Vec<Arc<TopVdev>>, Vec<Arc<MemDevice>>) {
+        let devs: Vec<Arc<MemDevice>> = (0..n)
+            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20)))
+            .collect();
+        let leaves = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, i as u64 + 1)))
+            .collect();
+        (
+            vec![Arc::new(TopVdev::new(0, 9, TopKind::Mirror, leaves))],
+            devs,
+        )
+    }
+
+    fn fail(writes: bool, flush: bool) -> Faults {
+        Faults {
+            fail_writes: writes,
+            fail_flush: flush,
+            ..Faults::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_leaf_drops_out_of_a_label_update_and_the_rest_go_on() {
+        let (tops, devs) = mirror(2);
+        let mut update = LabelUpdate::new(&tops, "test labels".into());
+        devs[1].set_faults(fail(true, false));
+        let calls = AtomicUsize::new(0);
+        let op = |leaf: &Leaf| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            leaf.write_label(0, 0, &[7u8; 512])
+        };
+        update.step(op).unwrap();
+        // The failed leaf is not asked again, even though it would now succeed.
+        devs[1].set_faults(Faults::default());
+        update.step(op).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        let errors = |l: usize| {
+            tops[0].children[l]
+                .counters
+                .write_errors
+                .load(Ordering::Relaxed)
+        };
+        assert_eq!((errors(0), errors(1)), (0, 1));
+    }
+
+    #[test]
+    fn a_label_update_needs_a_leaf_per_vdev_that_took_every_write() {
+        let (tops, devs) = mirror(2);
+        let mut update = LabelUpdate::new(&tops, "the uberblock of txg 5".into());
+        // Leaf 0 misses a data write of the txg, which the mirror survives on leaf 1.
+        devs[0].set_faults(fail(true, false));
+        tops[0].write(0, &[1u8; 4096]).unwrap();
+        devs[0].set_faults(Faults::default());
+        update.drop_leaves_that_missed_writes().unwrap();
+        // Leaf 1, the only one holding the block, cannot flush: leaf 0's flush would not make
+        // the block durable, so the update must fail rather than label leaf 0.
+        devs[1].set_faults(fail(false, true));
+        let err = update.step(|leaf| leaf.dev.flush()).unwrap_err();
+        assert!(matches!(err, PoolError::VdevLost { vdev: 0, .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("the uberblock of txg 5")
+                && msg.contains("m0: missed a write")
+                && msg.contains("m1: injected flush error"),
+            "{msg}"
+        );
+    }
 }

@@ -37,6 +37,17 @@ pub enum LabelError {
     Io(#[from] VdevError),
 }
 
+impl LabelError {
+    /// Whether this says that a zeta label is there but cannot be used (damaged, unparsable, or
+    /// of a newer format), as opposed to there being none or the device being unreadable.
+    pub fn label_present(&self) -> bool {
+        matches!(
+            self,
+            LabelError::UnknownVersion(_) | LabelError::BadChecksum | LabelError::Parse(_)
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolState {
@@ -207,8 +218,21 @@ pub struct LeafLabels {
     pub config: Option<(u64, PoolConfig)>,
     /// Every uberblock that verified in any label, newest txg first, one per txg.
     pub uberblocks: Vec<Uberblock>,
-    /// Why labels were rejected, for messages when none verified.
-    pub errors: Vec<String>,
+    /// Why config copies were rejected, by label index, for messages when none verified.
+    pub errors: Vec<(usize, LabelError)>,
+}
+
+impl LeafLabels {
+    /// The rejections `keep` selects, as "label I: why, ...".
+    pub fn describe_errors(&self, keep: impl Fn(&LabelError) -> bool) -> String {
+        let each: Vec<String> = self
+            .errors
+            .iter()
+            .filter(|(_, e)| keep(e))
+            .map(|(index, e)| format!("label {index}: {e}"))
+            .collect();
+        each.join(", ")
+    }
 }
 
 pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
@@ -227,7 +251,7 @@ pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
                 }
             }
             Err(LabelError::UnknownVersion(v)) => return Err(LabelError::UnknownVersion(v)),
-            Err(e) => out.errors.push(format!("label {index}: {e}")),
+            Err(e) => out.errors.push((index, e)),
         }
         for slot in buf[CONFIG_AREA as usize..].chunks_exact(UB_SLOT as usize) {
             if let Some(ub) = Uberblock::decode_slot(slot)? {
@@ -254,6 +278,20 @@ pub fn write_config(
         leaf.write_label(index, 0, &area)?;
     }
     Ok(())
+}
+
+/// The txg under which an import that fell back to txg `imported`, past newer uberblocks up to
+/// txg `newest_seen` whose trees did not verify, commits the imported tree again. It numbers
+/// above every uberblock still in the ring, so that a later import never prefers a skipped one
+/// over what the pool has written since. Its slot (txg mod `UB_SLOTS`) must not be the imported
+/// txg's: until it has committed, a crash falls back to that uberblock.
+pub fn txg_above_skipped(imported: u64, newest_seen: u64) -> u64 {
+    let txg = imported.max(newest_seen) + 1;
+    if txg % UB_SLOTS == imported % UB_SLOTS {
+        txg + 1
+    } else {
+        txg
+    }
 }
 
 /// Writes an uberblock into its ring slot in all four labels.
@@ -328,6 +366,21 @@ mod tests {
             decode_config(&newer),
             Err(LabelError::UnknownVersion(2))
         ));
+    }
+
+    #[test]
+    fn txgs_after_a_fallback_number_above_the_skipped_ones_and_spare_the_imported_slot() {
+        assert_eq!(txg_above_skipped(10, 13), 14);
+        assert_eq!(txg_above_skipped(10, 11), 12);
+        // Txg 10 + UB_SLOTS - 1 + 1 would overwrite txg 10's slot.
+        assert_eq!(txg_above_skipped(10, 10 + UB_SLOTS - 1), 10 + UB_SLOTS + 1);
+        for imported in [1, 7, UB_SLOTS, 3 * UB_SLOTS - 1] {
+            for newest in imported + 1..imported + 3 * UB_SLOTS {
+                let txg = txg_above_skipped(imported, newest);
+                assert!(txg > newest);
+                assert_ne!(txg % UB_SLOTS, imported % UB_SLOTS);
+            }
+        }
     }
 
     #[test]

@@ -79,6 +79,12 @@ impl Leaf {
     fn count(&self, counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Counts a failed write or flush that the caller tolerated (a label update that went on
+    /// without this leaf), as `TopVdev::write` counts a failed mirror child.
+    pub fn count_write_error(&self) {
+        self.count(&self.counters.write_errors);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
