@@ -976,15 +976,34 @@ impl Drop for Pool {
     }
 }
 
+/// How long the idle sync thread holds the pool at a time: a pool dropped without `close`
+/// is released (and its devices closed) within this, not only after `txg_timeout`.
+const IDLE_SLICE: Duration = Duration::from_millis(100);
+
 fn sync_thread(pool: Weak<Pool>) {
     loop {
+        let Some(deadline) = pool
+            .upgrade()
+            .map(|p| std::time::Instant::now() + p.opts.txg_timeout)
+        else {
+            return;
+        };
+        // Wait for a request or the timeout in slices, holding the pool only while waiting.
+        loop {
+            let Some(p) = pool.upgrade() else { return };
+            let mut st = p.sync.lock();
+            if st.shutdown || st.completed_seq < st.request_seq || st.error.is_some() {
+                break;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            p.sync_cv.wait_for(&mut st, IDLE_SLICE.min(deadline - now));
+        }
         let Some(p) = pool.upgrade() else { return };
         let (seq, shutting_down) = {
-            let mut st = p.sync.lock();
-            if !st.shutdown && st.completed_seq >= st.request_seq {
-                let timeout = p.opts.txg_timeout;
-                p.sync_cv.wait_for(&mut st, timeout);
-            }
+            let st = p.sync.lock();
             if st.error.is_some() {
                 // A suspended pool writes nothing more; wake waiters so they see the error.
                 p.sync_cv.notify_all();
