@@ -131,13 +131,13 @@ impl Served {
     /// SIGTERM and a clean exit.
     fn stop(&mut self) {
         let mut c = self.child.take().unwrap();
-        unsafe_sigterm(c.id());
+        sigterm(c.id());
         let st = c.wait().unwrap();
         assert!(st.success(), "server exit status {st}");
     }
 }
 
-fn unsafe_sigterm(pid: u32) {
+fn sigterm(pid: u32) {
     let out = Command::new("kill")
         .arg("-TERM")
         .arg(pid.to_string())
@@ -483,4 +483,63 @@ fn sigkill_under_a_flushing_client_loses_nothing_flushed() {
         "the client flushed something before the kills"
     );
     s.stop();
+}
+
+/// `zeta up`: first run creates the pool and volume and serves them (the empty export name
+/// selects the default volume); SIGTERM stops it cleanly; the second run reuses the pool and
+/// the data written by the first is there.
+#[test]
+fn zeta_up_creates_serves_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let data = dir.path().join("data");
+    let start = || {
+        let mut child = zeta(&home)
+            .args(["up", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(&data)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        let addr: SocketAddr = loop {
+            let l = lines.next().expect("zeta up output").unwrap();
+            if let Some(rest) = l.strip_prefix("serving on ") {
+                break rest
+                    .split(':')
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(":")
+                    .parse()
+                    .unwrap();
+            }
+            seen.push(l);
+        };
+        std::thread::spawn(move || for _ in lines {});
+        (child, addr, seen)
+    };
+    let (mut child, addr, seen) = start();
+    assert!(
+        seen.iter().any(|l| l.contains("created pool 'zeta'")),
+        "{seen:?}"
+    );
+    let mut c = Client::connect(addr);
+    c.structured();
+    let (size, _) = c.go("", &[]).expect("default export");
+    assert_eq!(size, 256 << 20);
+    assert_eq!(c.write(1 << 20, &[0x77; 65536]), 0);
+    drop(c);
+    sigterm(child.id());
+    assert!(child.wait().unwrap().success());
+
+    let (mut child, addr, seen) = start();
+    assert!(
+        !seen.iter().any(|l| l.contains("created")),
+        "second run reuses: {seen:?}"
+    );
+    let mut c = Client::open(addr, "zeta/vol0");
+    assert_eq!(c.read(1 << 20, 65536).unwrap(), vec![0x77; 65536]);
+    drop(c);
+    sigterm(child.id());
+    assert!(child.wait().unwrap().success());
 }
