@@ -135,3 +135,26 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
     ok(&zeta(&home, d, &["vol", "get", "p/v", "back2"]));
     assert_eq!(std::fs::read(d.join("back2")).unwrap(), back);
 }
+
+#[test]
+fn a_bad_checksum_kernel_override_refuses_to_open_pools() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_zeta"))
+        .args(["pool", "create", "-o", "size=64M", "p", "leaf"])
+        .env("ZETA_HOME", &home)
+        .env("ZETA_FLETCHER4_IMPL", "bogus")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    fails_with(&out, "ZETA_FLETCHER4_IMPL=bogus");
+    assert!(
+        !d.join("leaf").exists(),
+        "nothing created under a bad override"
+    );
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", "size=64M", "p", "leaf"],
+    ));
+}

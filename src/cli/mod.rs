@@ -1,8 +1,7 @@
 //! The `zeta` command: argument parsing, the state directory, and one module per command group.
 //!
 //! Architecture invariant: the CLI reaches the engine only through `dsl::Pool` and
-//! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself. (It does ask
-//! `math` once which kernels the environment selects, to reject a bad override up front.)
+//! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
 
 pub mod args;
 pub mod bench_cmd;
@@ -21,10 +20,6 @@ pub fn main() -> i32 {
     limit_malloc_arenas();
     let cli = Cli::parse();
     let home = state::Home::resolve(cli.home.clone());
-    if let Err(e) = crate::math::fletcher::selected() {
-        eprintln!("zeta: {e}");
-        return 2;
-    }
     let result = match cli.command {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),

@@ -12,7 +12,7 @@ use super::pool_cmd::create_pool;
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
-use crate::nbd::{PoolExports, Server, ServerConfig};
+use crate::nbd::{Exports, PoolExports, Server, ServerConfig};
 
 pub const UP_POOL: &str = "zeta";
 pub const UP_VOLUME: &str = "vol0";
@@ -147,16 +147,8 @@ fn run(cfg: ServerConfig, pools: Vec<Arc<Pool>>, default: Option<String>) -> Res
         if cfg.read_only { ", read-only" } else { "" },
         cfg.max_connections
     );
-    for name in exports.names() {
-        let size = exports
-            .pools()
-            .iter()
-            .find_map(|p| {
-                let (pn, vn) = name.split_once('/')?;
-                (p.name == pn).then(|| p.dataset(vn).ok().map(|d| d.volsize()))?
-            })
-            .unwrap_or(0);
-        println!("  {base}/{name}  ({})", human(size));
+    for e in exports.list() {
+        println!("  {base}/{}  ({})", e.name, human(e.size));
     }
     if let Some(d) = &default {
         println!("\ntry:\n  nbdinfo {base}/{d}\n  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {base}/{d}\n  qemu-img convert -n -O raw disk.img {base}/{d}\n  fio --ioengine=nbd --uri={base}/{d} --name=t --rw=randrw --bs=4k --size=64M\n");

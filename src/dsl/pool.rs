@@ -219,6 +219,14 @@ fn random_guid() -> u64 {
     }
 }
 
+/// A pool opens only if the checksum kernels the environment selects can run: a bad
+/// `ZETA_FLETCHER4_IMPL` is a clear error here, before anything is read or written.
+fn check_kernels() -> Result<(), PoolError> {
+    crate::math::fletcher::selected()
+        .map(|_| ())
+        .map_err(PoolError::Invalid)
+}
+
 fn invalid(msg: impl Into<String>) -> PoolError {
     PoolError::Invalid(msg.into())
 }
@@ -232,6 +240,7 @@ impl Pool {
         spec: Vec<TopSpec>,
         opts: PoolOptions,
     ) -> Result<Arc<Pool>, PoolError> {
+        check_kernels()?;
         if !valid_volume_name(name) || name.contains(':') {
             return Err(invalid(format!(
                 "invalid pool name '{name}': use letters, digits, '-', '_', '.'"
@@ -1445,18 +1454,8 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     fn mirror(n: usize) -> (Vec<Arc<TopVdev>>, Vec<Arc<MemDevice>>) {
-        let devs: Vec<Arc<MemDevice>> = (0..n)
-            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20)))
-            .collect();
-        let leaves = devs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, i as u64 + 1)))
-            .collect();
-        (
-            vec![Arc::new(TopVdev::new(0, 9, TopKind::Mirror, leaves))],
-            devs,
-        )
+        let (top, devs) = crate::vdev::top::mem_mirror(n, 9);
+        (vec![Arc::new(top)], devs)
     }
 
     fn fail(writes: bool, flush: bool) -> Faults {

@@ -149,25 +149,35 @@ impl Fletcher4Impl {
         }
     }
 
+    /// The kernel's entry point, if this CPU can run it.
+    pub fn kernel(self) -> Option<fn(&[u8]) -> Fletcher4> {
+        if !self.supported() {
+            return None;
+        }
+        Some(match self {
+            Self::Reference => fletcher4_reference,
+            Self::Unrolled => fletcher4_unrolled,
+            // The pointers are handed out only after `supported()` confirmed the CPU feature
+            // above, and CPU features do not change while the process runs.
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => |d| {
+                // SAFETY: the CPU has AVX2 (checked before this pointer was returned).
+                unsafe { x86::fletcher4_avx2(d) }
+            },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => |d| {
+                // SAFETY: the CPU has AVX-512F (checked before this pointer was returned).
+                unsafe { x86::fletcher4_avx512(d) }
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => return None,
+        })
+    }
+
     /// Runs the kernel; panics if the CPU lacks it (check [`supported`](Self::supported)).
     pub fn run(self, data: &[u8]) -> Fletcher4 {
-        assert!(
-            self.supported(),
-            "fletcher4 {} not supported here",
-            self.name()
-        );
-        match self {
-            Self::Reference => fletcher4_reference(data),
-            Self::Unrolled => fletcher4_unrolled(data),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `supported()` just confirmed the CPU has AVX2.
-            Self::Avx2 => unsafe { x86::fletcher4_avx2(data) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `supported()` just confirmed the CPU has AVX-512F.
-            Self::Avx512 => unsafe { x86::fletcher4_avx512(data) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!(),
-        }
+        let k = self.kernel();
+        k.unwrap_or_else(|| panic!("fletcher4 {} not supported here", self.name()))(data)
     }
 }
 
@@ -224,15 +234,31 @@ fn fastest() -> Fletcher4Impl {
 }
 
 /// Fletcher-4 with the selected kernel. If `ZETA_FLETCHER4_IMPL` names a kernel that cannot
-/// run, the portable kernel is used (the CLI reports the bad setting at start-up).
+/// run, the portable kernel is used (pools refuse to open with the bad setting, so nothing is
+/// written under it). The choice is resolved once; each call is one indirect call.
 pub fn fletcher4(data: &[u8]) -> Fletcher4 {
-    selected().unwrap_or(Fletcher4Impl::Unrolled).run(data)
+    static KERNEL: std::sync::OnceLock<fn(&[u8]) -> Fletcher4> = std::sync::OnceLock::new();
+    let k = KERNEL.get_or_init(|| {
+        selected()
+            .ok()
+            .and_then(Fletcher4Impl::kernel)
+            .unwrap_or(fletcher4_unrolled)
+    });
+    k(data)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{combine_lanes, continue_words, Fletcher4};
     use std::arch::x86_64::*;
+
+    /// Turns the four accumulator vectors (a, b, c, d, each as N lane values) into N lane
+    /// states, folds them, and runs the definition over the bytes the vectors did not cover.
+    fn finish<const N: usize>(sums: [[u64; N]; 4], tail: &[u8]) -> Fletcher4 {
+        let lanes: [Fletcher4; N] =
+            std::array::from_fn(|i| [sums[0][i], sums[1][i], sums[2][i], sums[3][i]]);
+        continue_words(combine_lanes(&lanes), tail)
+    }
 
     /// Four lanes of 64-bit sums; each step loads 16 bytes and widens its four words.
     ///
@@ -258,16 +284,12 @@ mod x86 {
             c = _mm256_add_epi64(c, b);
             d = _mm256_add_epi64(d, c);
         }
-        let mut lanes = [[0u64; 4]; 4];
-        let mut tmp = [[0u64; 4]; 4];
-        for (acc, out) in [a, b, c, d].into_iter().zip(tmp.iter_mut()) {
+        let mut sums = [[0u64; 4]; 4];
+        for (acc, out) in [a, b, c, d].into_iter().zip(sums.iter_mut()) {
             // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
             unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, acc) };
         }
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            *lane = [tmp[0][i], tmp[1][i], tmp[2][i], tmp[3][i]];
-        }
-        continue_words(combine_lanes(&lanes), &data[steps * 16..])
+        finish(sums, &data[steps * 16..])
     }
 
     /// Eight lanes of 64-bit sums; each step loads 32 bytes and widens its eight words.
@@ -295,16 +317,12 @@ mod x86 {
             c = _mm512_add_epi64(c, b);
             d = _mm512_add_epi64(d, c);
         }
-        let mut tmp = [[0u64; 8]; 4];
-        for (acc, out) in [a, b, c, d].into_iter().zip(tmp.iter_mut()) {
+        let mut sums = [[0u64; 8]; 4];
+        for (acc, out) in [a, b, c, d].into_iter().zip(sums.iter_mut()) {
             // SAFETY: `out` is 64 writable bytes; storeu has no alignment requirement.
             unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, acc) };
         }
-        let mut lanes = [[0u64; 4]; 8];
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            *lane = [tmp[0][i], tmp[1][i], tmp[2][i], tmp[3][i]];
-        }
-        continue_words(combine_lanes(&lanes), &data[steps * 32..])
+        finish(sums, &data[steps * 32..])
     }
 }
 

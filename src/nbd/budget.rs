@@ -39,10 +39,6 @@ impl Budget {
             bytes,
         }
     }
-
-    pub fn in_use(&self) -> u64 {
-        self.capacity - *self.available.lock()
-    }
 }
 
 impl Drop for Grant {

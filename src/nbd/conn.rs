@@ -58,6 +58,16 @@ impl Shared {
         let _ = write_all_vectored(&mut s, bufs);
     }
 
+    /// One structured reply chunk flagged DONE.
+    fn send_chunk(&self, req: &Request, kind: u16, parts: &[&[u8]]) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let h = chunk_header(req.cookie, REPLY_FLAG_DONE, kind, len as u32);
+        let mut bufs: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        bufs.push(&h);
+        bufs.extend_from_slice(parts);
+        self.send(&bufs);
+    }
+
     fn reply_ok(&self, req: &Request) {
         self.send(&[&simple_reply_header(req.cookie, 0)]);
     }
@@ -68,13 +78,7 @@ impl Shared {
             p.extend_from_slice(&error.to_be_bytes());
             p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
             p.extend_from_slice(msg.as_bytes());
-            let h = chunk_header(
-                req.cookie,
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_ERROR,
-                p.len() as u32,
-            );
-            self.send(&[&h, &p]);
+            self.send_chunk(req, REPLY_TYPE_ERROR, &[&p]);
         } else {
             self.send(&[&simple_reply_header(req.cookie, error)]);
         }
@@ -82,13 +86,11 @@ impl Shared {
 
     fn reply_data(&self, req: &Request, data: &[u8]) {
         if self.session.structured {
-            let h = chunk_header(
-                req.cookie,
-                REPLY_FLAG_DONE,
+            self.send_chunk(
+                req,
                 REPLY_TYPE_OFFSET_DATA,
-                8 + data.len() as u32,
+                &[&req.offset.to_be_bytes(), data],
             );
-            self.send(&[&h, &req.offset.to_be_bytes(), data]);
         } else {
             self.send(&[&simple_reply_header(req.cookie, 0), data]);
         }
@@ -343,11 +345,5 @@ fn block_status(sh: &Shared, req: &Request) {
         let flags = if x.hole { STATE_HOLE | STATE_ZERO } else { 0 };
         p.extend_from_slice(&flags.to_be_bytes());
     }
-    let h = chunk_header(
-        req.cookie,
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_BLOCK_STATUS,
-        p.len() as u32,
-    );
-    sh.send(&[&h, &p]);
+    sh.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &[&p]);
 }

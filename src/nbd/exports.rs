@@ -28,10 +28,6 @@ impl PoolExports {
         }
     }
 
-    pub fn pools(&self) -> &[Arc<Pool>] {
-        &self.pools
-    }
-
     /// Every export name, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.list().into_iter().map(|e| e.name).collect();
@@ -47,6 +43,7 @@ impl Exports for PoolExports {
             for ds in p.datasets() {
                 out.push(ExportInfo {
                     name: format!("{}/{}", p.name, ds.name),
+                    size: ds.volsize(),
                     description: format!(
                         "zeta volume, {} bytes, {} KiB blocks, {}",
                         ds.volsize(),

@@ -131,7 +131,10 @@ pub fn negotiate<S: Read + Write>(
                     reply_err(s, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")?;
                     continue;
                 }
-                for ExportInfo { name, description } in exports.list() {
+                for ExportInfo {
+                    name, description, ..
+                } in exports.list()
+                {
                     let mut d = Vec::new();
                     d.extend_from_slice(&(name.len() as u32).to_be_bytes());
                     d.extend_from_slice(name.as_bytes());

@@ -24,6 +24,7 @@ pub use server::{Server, ServerConfig, DEFAULT_PORT};
 #[derive(Clone, Debug)]
 pub struct ExportInfo {
     pub name: String,
+    pub size: u64,
     pub description: String,
 }
 

@@ -36,7 +36,6 @@ pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
-pub const REP_ERR_SHUTDOWN: u32 = (1 << 31) + 7;
 pub const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
 
 // Information types of NBD_OPT_INFO / NBD_OPT_GO.
@@ -72,7 +71,6 @@ pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 // Structured reply chunks.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
-pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
@@ -89,9 +87,7 @@ pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
-pub const EOVERFLOW: u32 = 75;
 pub const ENOTSUP: u32 = 95;
-pub const ESHUTDOWN: u32 = 108;
 
 /// The size constraints the server advertises (NBD_INFO_BLOCK_SIZE): requests need only be
 /// sector-aligned; the volume block is the efficient unit; 32 MiB payloads at most.

@@ -104,16 +104,6 @@ impl Server {
         self.addr
     }
 
-    /// Connections past the handshake or in it (not counting refused ones).
-    pub fn connections(&self) -> usize {
-        self.inner.active.load(Ordering::Acquire)
-    }
-
-    /// Bytes of the in-flight budget currently held by requests.
-    pub fn inflight_bytes(&self) -> u64 {
-        self.inner.budget.in_use()
-    }
-
     /// Stops accepting, ends every connection once its started requests have replied, and
     /// waits for all of them.
     pub fn shutdown(mut self) {

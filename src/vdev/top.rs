@@ -147,13 +147,6 @@ impl TopVdev {
         self.settle(results, |c| &c.counters.write_errors)
     }
 
-    /// Flushes every child in parallel, with the same success rule as `write`.
-    pub fn flush(&self) -> Result<(), VdevError> {
-        let results: Vec<Result<(), VdevError>> =
-            self.children.par_iter().map(|c| c.dev.flush()).collect();
-        self.settle(results, |c| &c.counters.write_errors)
-    }
-
     fn settle(
         &self,
         results: Vec<Result<(), VdevError>>,
@@ -231,21 +224,27 @@ impl TopVdev {
     }
 }
 
+/// A mirror of `n` 8 MiB in-memory leaves (guids 1..=n), for unit tests in this crate.
+#[cfg(test)]
+pub(crate) fn mem_mirror(n: usize, guid: u64) -> (TopVdev, Vec<Arc<super::mem::MemDevice>>) {
+    let devs: Vec<Arc<super::mem::MemDevice>> = (0..n)
+        .map(|i| Arc::new(super::mem::MemDevice::new(&format!("m{i}"), 8 << 20)))
+        .collect();
+    let leaves = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, i as u64 + 1)))
+        .collect();
+    (TopVdev::new(0, guid, TopKind::Mirror, leaves), devs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::mem::{Faults, MemDevice};
     use super::*;
 
     fn mirror(n: usize) -> (TopVdev, Vec<Arc<MemDevice>>) {
-        let devs: Vec<Arc<MemDevice>> = (0..n)
-            .map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 8 << 20)))
-            .collect();
-        let leaves = devs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, i as u64 + 1)))
-            .collect();
-        (TopVdev::new(0, 99, TopKind::Mirror, leaves), devs)
+        mem_mirror(n, 99)
     }
 
     #[test]

@@ -188,14 +188,4 @@ impl Zio {
             a.free(d, txg, class);
         }
     }
-
-    /// Flushes every leaf of every top-level vdev, in parallel.
-    pub fn flush_all(&self) -> Result<(), VdevError> {
-        use rayon::prelude::*;
-        self.tops
-            .par_iter()
-            .map(|t| t.flush())
-            .collect::<Result<Vec<()>, VdevError>>()
-            .map(|_| ())
-    }
 }
