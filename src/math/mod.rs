@@ -1,9 +1,10 @@
-//! Math layer: checksums (and, with RAID-Z, parity kernels).
+//! Math layer: checksums and RAID-Z parity kernels.
 //!
 //! Architecture invariant: `math` knows nothing of pools, devices or objects; it maps bytes to
 //! bytes. Every kernel has a scalar reference that tests compare against.
 
 pub mod checksum;
 pub mod fletcher;
+pub mod parity;
 
 pub use checksum::{Checksum, ChecksumKind};
