@@ -169,6 +169,9 @@ pub enum BenchCmd {
     /// A volume on a one-file pool against a raw file of the same size: sequential 1 MiB and
     /// random 4K/16K writes and reads, MB/s and the ratio (median of --runs).
     Vol(BenchVolArgs),
+    /// Parity generation and two-column rebuild per code and kernel, single core, data GB/s
+    /// and the ratio to ISA-L on the same buffers (median of --runs).
+    Parity(BenchParityArgs),
 }
 
 #[derive(Args, Debug)]
@@ -186,4 +189,15 @@ pub struct BenchVolArgs {
     pub runs: usize,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchParityArgs {
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
+    /// Only 4 KiB columns and a tiny time budget (a smoke test, not a measurement).
+    #[arg(long)]
+    pub quick: bool,
 }

@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod bench_cmd;
+pub mod bench_parity;
 pub mod fmt;
 pub mod pool_cmd;
 pub mod serve_cmd;
@@ -26,6 +27,7 @@ pub fn main() -> i32 {
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
+        args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
     };
     match result {
         Ok(()) => 0,
