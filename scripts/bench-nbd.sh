@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# NBD benchmark: fio's nbd engine against (a) `zeta serve` on a one-file pool and (c) `nbdkit
-# file` serving a raw file of the same size on the same disk, in one run, with ratios.
+# NBD benchmark: fio's nbd engine against (a) `zeta serve` on a one-file pool (or, with
+# --layout raidz2, a raidz2 of six files) and (c) `nbdkit file` serving a raw file of the same
+# size on the same disk, in one run, with ratios.
 #
 #   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
+#                        [--layout stripe|raidz2]
 #
 # Each point is fio --rw={read,write,randread,randwrite} at queue depth 32 for --runtime
 # seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
@@ -12,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RUNS=1
+RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RUNS=1 LAYOUT=stripe
 while [ $# -gt 0 ]; do
     case "$1" in
         --runtime) RUNTIME=$2; shift 2 ;;
@@ -20,7 +22,8 @@ while [ $# -gt 0 ]; do
         --dir) DIR=$2; shift 2 ;;
         --bs) BSS=$2; shift 2 ;;
         --runs) RUNS=$2; shift 2 ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        --layout) LAYOUT=$2; shift 2 ;;
+        -h|--help) sed -n 2,14p "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -41,8 +44,16 @@ trap cleanup EXIT
 
 export ZETA_HOME=$WORK/home
 BYTES=$(python3 -c "import sys;u={'K':1<<10,'M':1<<20,'G':1<<30};s=sys.argv[1];print(int(s[:-1])*u[s[-1]] if s[-1] in u else int(s))" "$SIZE")
-LEAF_BYTES=$((BYTES + BYTES / 4 + (256 << 20)))
-$ZETA pool create -o size=$LEAF_BYTES bench "$WORK/leaf" >/dev/null
+case "$LAYOUT" in
+    stripe)
+        LEAF_BYTES=$((BYTES + BYTES / 4 + (256 << 20)))
+        $ZETA pool create -o size=$LEAF_BYTES bench "$WORK/leaf" >/dev/null ;;
+    raidz2)
+        # Four data columns of six: each file holds a quarter of the data plus its parity share.
+        LEAF_BYTES=$((BYTES / 4 + BYTES / 8 + (256 << 20)))
+        $ZETA pool create -o size=$LEAF_BYTES bench raidz2 "$WORK"/leaf{0,1,2,3,4,5} >/dev/null ;;
+    *) echo "unknown layout $LAYOUT (stripe or raidz2)" >&2; exit 2 ;;
+esac
 $ZETA vol create bench/v "$SIZE" >/dev/null
 truncate -s "$BYTES" "$WORK/raw"
 

@@ -71,6 +71,46 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
         &zeta(&home, d, &["pool", "create", "-o", "colour=red", "p", "a"]),
         "unknown property",
     );
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &[
+                "pool",
+                "create",
+                "-o",
+                "size=128M",
+                "p",
+                "raidz2",
+                "a",
+                "b",
+                "c",
+            ],
+        ),
+        "raidz2 needs 4 to 24 devices",
+    );
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &[
+                "pool",
+                "create",
+                "-o",
+                "size=128M",
+                "-o",
+                "raidz2-code=xyz",
+                "p",
+                "raidz2",
+                "a",
+                "b",
+                "c",
+                "d",
+            ],
+        ),
+        "not one of rs, rdp",
+    );
+    assert!(!d.join("a").exists());
 
     ok(&zeta(
         &home,
@@ -157,4 +197,17 @@ fn a_bad_checksum_kernel_override_refuses_to_open_pools() {
         d,
         &["pool", "create", "-o", "size=64M", "p", "leaf"],
     ));
+    // The parity kernel override is checked the same way, when a pool is imported too.
+    let with_parity = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_zeta"))
+            .args(["pool", "status", "p"])
+            .env("ZETA_HOME", &home)
+            .env("ZETA_PARITY_IMPL", value)
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    fails_with(&with_parity("bogus"), "ZETA_PARITY_IMPL");
+    ok(&with_parity("cycle"));
+    ok(&with_parity("scalar"));
 }

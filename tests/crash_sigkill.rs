@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use zeta::dsl::{Pool, PoolOptions, TopSpec};
-use zeta::vdev::{BlockDevice, FileDevice, TopKind};
+use zeta::vdev::{BlockDevice, FileDevice};
 use zeta::zvol::Volume;
 
 const BS: usize = 16384;
@@ -117,15 +117,7 @@ fn sigkill_during_writes_and_flushes() {
                 )
             })
             .collect();
-        let pool = Pool::create(
-            "crash",
-            vec![TopSpec {
-                kind: TopKind::Mirror,
-                leaves,
-            }],
-            opts(),
-        )
-        .unwrap();
+        let pool = Pool::create("crash", vec![TopSpec::mirror(leaves)], opts()).unwrap();
         pool.create_volume("v", BLOCKS * BS as u64, BS as u32, None)
             .unwrap();
         pool.close().unwrap();

@@ -1,5 +1,5 @@
 //! Model-based test: random reads, writes, trims, flushes and restarts on a volume, compared
-//! byte for byte with a plain in-memory model, on stripe, mirror and two-vdev pools.
+//! byte for byte with a plain in-memory model, on stripe, mirror, two-vdev and raidz pools.
 //! A restart is a power cut that drops unflushed writes, so the model keeps the last flushed
 //! image and the test checks the volume returns exactly to it.
 
@@ -25,7 +25,13 @@ fn model_opts() -> zeta::dsl::PoolOptions {
 fn run(layout: Layout, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let ctx = format!("layout {layout:?} seed {seed}");
-    let mut devs = mem_devs(devs_for(layout), 96 * MB);
+    // Wide raidz layouts keep two images per device in memory: smaller devices.
+    let dev_size = if devs_for(layout) > 2 {
+        64 * MB
+    } else {
+        96 * MB
+    };
+    let mut devs = mem_devs(devs_for(layout), dev_size);
     let pool = Pool::create("tank", spec(layout, &devs), model_opts()).expect(&ctx);
     let bs = [4096u32, 16384, 65536][rng.gen_range(0..3)];
     let size = 4 * MB;
@@ -108,4 +114,24 @@ fn model_two_vdevs() {
     for seed in 21..=22 {
         run(Layout::TwoStripes, seed);
     }
+}
+
+#[test]
+fn model_raidz1() {
+    run(Layout::Raidz1, 31);
+}
+
+#[test]
+fn model_raidz2() {
+    run(Layout::Raidz2, 41);
+}
+
+#[test]
+fn model_raidz2_rdp() {
+    run(Layout::Raidz2Rdp, 51);
+}
+
+#[test]
+fn model_raidz3() {
+    run(Layout::Raidz3, 61);
 }

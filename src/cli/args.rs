@@ -46,18 +46,22 @@ pub enum Command {
 
 #[derive(Subcommand, Debug)]
 pub enum PoolCmd {
-    /// Create a pool. VDEV is a path (file or block device) or `mirror PATH PATH...`.
+    /// Create a pool. VDEV is a path (file or block device), `mirror PATH PATH...`, or
+    /// `raidz1|raidz2|raidz3 PATH...` (3 to 24 devices, 1 to 3 of which may fail).
     #[command(
         after_help = "Examples:\n  zeta pool create -o size=1G tank /var/zeta/a\n  \
-                            zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b\n\n\
+                            zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b\n  \
+                            zeta pool create -o size=1G tank raidz2 /var/zeta/d{1,2,3,4,5,6}\n\n\
                             Properties (-o): size=SIZE creates missing file vdevs of that size; \
-                            checksum=fletcher4|sha256 (default fletcher4)."
+                            checksum=fletcher4|sha256 (default fletcher4); \
+                            raidz2-code=rs|rdp: the double-parity code of raidz2 vdevs, \
+                            Reed-Solomon P+Q or row-diagonal parity (default rs)."
     )]
     Create {
         /// Use devices even if they belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Property KEY=VALUE (size=, checksum=).
+        /// Property KEY=VALUE (size=, checksum=, raidz2-code=).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
         pool: String,
@@ -172,6 +176,26 @@ pub enum BenchCmd {
     /// Parity generation and two-column rebuild per code and kernel, single core, data GB/s
     /// and the ratio to ISA-L on the same buffers (median of --runs).
     Parity(BenchParityArgs),
+    /// The RDP paper's experiment: a sequential write to a volume on six file vdevs as raidz1,
+    /// raidz2 (Reed-Solomon) and raidz2 (RDP), against a raw file: MB/s and CPU time.
+    Raidz(BenchRaidzArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchRaidzArgs {
+    /// Bytes written per layout.
+    #[arg(long, default_value = "2G")]
+    pub size: String,
+    /// Volume block size (the paper's file system wrote 128K records).
+    #[arg(long, default_value = "128K")]
+    pub block_size: String,
+    /// Directory for the vdev files (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

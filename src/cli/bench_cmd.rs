@@ -13,7 +13,7 @@ use super::args::BenchVolArgs;
 use super::fmt::parse_size;
 use super::{usage, CliError, Result};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
-use crate::vdev::{BlockDevice, FileDevice, TopKind};
+use crate::vdev::{BlockDevice, FileDevice};
 use crate::zvol::Volume;
 
 /// One target the workloads run against.
@@ -120,13 +120,10 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
     };
     let (cache, dirty) = (opts.cache_bytes, opts.dirty_max_bytes);
     let dev = FileDevice::create(&leaf, size + size / 4 + (64 << 20))?;
-    let spec = vec![TopSpec {
-        kind: TopKind::Stripe,
-        leaves: vec![(
-            Arc::new(dev) as Arc<dyn BlockDevice>,
-            leaf.display().to_string(),
-        )],
-    }];
+    let spec = vec![TopSpec::stripe((
+        Arc::new(dev) as Arc<dyn BlockDevice>,
+        leaf.display().to_string(),
+    ))];
     let pool = Pool::create("bench", spec, opts)?;
     pool.create_volume("v", size, 16384, None)?;
     let vol = Volume::open(&pool, "v")?;

@@ -6,6 +6,7 @@
 pub mod args;
 pub mod bench_cmd;
 pub mod bench_parity;
+pub mod bench_raidz;
 pub mod fmt;
 pub mod pool_cmd;
 pub mod serve_cmd;
@@ -28,6 +29,7 @@ pub fn main() -> i32 {
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
         args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
+        args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),
     };
     match result {
         Ok(()) => 0,

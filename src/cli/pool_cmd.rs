@@ -12,7 +12,7 @@ use super::state::{device_paths, open_devices, Home};
 use super::{usage, CliError, Result};
 use crate::dsl::{probe, Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
-use crate::vdev::{BlockDevice, FileDevice, TopKind};
+use crate::vdev::{BlockDevice, FileDevice, RaidzConfig, TopKind};
 
 pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
     match cmd {
@@ -51,12 +51,15 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
 pub struct CreateProps {
     pub size: Option<u64>,
     pub checksum: ChecksumKind,
+    /// raidz2 vdevs use RDP instead of Reed-Solomon.
+    pub raidz2_rdp: bool,
 }
 
 pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
     let mut out = CreateProps {
         size: None,
         checksum: ChecksumKind::Fletcher4,
+        raidz2_rdp: false,
     };
     for p in props {
         let (k, v) = p
@@ -69,9 +72,16 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
                     usage(format!("checksum '{v}' is not one of fletcher4, sha256"))
                 })?
             }
+            "raidz2-code" => {
+                out.raidz2_rdp = match v {
+                    "rs" => false,
+                    "rdp" => true,
+                    _ => return Err(usage(format!("raidz2-code '{v}' is not one of rs, rdp"))),
+                }
+            }
             _ => {
                 return Err(usage(format!(
-                    "unknown property '{k}' (pool properties: size, checksum)"
+                    "unknown property '{k}' (pool properties: size, checksum, raidz2-code)"
                 )))
             }
         }
@@ -79,25 +89,57 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
     Ok(out)
 }
 
-/// Splits `a mirror b c d` into top-level groups: [a], mirror[b c d].
-pub fn parse_vdevs(words: &[String]) -> Result<Vec<(TopKind, Vec<PathBuf>)>> {
-    let mut out: Vec<(TopKind, Vec<PathBuf>)> = Vec::new();
-    let mut in_mirror = false;
+/// One top-level vdev named on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct VdevGroup {
+    pub kind: TopKind,
+    /// Parity level of a raidz, 0 otherwise.
+    pub nparity: u32,
+    pub paths: Vec<PathBuf>,
+}
+
+/// Splits `a mirror b c raidz2 d e f g` into top-level groups: [a], mirror[b c],
+/// raidz2[d e f g]. A group keyword (`mirror`, `raidz`, `raidz1`, `raidz2`, `raidz3`) takes
+/// every path up to the next keyword.
+pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
+    let mut out: Vec<VdevGroup> = Vec::new();
+    let mut in_group = false;
     for w in words {
-        if w == "mirror" {
-            out.push((TopKind::Mirror, Vec::new()));
-            in_mirror = true;
-        } else if in_mirror {
-            out.last_mut().unwrap().1.push(PathBuf::from(w));
+        let group = match w.as_str() {
+            "mirror" => Some((TopKind::Mirror, 0)),
+            "raidz" | "raidz1" => Some((TopKind::Raidz, 1)),
+            "raidz2" => Some((TopKind::Raidz, 2)),
+            "raidz3" => Some((TopKind::Raidz, 3)),
+            _ => None,
+        };
+        if let Some((kind, nparity)) = group {
+            out.push(VdevGroup {
+                kind,
+                nparity,
+                paths: Vec::new(),
+            });
+            in_group = true;
+        } else if in_group {
+            out.last_mut().unwrap().paths.push(PathBuf::from(w));
         } else {
-            out.push((TopKind::Stripe, vec![PathBuf::from(w)]));
+            out.push(VdevGroup {
+                kind: TopKind::Stripe,
+                nparity: 0,
+                paths: vec![PathBuf::from(w)],
+            });
         }
     }
-    for (kind, paths) in &out {
-        if *kind == TopKind::Mirror && paths.len() < 2 {
-            return Err(usage(
-                "a mirror needs at least two devices: mirror PATH PATH...",
-            ));
+    for g in &out {
+        match g.kind {
+            TopKind::Mirror if g.paths.len() < 2 => {
+                return Err(usage(
+                    "a mirror needs at least two devices: mirror PATH PATH...",
+                ))
+            }
+            TopKind::Raidz => {
+                RaidzConfig::new(g.nparity, g.paths.len(), false).map_err(usage)?;
+            }
+            _ => {}
         }
     }
     if out.is_empty() {
@@ -142,8 +184,8 @@ pub fn create_pool(
     }
     // Check every path before creating anything, so a bad argument leaves no files behind.
     let mut seen = HashSet::new();
-    for (_, paths) in &groups {
-        for p in paths {
+    for g in &groups {
+        for p in &g.paths {
             let abs = absolute(p);
             if !seen.insert(abs.clone()) {
                 return Err(usage(format!("{}: named twice", p.display())));
@@ -159,9 +201,9 @@ pub fn create_pool(
     let mut created: Vec<PathBuf> = Vec::new();
     let result = (|| -> Result<Arc<Pool>> {
         let mut spec = Vec::new();
-        for (kind, paths) in &groups {
+        for g in &groups {
             let mut leaves = Vec::new();
-            for p in paths {
+            for p in &g.paths {
                 let dev = if p.exists() {
                     FileDevice::open(p)?
                 } else {
@@ -174,9 +216,13 @@ pub fn create_pool(
                     absolute(p).display().to_string(),
                 ));
             }
-            spec.push(TopSpec {
-                kind: *kind,
-                leaves,
+            spec.push(match g.kind {
+                TopKind::Raidz => TopSpec::raidz(
+                    RaidzConfig::new(g.nparity, leaves.len(), props.raidz2_rdp).map_err(usage)?,
+                    leaves,
+                ),
+                TopKind::Mirror => TopSpec::mirror(leaves),
+                TopKind::Stripe => TopSpec::stripe(leaves.pop().expect("one device")),
             });
         }
         let opts = PoolOptions {
@@ -353,19 +399,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     let tops: Vec<_> = p
         .vdev_status()
         .into_iter()
-        .map(|t| {
-            let state = if t.missing_devices == 0 {
-                "ONLINE"
-            } else {
-                "DEGRADED"
-            };
-            let mut v = serde_json::to_value(&t).expect("status serializes");
-            v["state"] = json!(state);
-            for l in v["leaves"].as_array_mut().unwrap() {
-                l["state"] = json!("ONLINE");
-            }
-            v
-        })
+        .map(|t| serde_json::to_value(&t).expect("status serializes"))
         .collect();
     let degraded = tops.iter().any(|t| t["state"] != "ONLINE");
     json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
@@ -408,10 +442,10 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             "NAME", "STATE", "READ", "WRITE", "CKSUM"
         );
         for t in st["vdevs"].as_array().unwrap() {
-            let indent = if t["kind"] == "mirror" {
+            let indent = if t["kind"] != "stripe" {
                 println!(
                     "    {:<40} {:>8}",
-                    format!("mirror-{}", t["id"]),
+                    format!("{}-{}", t["name"].as_str().unwrap(), t["id"]),
                     t["state"].as_str().unwrap()
                 );
                 "      "

@@ -1,6 +1,7 @@
 //! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT/SIGTERM.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -67,17 +68,24 @@ pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
     run(cfg, pools, None)
 }
 
-/// The embedded default: the pool `zeta` (a mirror of two 512M files in `dir`) and its volume
-/// `vol0` (256M), created on first use, served on 127.0.0.1:10809.
+/// Devices of the embedded default pool: six files, raidz2 (any two may be lost).
+const UP_DISKS: usize = 6;
+const UP_DISK_SIZE: &str = "256M";
+
+/// The embedded default: the pool `zeta` (a raidz2 of six 256M sparse files in `dir`) and its
+/// volume `vol0` (256M), created on first use, served on 127.0.0.1:10809.
 pub fn up(home: &Home, args: UpArgs) -> Result<()> {
     let cfg = config(&args.net)?;
-    let a = args.dir.join("disk0");
-    let b = args.dir.join("disk1");
+    let disks: Vec<PathBuf> = (0..UP_DISKS)
+        .map(|i| args.dir.join(format!("disk{i}")))
+        .collect();
     let pool = if home.load()?.pools.contains_key(UP_POOL) {
         home.open(UP_POOL)?
-    } else if a.exists() {
-        // The files exist but this state directory does not know them: import.
-        let devs = super::state::open_devices(&[a.clone(), b.clone()])?;
+    } else if disks[0].exists() {
+        // The files exist but this state directory does not know them: import from those
+        // present (a pool made by an older zeta may have fewer).
+        let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
+        let devs = super::state::open_devices(&present)?;
         let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
         home.remember(&p, super::state::device_paths(&p))?;
         p
@@ -86,16 +94,14 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
             path: args.dir.display().to_string(),
             source: e,
         })?;
-        let words = vec![
-            "mirror".to_string(),
-            a.display().to_string(),
-            b.display().to_string(),
-        ];
-        let p = create_pool(home, false, &["size=512M".to_string()], UP_POOL, &words)?;
+        let words: Vec<String> = std::iter::once("raidz2".to_string())
+            .chain(disks.iter().map(|d| d.display().to_string()))
+            .collect();
+        let size = format!("size={UP_DISK_SIZE}");
+        let p = create_pool(home, false, &[size], UP_POOL, &words)?;
         println!(
-            "created pool '{UP_POOL}': a mirror of {} and {}",
-            a.display(),
-            b.display()
+            "created pool '{UP_POOL}': raidz2 of {UP_DISKS} files of {UP_DISK_SIZE} in {}",
+            args.dir.display()
         );
         p
     };

@@ -26,7 +26,7 @@ use crate::spa::label::{
 use crate::spa::metaslab::ms_shift_for;
 use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
 use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
-use crate::vdev::{BlockDevice, Leaf, TopKind, TopVdev, VdevError};
+use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
 use crate::zio::{WriteProps, Zio, ZioError};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -106,6 +106,34 @@ impl Default for PoolOptions {
 pub struct TopSpec {
     pub kind: TopKind,
     pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
+    /// For a raidz: its parity level and code.
+    pub raidz: Option<RaidzConfig>,
+}
+
+impl TopSpec {
+    pub fn stripe(leaf: (Arc<dyn BlockDevice>, String)) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Stripe,
+            leaves: vec![leaf],
+            raidz: None,
+        }
+    }
+
+    pub fn mirror(leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Mirror,
+            leaves,
+            raidz: None,
+        }
+    }
+
+    pub fn raidz(config: RaidzConfig, leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Raidz,
+            leaves,
+            raidz: Some(config),
+        }
+    }
 }
 
 /// Error counters of one leaf, for status displays.
@@ -117,6 +145,8 @@ pub struct LeafStatus {
     pub write_errors: u64,
     pub cksum_errors: u64,
     pub repaired_bytes: u64,
+    /// ONLINE, or UNAVAIL for a device the config names but import did not find.
+    pub state: &'static str,
 }
 
 /// One top-level vdev as status displays show it.
@@ -124,8 +154,13 @@ pub struct LeafStatus {
 pub struct TopStatus {
     pub id: u32,
     pub kind: TopKind,
+    /// stripe, mirror, raidz1, raidz2, raidz2-rdp, raidz3.
+    pub name: String,
+    /// ONLINE; DEGRADED when devices are missing but redundancy covers them.
+    pub state: &'static str,
     /// Leaves named in the config but not found at import.
     pub missing_devices: usize,
+    /// Every leaf of the config, in order (for a raidz, column order).
     pub leaves: Vec<LeafStatus>,
 }
 
@@ -219,12 +254,12 @@ fn random_guid() -> u64 {
     }
 }
 
-/// A pool opens only if the checksum kernels the environment selects can run: a bad
-/// `ZETA_FLETCHER4_IMPL` is a clear error here, before anything is read or written.
+/// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
+/// `ZETA_FLETCHER4_IMPL` or `ZETA_PARITY_IMPL` is a clear error here, before anything is read
+/// or written.
 fn check_kernels() -> Result<(), PoolError> {
-    crate::math::fletcher::selected()
-        .map(|_| ())
-        .map_err(PoolError::Invalid)
+    crate::math::fletcher::selected().map_err(PoolError::Invalid)?;
+    crate::math::parity::check_override().map_err(|e| PoolError::Invalid(e.to_string()))
 }
 
 fn invalid(msg: impl Into<String>) -> PoolError {
@@ -261,6 +296,17 @@ impl Pool {
                 }
                 _ => {}
             }
+            if (top.kind == TopKind::Raidz) != top.raidz.is_some() {
+                return Err(invalid(
+                    "raidz parameters given for a vdev that is no raidz",
+                ));
+            }
+            if let Some(rz) = &top.raidz {
+                // Re-derive the checks the config's constructor makes: a spec may come from
+                // elsewhere than the CLI.
+                RaidzConfig::new(rz.nparity, top.leaves.len(), false)
+                    .map_err(PoolError::Invalid)?;
+            }
             let mut leaves = Vec::new();
             let mut children = Vec::new();
             for (dev, path) in top.leaves {
@@ -281,7 +327,16 @@ impl Pool {
                 });
                 leaves.push(Arc::new(leaf));
             }
-            let vdev = TopVdev::new(id as u32, random_guid(), top.kind, leaves);
+            let vdev = match top.raidz {
+                Some(rz) => TopVdev::new_raidz(
+                    id as u32,
+                    random_guid(),
+                    rz,
+                    leaves.into_iter().map(Some).collect(),
+                )
+                .map_err(PoolError::Invalid)?,
+                None => TopVdev::new(id as u32, random_guid(), top.kind, leaves),
+            };
             let shift = ms_shift_for(vdev.asize_bytes);
             tops_cfg.push(TopConfig {
                 id: id as u32,
@@ -291,6 +346,7 @@ impl Pool {
                 ms_shift: shift,
                 ms_count: vdev.asize_bytes.div_ceil(1 << shift) as u32,
                 children,
+                raidz: top.raidz,
             });
             tops.push(Arc::new(vdev));
         }
@@ -387,6 +443,7 @@ impl Pool {
         name: Option<&str>,
         opts: PoolOptions,
     ) -> Result<Arc<Pool>, PoolError> {
+        check_kernels()?;
         // Read every device's labels and group them by pool.
         let mut pools: HashMap<u64, Vec<Member>> = HashMap::new();
         let mut unreadable = Vec::new();
@@ -458,27 +515,50 @@ impl Pool {
         }
         let mut tops = Vec::new();
         for t in config.tops.iter_mut() {
-            let mut leaves = Vec::new();
+            // Each leaf holds the whole vdev's space, or its share of a raidz's.
+            let leaf_asize = match &t.raidz {
+                Some(_) => t.asize / t.children.len() as u64,
+                None => t.asize,
+            };
+            let mut slots: Vec<Option<Arc<Leaf>>> = Vec::new();
             let mut missing = Vec::new();
             for c in t.children.iter_mut() {
                 match by_guid.get(&c.guid) {
                     Some((dev, path)) => {
                         if dev.len_bytes() < MIN_LEAF_BYTES
                             || crate::vdev::layout::usable_bytes(dev.len_bytes()).unwrap_or(0)
-                                < t.asize
+                                < leaf_asize
                         {
                             return Err(cannot(format!("{path}: device is smaller than when the pool was created (truncated?)")));
                         }
                         c.path = path.clone();
-                        leaves.push(Arc::new(Leaf::new(dev.clone(), c.guid)));
+                        slots.push(Some(Arc::new(Leaf::new(dev.clone(), c.guid))));
                     }
-                    None => missing.push(c.path.clone()),
+                    None => {
+                        missing.push(c.path.clone());
+                        slots.push(None);
+                    }
                 }
             }
-            if leaves.is_empty() || (t.kind == TopKind::Stripe && !missing.is_empty()) {
-                return Err(cannot(format!("missing device(s): {}", missing.join(", "))));
+            let tolerable = match (&t.raidz, t.kind) {
+                (Some(rz), _) => rz.nparity as usize,
+                (None, TopKind::Mirror) => t.children.len() - 1,
+                _ => 0,
+            };
+            if missing.len() > tolerable {
+                return Err(cannot(format!(
+                    "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}",
+                    t.id,
+                    t.kind_name(),
+                    missing.len(),
+                    t.children.len(),
+                    missing.join(", ")
+                )));
             }
-            let vdev = TopVdev::new(t.id, t.guid, t.kind, leaves);
+            let vdev = match t.raidz {
+                Some(rz) => TopVdev::new_raidz(t.id, t.guid, rz, slots).map_err(&cannot)?,
+                None => TopVdev::new(t.id, t.guid, t.kind, slots.into_iter().flatten().collect()),
+            };
             if vdev.asize_bytes < t.asize {
                 return Err(cannot(format!("vdev {} is smaller than recorded", t.id)));
             }
@@ -543,27 +623,34 @@ impl Pool {
             .tops
             .iter()
             .zip(&cfg.tops)
-            .map(|(t, tc)| TopStatus {
-                id: t.id,
-                kind: t.kind,
-                missing_devices: tc.children.len() - t.children.len(),
-                leaves: t
-                    .children
-                    .iter()
-                    .map(|l| LeafStatus {
-                        path: tc
-                            .children
-                            .iter()
-                            .find(|c| c.guid == l.guid)
-                            .map(|c| c.path.clone())
-                            .unwrap_or_default(),
-                        guid: l.guid,
-                        read_errors: l.counters.read_errors.load(Ordering::Relaxed),
-                        write_errors: l.counters.write_errors.load(Ordering::Relaxed),
-                        cksum_errors: l.counters.cksum_errors.load(Ordering::Relaxed),
-                        repaired_bytes: l.counters.repaired_bytes.load(Ordering::Relaxed),
-                    })
-                    .collect(),
+            .map(|(t, tc)| {
+                let missing = tc.children.len() - t.children.len();
+                TopStatus {
+                    id: t.id,
+                    kind: t.kind,
+                    name: tc.kind_name(),
+                    state: if missing == 0 { "ONLINE" } else { "DEGRADED" },
+                    missing_devices: missing,
+                    leaves: tc
+                        .children
+                        .iter()
+                        .map(|c| {
+                            let leaf = t.children.iter().find(|l| l.guid == c.guid);
+                            let n = |f: fn(&Leaf) -> &AtomicU64| {
+                                leaf.map_or(0, |l| f(l).load(Ordering::Relaxed))
+                            };
+                            LeafStatus {
+                                path: c.path.clone(),
+                                guid: c.guid,
+                                read_errors: n(|l| &l.counters.read_errors),
+                                write_errors: n(|l| &l.counters.write_errors),
+                                cksum_errors: n(|l| &l.counters.cksum_errors),
+                                repaired_bytes: n(|l| &l.counters.repaired_bytes),
+                                state: if leaf.is_some() { "ONLINE" } else { "UNAVAIL" },
+                            }
+                        })
+                        .collect(),
+                }
             })
             .collect()
     }
@@ -731,7 +818,7 @@ impl Pool {
         for attempt in 0..4 {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
-            let dirty = self.dirty_bytes() + len;
+            let dirty = (self.dirty_bytes() + len) * self.io.zio.max_inflation();
             let need = dirty + dirty / 8 + slop;
             if space.free >= need {
                 return Ok(());

@@ -272,7 +272,7 @@ fn error_code(e: &VolError) -> u32 {
             source: PoolError::NoSpace(_),
             ..
         } => ENOSPC,
-        VolError::Pool { .. } => EIO,
+        VolError::Pool { .. } | VolError::Unreadable { .. } => EIO,
     }
 }
 

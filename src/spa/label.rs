@@ -11,7 +11,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::bp::BlkPtr;
 use crate::math::ChecksumKind;
-use crate::vdev::{Leaf, TopKind, VdevError, LABEL_COUNT, LABEL_SIZE};
+use crate::vdev::{Leaf, RaidzConfig, TopKind, VdevError, LABEL_COUNT, LABEL_SIZE};
 
 pub const FORMAT_VERSION: u64 = 1;
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"ZETALABL");
@@ -72,6 +72,22 @@ pub struct TopConfig {
     pub ms_shift: u32,
     pub ms_count: u32,
     pub children: Vec<LeafConfig>,
+    /// Parity level and code of a raidz vdev (children in column order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raidz: Option<RaidzConfig>,
+}
+
+impl TopConfig {
+    /// How `zeta pool status` names the vdev: stripe, mirror, raidz2, raidz2-rdp...
+    pub fn kind_name(&self) -> String {
+        match (&self.raidz, self.kind) {
+            (Some(rz), _) => match rz.code {
+                crate::vdev::RaidzCode::Rdp { .. } => format!("raidz{}-rdp", rz.nparity),
+                _ => format!("raidz{}", rz.nparity),
+            },
+            (None, k) => format!("{k:?}").to_lowercase(),
+        }
+    }
 }
 
 /// The pool configuration every label carries (the whole vdev tree, so any one leaf can
@@ -329,6 +345,7 @@ mod tests {
             checksum: ChecksumKind::Fletcher4,
             leaf_guid: 7,
             tops: vec![TopConfig {
+                raidz: None,
                 id: 0,
                 guid: 9,
                 kind: TopKind::Stripe,

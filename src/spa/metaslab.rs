@@ -157,23 +157,39 @@ impl Allocator {
     }
 
     /// Allocates `copies` copies of `asize` bytes, on distinct top-level vdevs where the pool
-    /// has them, else spread apart on the same one.
+    /// has them, else spread apart on the same one. For pools whose vdevs all store a block
+    /// in its own size (no raidz); see `alloc_sized`.
     pub fn alloc(
         &mut self,
         asize: u64,
         copies: usize,
         class: AllocClass,
     ) -> Result<Vec<Dva>, AllocError> {
-        assert!(asize > 0 && asize.is_multiple_of(SECTOR) && (1..=3).contains(&copies));
+        self.alloc_sized(asize, copies, class, &|_, psize| psize)
+    }
+
+    /// Allocates `copies` copies of a block of `psize` bytes; `asize_of(vdev, psize)` says how
+    /// many bytes it takes on each vdev (a raidz adds its parity).
+    pub fn alloc_sized(
+        &mut self,
+        psize: u64,
+        copies: usize,
+        class: AllocClass,
+        asize_of: &dyn Fn(u32, u64) -> u64,
+    ) -> Result<Vec<Dva>, AllocError> {
+        assert!(psize > 0 && psize.is_multiple_of(SECTOR) && (1..=3).contains(&copies));
         let n = self.tops.len();
         let mut dvas: Vec<Dva> = Vec::with_capacity(copies);
         let first = self.rotor;
+        let mut total = 0;
         for copy in 0..copies {
             let mut placed = None;
             for k in 0..n {
                 let v = (first + copy + k) % n;
                 let hint = if copies > 1 && n == 1 { copy } else { 0 };
+                let asize = asize_of(v as u32, psize);
                 if let Some(off) = self.alloc_on(v, asize, hint, copies) {
+                    total += asize;
                     placed = Some(Dva::new(v as u32, off, asize as u32));
                     break;
                 }
@@ -185,13 +201,14 @@ impl Allocator {
                     for d in &dvas {
                         self.unalloc(d);
                     }
-                    return Err(AllocError::NoSpace(asize));
+                    return Err(AllocError::NoSpace(psize));
                 }
             }
         }
         for d in &dvas {
             let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
             let ms = &mut self.tops[d.vdev.get() as usize].metaslabs[ms_i];
+            let asize = d.asize.get() as u64;
             match class {
                 AllocClass::Recorded => ms.pending.push(SmRecord {
                     offset: d.offset.get(),
@@ -201,7 +218,7 @@ impl Allocator {
                 AllocClass::Mos => ms.mos.add(d.offset.get(), asize),
             }
         }
-        self.rotor_bytes += asize;
+        self.rotor_bytes += total;
         if self.rotor_bytes >= ROTOR_STRIDE {
             self.rotor_bytes = 0;
             self.rotor = (self.rotor + 1) % n;

@@ -23,6 +23,9 @@ pub enum VdevError {
     },
     #[error("no healthy copy: every child failed ({0})")]
     AllCopiesFailed(String),
+    /// More columns of a raidz stripe are lost than its parity can rebuild.
+    #[error("{0}")]
+    Damaged(String),
 }
 
 impl VdevError {

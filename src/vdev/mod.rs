@@ -8,12 +8,14 @@ pub mod device;
 pub mod file;
 pub mod layout;
 pub mod mem;
+pub mod raidz;
 pub mod top;
 
 pub use device::{BlockDevice, VdevError};
 pub use file::FileDevice;
 pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use mem::MemDevice;
+pub use raidz::{RaidzCode, RaidzConfig};
 pub use top::{Leaf, LeafCounters, ReadReport, TopKind, TopVdev};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -1,5 +1,6 @@
-//! Top-level vdevs: a `stripe` of one leaf or a `mirror` of several. Offsets given to a
-//! top-level vdev count from the start of the allocatable area; the leaf adds its label reserve.
+//! Top-level vdevs: a `stripe` of one leaf, a `mirror` of several, or a `raidz` (see
+//! `vdev::raidz`). Offsets given to a top-level vdev count from the start of its allocatable
+//! area; the leaf adds its label reserve.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use rayon::prelude::*;
 
 use super::device::{BlockDevice, VdevError};
 use super::layout::{label_offset, usable_bytes, LABEL_SIZE, RESERVE_BYTES, SECTOR};
+use super::raidz::{Raidz, RaidzConfig};
 
 /// Error counters of one leaf, as `zeta pool status` shows them.
 #[derive(Default, Debug)]
@@ -92,6 +94,7 @@ impl Leaf {
 pub enum TopKind {
     Stripe,
     Mirror,
+    Raidz,
 }
 
 /// What a verified read had to do to return good data.
@@ -106,9 +109,12 @@ pub struct TopVdev {
     pub id: u32,
     pub guid: u64,
     pub kind: TopKind,
+    /// The leaves present, in config order (a raidz also knows which positions are missing).
     pub children: Vec<Arc<Leaf>>,
-    /// Allocatable bytes: the smallest child's usable area, rounded down to a sector.
+    /// Allocatable bytes: the smallest child's usable area, rounded down to a sector (for a
+    /// raidz, that times the number of children).
     pub asize_bytes: u64,
+    pub raidz: Option<Raidz>,
     rotor: AtomicUsize,
 }
 
@@ -128,14 +134,52 @@ impl TopVdev {
             kind,
             children,
             asize_bytes: asize / SECTOR * SECTOR,
+            raidz: None,
             rotor: AtomicUsize::new(0),
+        }
+    }
+
+    /// Builds a raidz vdev from its children by position, None where a device is missing.
+    /// Errors if the code cannot serve this many children.
+    pub fn new_raidz(
+        id: u32,
+        guid: u64,
+        config: RaidzConfig,
+        slots: Vec<Option<Arc<Leaf>>>,
+    ) -> Result<TopVdev, String> {
+        let children: Vec<Arc<Leaf>> = slots.iter().flatten().cloned().collect();
+        let per_child = children
+            .iter()
+            .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
+            .min()
+            .ok_or("a raidz vdev with no devices present")?;
+        let width = slots.len() as u64;
+        Ok(TopVdev {
+            id,
+            guid,
+            kind: TopKind::Raidz,
+            children,
+            asize_bytes: per_child / SECTOR * SECTOR * width,
+            raidz: Some(Raidz::new(config, slots)?),
+            rotor: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes a block of `psize` bytes takes on this vdev (parity included).
+    pub fn asize_of(&self, psize: u64) -> u64 {
+        match &self.raidz {
+            Some(rz) => rz.geom.asize(psize),
+            None => psize,
         }
     }
 
     /// Writes to every child in parallel. A mirror write succeeds if at least one child took
     /// it (the others count a write error); a stripe write fails with its leaf.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
-        debug_assert!(offset + data.len() as u64 <= self.asize_bytes);
+        debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
+        if let Some(rz) = &self.raidz {
+            return rz.write(offset, data);
+        }
         let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
             vec![self.children[0].write_data(data, offset)]
         } else {
@@ -178,6 +222,9 @@ impl TopVdev {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
+        if let Some(rz) = &self.raidz {
+            return rz.read_verified(offset, buf, verify);
+        }
         let n = self.children.len();
         let start = if n > 1 {
             self.rotor.fetch_add(1, Ordering::Relaxed) % n

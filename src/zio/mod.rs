@@ -76,10 +76,12 @@ impl Zio {
             data.len()
         );
         let checksum = props.checksum.compute(data);
-        let dvas = self
-            .alloc
-            .lock()
-            .alloc(data.len() as u64, props.copies, props.class)?;
+        let dvas = self.alloc.lock().alloc_sized(
+            data.len() as u64,
+            props.copies,
+            props.class,
+            &|v, psize| self.tops[v as usize].asize_of(psize),
+        )?;
         let results: Vec<Result<(), VdevError>> = if dvas.len() == 1 {
             vec![self.issue_write(&dvas[0], data)]
         } else {
@@ -145,7 +147,8 @@ impl Zio {
                 errors.push(format!("copy on unknown vdev {}", d.vdev.get()));
                 continue;
             };
-            if d.asize.get() as usize != psize || d.offset.get() + psize as u64 > top.asize_bytes {
+            let asize = top.asize_of(psize as u64);
+            if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
                 errors.push(format!(
                     "copy at vdev {} offset {} is out of range",
                     d.vdev.get(),
@@ -179,6 +182,16 @@ impl Zio {
             errors.push("block pointer has no copies".into());
         }
         Err(fail(errors.join("; ")))
+    }
+
+    /// The most a block can grow on its way to disk, as a factor: a raidz stores the smallest
+    /// block with `nparity` parity sectors beside it; other vdevs store blocks as they are.
+    pub fn max_inflation(&self) -> u64 {
+        self.tops
+            .iter()
+            .map(|t| t.raidz.as_ref().map_or(1, |r| r.nparity() as u64 + 1))
+            .max()
+            .unwrap_or(1)
     }
 
     /// Frees every copy of a block in txg `txg`.

@@ -26,6 +26,14 @@ pub enum VolError {
     },
     #[error("{vol}: {source}")]
     Pool { vol: String, source: PoolError },
+    /// A block of the volume could not be read back intact: the range it covers is lost.
+    #[error("{vol}: bytes {start}..{end} are unreadable: {source}")]
+    Unreadable {
+        vol: String,
+        start: u64,
+        end: u64,
+        source: PoolError,
+    },
 }
 
 /// A run of a volume that is all data or all hole.
@@ -101,7 +109,15 @@ impl Volume {
         self.ds
             .object
             .read_block(&self.pool.io, blkid)
-            .map_err(|e| self.err(e.into()))
+            .map_err(|e| {
+                let bs = self.block_size();
+                VolError::Unreadable {
+                    vol: self.full_name.clone(),
+                    start: blkid * bs,
+                    end: (blkid + 1) * bs,
+                    source: e.into(),
+                }
+            })
     }
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use zeta::dsl::{Pool, PoolOptions, TopSpec};
 use zeta::vdev::mem::{MemDevice, PowerCut};
-use zeta::vdev::{BlockDevice, TopKind};
+use zeta::vdev::{BlockDevice, RaidzConfig};
 
 pub mod nbd_client;
 
@@ -39,33 +39,42 @@ pub enum Layout {
     Stripe,
     Mirror,
     TwoStripes,
+    /// raidz1 of 3 devices.
+    Raidz1,
+    /// raidz2 (Reed-Solomon) of 6 devices.
+    Raidz2,
+    /// raidz2 with the RDP code, 6 devices.
+    Raidz2Rdp,
+    /// raidz3 of 7 devices.
+    Raidz3,
 }
 
 pub fn spec(layout: Layout, devs: &[Arc<MemDevice>]) -> Vec<TopSpec> {
     let leaves = as_leaves(devs);
+    let raidz = |np: u32, rdp: bool| {
+        vec![TopSpec::raidz(
+            RaidzConfig::new(np, leaves.len(), rdp).unwrap(),
+            leaves.clone(),
+        )]
+    };
     match layout {
-        Layout::Stripe => vec![TopSpec {
-            kind: TopKind::Stripe,
-            leaves,
-        }],
-        Layout::Mirror => vec![TopSpec {
-            kind: TopKind::Mirror,
-            leaves,
-        }],
-        Layout::TwoStripes => leaves
-            .into_iter()
-            .map(|l| TopSpec {
-                kind: TopKind::Stripe,
-                leaves: vec![l],
-            })
-            .collect(),
+        Layout::Stripe => vec![TopSpec::stripe(leaves[0].clone())],
+        Layout::Mirror => vec![TopSpec::mirror(leaves)],
+        Layout::TwoStripes => leaves.into_iter().map(TopSpec::stripe).collect(),
+        Layout::Raidz1 => raidz(1, false),
+        Layout::Raidz2 => raidz(2, false),
+        Layout::Raidz2Rdp => raidz(2, true),
+        Layout::Raidz3 => raidz(3, false),
     }
 }
 
 pub fn devs_for(layout: Layout) -> usize {
     match layout {
         Layout::Stripe => 1,
-        _ => 2,
+        Layout::Mirror | Layout::TwoStripes => 2,
+        Layout::Raidz1 => 3,
+        Layout::Raidz2 | Layout::Raidz2Rdp => 6,
+        Layout::Raidz3 => 7,
     }
 }
 

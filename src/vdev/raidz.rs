@@ -1,0 +1,618 @@
+//! RAID-Z: a top-level vdev whose children hold data and parity columns.
+//!
+//! Every block is its own full stripe (variable width): a block of `s` data sectors becomes
+//! `ceil(s / ndata)` rows of `ndata` data sectors plus `nparity` parity sectors, its columns on
+//! consecutive children. A write never reads or modifies another block's stripe, so there is
+//! no read-modify-write and no write hole: copy-on-write gives every block fresh sectors.
+//!
+//! ## Address space
+//! The vdev's offsets count sectors across the children row by row: sector `b` of the vdev is
+//! sector `b / width` of child `b % width`. A block allocated at sector `b` starts its first
+//! column on child `b % width`; column `c` is on child `(b + c) % width`, one row lower when
+//! it wraps past the last child. Its columns cover exactly the vdev sectors `b .. b + total`,
+//! so an allocation of `asize(psize)` sectors from the metaslab allocator holds it. The
+//! allocation is rounded up to a multiple of `nparity + 1` sectors: the smallest block takes
+//! `1 + nparity` sectors, so no free fragment is ever too small for one.
+//!
+//! ## Columns
+//! Parity columns come first (as the RDP paper lays them out, so that the short columns a
+//! ragged stripe ends with are data columns, which count as zero-padded in the codes). The
+//! first `(s % ndata) + nparity` columns are one sector longer than the rest when `s` is not a
+//! multiple of `ndata`; every parity column has the length of the longest column. Data column
+//! `k` holds bytes `[start_k, start_k + len_k)` of the block, in order, so reads land directly
+//! in the caller's buffer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::device::VdevError;
+use super::layout::SECTOR;
+use super::top::{Leaf, ReadReport};
+use crate::math::parity::{Code, Codec};
+
+/// The parity code of a raidz vdev, as its label records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "lowercase")]
+pub enum RaidzCode {
+    /// raidz1: P = XOR.
+    Xor,
+    /// Reed-Solomon P+Q (raidz2) or P+Q+R (raidz3) over GF(2^8).
+    Rs,
+    /// Row-diagonal parity (raidz2) with prime `p`.
+    Rdp { p: u32 },
+}
+
+impl RaidzCode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RaidzCode::Xor => "xor",
+            RaidzCode::Rs => "rs",
+            RaidzCode::Rdp { .. } => "rdp",
+        }
+    }
+}
+
+/// What the label says about a raidz vdev beyond its children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaidzConfig {
+    pub nparity: u32,
+    #[serde(flatten)]
+    pub code: RaidzCode,
+}
+
+/// Widest raidz vdev zeta builds.
+pub const MAX_WIDTH: usize = 24;
+
+impl RaidzConfig {
+    /// The config for a new raidz vdev of `width` children: raidz1 uses XOR, raidz3 RS, and
+    /// raidz2 the code asked for (RDP with the smallest prime that fits the widest stripe).
+    pub fn new(nparity: u32, width: usize, rdp: bool) -> Result<RaidzConfig, String> {
+        if !(1..=3).contains(&nparity) {
+            return Err(format!("raidz{nparity}: parity must be 1, 2 or 3"));
+        }
+        if !(3..=MAX_WIDTH).contains(&width) || width <= nparity as usize + 1 {
+            return Err(format!(
+                "raidz{nparity} needs {} to {MAX_WIDTH} devices, got {width}",
+                (nparity as usize + 2).max(3)
+            ));
+        }
+        let code = match (nparity, rdp) {
+            (1, _) => RaidzCode::Xor,
+            (2, true) => {
+                let p = crate::math::parity::rdp_prime_for(width - 2)
+                    .ok_or_else(|| format!("no RDP prime for {width} devices"))?;
+                RaidzCode::Rdp { p }
+            }
+            (3, true) => return Err("RDP is a double-parity code; raidz3 uses RS".into()),
+            _ => RaidzCode::Rs,
+        };
+        Ok(RaidzConfig { nparity, code })
+    }
+
+    pub fn codec(&self) -> Result<Codec, String> {
+        let code = match self.code {
+            RaidzCode::Xor => Code::Xor,
+            RaidzCode::Rs => Code::Rs,
+            RaidzCode::Rdp { p } => Code::Rdp { p },
+        };
+        Codec::new(code, self.nparity as usize).map_err(|e| e.to_string())
+    }
+}
+
+/// The shape of a raidz vdev: how many children, how many of each stripe's columns are parity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaidzGeom {
+    pub width: u64,
+    pub nparity: u64,
+}
+
+/// One column of a block's stripe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// Index of the child (slot) holding it.
+    pub child: usize,
+    /// Byte offset in the child's data area.
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// Where a block's columns lie: `cols[..nparity]` parity, the rest data in block order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripeMap {
+    pub cols: Vec<Column>,
+    pub nparity: usize,
+}
+
+impl StripeMap {
+    pub fn parity_len(&self) -> usize {
+        self.cols[0].len
+    }
+
+    pub fn data_cols(&self) -> &[Column] {
+        &self.cols[self.nparity..]
+    }
+
+    /// Lengths of the data columns, in block order.
+    pub fn data_lens(&self) -> Vec<usize> {
+        self.data_cols().iter().map(|c| c.len).collect()
+    }
+}
+
+impl RaidzGeom {
+    pub fn new(width: usize, nparity: u32) -> RaidzGeom {
+        assert!(width > nparity as usize + 1);
+        RaidzGeom {
+            width: width as u64,
+            nparity: nparity as u64,
+        }
+    }
+
+    fn ndata(&self) -> u64 {
+        self.width - self.nparity
+    }
+
+    /// Sectors a block of `psize` bytes occupies with its parity, before rounding.
+    fn sectors(&self, psize: u64) -> u64 {
+        let s = psize.div_ceil(SECTOR);
+        s + self.nparity * s.div_ceil(self.ndata())
+    }
+
+    /// Bytes to allocate for a block of `psize` bytes: data plus parity sectors, rounded up
+    /// to a multiple of `nparity + 1` sectors.
+    pub fn asize(&self, psize: u64) -> u64 {
+        let unit = self.nparity + 1;
+        self.sectors(psize).div_ceil(unit) * unit * SECTOR
+    }
+
+    /// The columns of a block of `psize` bytes (a whole number of sectors) allocated at vdev
+    /// byte offset `offset`.
+    pub fn map(&self, offset: u64, psize: u64) -> StripeMap {
+        debug_assert!(offset.is_multiple_of(SECTOR) && psize.is_multiple_of(SECTOR) && psize > 0);
+        let b = offset / SECTOR;
+        let s = psize / SECTOR;
+        let (q, r) = (s / self.ndata(), s % self.ndata());
+        // Columns that get one sector more than the others (parity included).
+        let big = if r == 0 { 0 } else { r + self.nparity };
+        let ncols = if q == 0 { big } else { self.width };
+        let first = b % self.width;
+        let row = b / self.width;
+        let cols = (0..ncols)
+            .map(|c| {
+                let pos = first + c;
+                let (child, row) = if pos >= self.width {
+                    (pos - self.width, row + 1)
+                } else {
+                    (pos, row)
+                };
+                let sectors = if c < big { q + 1 } else { q };
+                Column {
+                    child: child as usize,
+                    offset: row * SECTOR,
+                    len: (sectors * SECTOR) as usize,
+                }
+            })
+            .collect();
+        StripeMap {
+            cols,
+            nparity: self.nparity as usize,
+        }
+    }
+}
+
+/// The I/O half of a raidz vdev: its children by position (None where a device is missing)
+/// and its codec.
+pub struct Raidz {
+    pub config: RaidzConfig,
+    pub geom: RaidzGeom,
+    codec: Codec,
+    pub slots: Vec<Option<Arc<Leaf>>>,
+}
+
+/// How the columns of one read fared.
+struct ColumnRead {
+    /// Columns that could not be read (device missing or I/O error).
+    failed: Vec<usize>,
+    errors: Vec<String>,
+}
+
+fn split_lens<'a>(mut buf: &'a [u8], lens: &[usize]) -> Vec<&'a [u8]> {
+    lens.iter()
+        .map(|&n| {
+            let (head, rest) = buf.split_at(n);
+            buf = rest;
+            head
+        })
+        .collect()
+}
+
+fn split_lens_mut<'a>(mut buf: &'a mut [u8], lens: &[usize]) -> Vec<&'a mut [u8]> {
+    lens.iter()
+        .map(|&n| {
+            let (head, rest) = std::mem::take(&mut buf).split_at_mut(n);
+            buf = rest;
+            head
+        })
+        .collect()
+}
+
+/// Calls `f` with every combination of `k` elements of `items`, in lexicographic order,
+/// until it returns true; returns whether it did.
+fn any_combination(items: &[usize], k: usize, f: &mut dyn FnMut(&[usize]) -> bool) -> bool {
+    fn go(
+        items: &[usize],
+        k: usize,
+        start: usize,
+        cur: &mut Vec<usize>,
+        f: &mut dyn FnMut(&[usize]) -> bool,
+    ) -> bool {
+        if cur.len() == k {
+            return f(cur);
+        }
+        for i in start..items.len() {
+            cur.push(items[i]);
+            if go(items, k, i + 1, cur, f) {
+                return true;
+            }
+            cur.pop();
+        }
+        false
+    }
+    go(items, k, 0, &mut Vec::with_capacity(k), f)
+}
+
+impl Raidz {
+    pub fn new(config: RaidzConfig, slots: Vec<Option<Arc<Leaf>>>) -> Result<Raidz, String> {
+        let codec = config.codec()?;
+        if slots.len() - config.nparity as usize > codec.max_data() {
+            return Err(format!(
+                "{} devices are too many for this code (at most {} data columns)",
+                slots.len(),
+                codec.max_data()
+            ));
+        }
+        Ok(Raidz {
+            geom: RaidzGeom::new(slots.len(), config.nparity),
+            config,
+            codec,
+            slots,
+        })
+    }
+
+    pub fn nparity(&self) -> usize {
+        self.config.nparity as usize
+    }
+
+    /// Children that are missing.
+    pub fn missing(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_none()).count()
+    }
+
+    fn missing_error(&self, child: usize) -> VdevError {
+        VdevError::Missing {
+            path: format!("raidz child {child}"),
+        }
+    }
+
+    /// Writes a block as one full stripe. Succeeds when at most `nparity` columns failed
+    /// (each failure counted against its leaf): the block is then readable from the rest.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+        let map = self.geom.map(offset, data.len() as u64);
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; map.nparity];
+        let data_cols = split_lens(data, &map.data_lens());
+        {
+            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+            self.codec.generate(&data_cols, &mut prefs);
+        }
+        let bufs: Vec<&[u8]> = parity
+            .iter()
+            .map(|p| &p[..])
+            .chain(data_cols.iter().copied())
+            .collect();
+        let results: Vec<Result<(), VdevError>> = map
+            .cols
+            .par_iter()
+            .zip(bufs.par_iter())
+            .map(|(c, buf)| match &self.slots[c.child] {
+                Some(leaf) => leaf.write_data(buf, c.offset).inspect_err(|_| {
+                    leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                }),
+                None => Err(self.missing_error(c.child)),
+            })
+            .collect();
+        let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
+        if failed.len() > map.nparity {
+            return Err(VdevError::Damaged(format!(
+                "raidz{} write lost {} of {} columns: {}",
+                map.nparity,
+                failed.len(),
+                map.cols.len(),
+                failed
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads columns `which` of `map` into `bufs` (indexed like `map.cols`), in parallel.
+    fn read_columns(
+        &self,
+        map: &StripeMap,
+        which: &[usize],
+        bufs: &mut [&mut [u8]],
+        out: &mut ColumnRead,
+    ) {
+        let mut targets: Vec<(usize, &mut [u8])> = bufs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| which.contains(i))
+            .map(|(i, b)| (i, &mut **b))
+            .collect();
+        let read = |(i, buf): &mut (usize, &mut [u8])| -> Result<(), VdevError> {
+            let c = map.cols[*i];
+            match &self.slots[c.child] {
+                Some(leaf) => leaf.read_data(buf, c.offset).inspect_err(|_| {
+                    leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                }),
+                None => Err(self.missing_error(c.child)),
+            }
+        };
+        let results: Vec<Result<(), VdevError>> = if targets.len() == 1 {
+            vec![read(&mut targets[0])]
+        } else {
+            targets.par_iter_mut().map(read).collect()
+        };
+        for ((i, _), r) in targets.iter().zip(results) {
+            if let Err(e) = r {
+                out.failed.push(*i);
+                out.errors.push(e.to_string());
+            }
+        }
+    }
+
+    /// Reads a block and returns it once `verify` approves. Data columns are read straight
+    /// into `buf`; parity is read only when a column failed or the block did not verify.
+    /// Then the missing columns are rebuilt, and if that does not verify either, every
+    /// combination of up to `nparity` suspect columns is rebuilt in turn until one verifies
+    /// (combinatorial reconstruction). Columns found wrong are rewritten and counted.
+    pub fn read_verified(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ReadReport, VdevError> {
+        let map = self.geom.map(offset, buf.len() as u64);
+        let np = map.nparity;
+        let data_lens = map.data_lens();
+        let mut reads = ColumnRead {
+            failed: Vec::new(),
+            errors: Vec::new(),
+        };
+        {
+            let mut bufs: Vec<&mut [u8]> = std::iter::repeat_with(Default::default)
+                .take(np)
+                .chain(split_lens_mut(buf, &data_lens))
+                .collect();
+            let which: Vec<usize> = (np..map.cols.len()).collect();
+            self.read_columns(&map, &which, &mut bufs, &mut reads);
+        }
+        if reads.failed.is_empty() && verify(buf) {
+            return Ok(ReadReport::default());
+        }
+        // The slow path: bring in parity and rebuild.
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; np];
+        {
+            let mut bufs: Vec<&mut [u8]> = parity
+                .iter_mut()
+                .map(|p| &mut p[..])
+                .chain(std::iter::repeat_with(Default::default).take(data_lens.len()))
+                .collect();
+            let which: Vec<usize> = (0..np).collect();
+            self.read_columns(&map, &which, &mut bufs, &mut reads);
+        }
+        let mut report = ReadReport {
+            io_errors: reads.failed.len() as u32,
+            ..ReadReport::default()
+        };
+        if reads.failed.len() > np {
+            return Err(VdevError::Damaged(format!(
+                "raidz{np}: {} of {} columns unreadable: {}",
+                reads.failed.len(),
+                map.cols.len(),
+                reads.errors.join("; ")
+            )));
+        }
+        // What the columns held as read, to restore between attempts and to find which ones
+        // were wrong once the block verifies.
+        let orig_data = buf.to_vec();
+        let orig_parity = parity.clone();
+        let known: Vec<usize> = reads.failed.clone();
+        let suspects: Vec<usize> = (0..map.cols.len()).filter(|i| !known.contains(i)).collect();
+        let attempt = |missing: &[usize], buf: &mut [u8], parity: &mut [Vec<u8>]| -> bool {
+            // Rebuilding only parity cannot change the data: nothing to try.
+            if !missing.iter().any(|&i| i >= np) {
+                return false;
+            }
+            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+            let mut drefs = split_lens_mut(buf, &data_lens);
+            if self
+                .codec
+                .reconstruct(&mut prefs, &mut drefs, missing)
+                .is_err()
+            {
+                return false;
+            }
+            if verify(buf) {
+                return true;
+            }
+            buf.copy_from_slice(&orig_data);
+            for (p, o) in parity.iter_mut().zip(&orig_parity) {
+                p.copy_from_slice(o);
+            }
+            false
+        };
+        let mut found = attempt(&known, buf, &mut parity);
+        for extra in 1..=(np - known.len()) {
+            if found {
+                break;
+            }
+            found = any_combination(&suspects, extra, &mut |combo| {
+                let mut missing = known.clone();
+                missing.extend_from_slice(combo);
+                attempt(&missing, buf, &mut parity)
+            });
+        }
+        if !found {
+            return Err(VdevError::Damaged(format!(
+                "raidz{np}: no combination of up to {np} columns rebuilds a block that \
+                 verifies{}",
+                if reads.errors.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", reads.errors.join("; "))
+                }
+            )));
+        }
+        self.repair(&map, buf, &orig_data, &orig_parity, &known, &mut report);
+        Ok(report)
+    }
+
+    /// After a block verified: recomputes its parity, compares every column with what was
+    /// read, and rewrites the ones that differ or failed (a column that read fine but held
+    /// the wrong bytes counts a checksum error against its leaf).
+    fn repair(
+        &self,
+        map: &StripeMap,
+        good: &[u8],
+        orig_data: &[u8],
+        orig_parity: &[Vec<u8>],
+        failed: &[usize],
+        report: &mut ReadReport,
+    ) {
+        let np = map.nparity;
+        let lens = map.data_lens();
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; np];
+        {
+            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+            self.codec.generate(&split_lens(good, &lens), &mut prefs);
+        }
+        let good_cols: Vec<&[u8]> = parity
+            .iter()
+            .map(|p| &p[..])
+            .chain(split_lens(good, &lens))
+            .collect();
+        let read_cols: Vec<&[u8]> = orig_parity
+            .iter()
+            .map(|p| &p[..])
+            .chain(split_lens(orig_data, &lens))
+            .collect();
+        for (i, c) in map.cols.iter().enumerate() {
+            let io_failed = failed.contains(&i);
+            if !io_failed && good_cols[i] == read_cols[i] {
+                continue;
+            }
+            let Some(leaf) = &self.slots[c.child] else {
+                continue;
+            };
+            if !io_failed {
+                leaf.counters.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                report.cksum_errors += 1;
+            }
+            match leaf.write_data(good_cols[i], c.offset) {
+                Ok(()) => {
+                    leaf.counters
+                        .repaired_bytes
+                        .fetch_add(c.len as u64, Ordering::Relaxed);
+                    report.repaired_bytes += c.len as u64;
+                }
+                Err(_) => {
+                    leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_cover_their_allocation_exactly() {
+        for width in 3..=12u64 {
+            for np in 1..=3u64 {
+                if width <= np + 1 {
+                    continue;
+                }
+                let g = RaidzGeom::new(width as usize, np as u32);
+                for s in 1..=40u64 {
+                    for b in [0u64, 1, width - 1, width, 7 * width + 3] {
+                        let map = g.map(b * SECTOR, s * SECTOR);
+                        // Every vdev sector the stripe touches, in the linear address space.
+                        let mut sectors: Vec<u64> = map
+                            .cols
+                            .iter()
+                            .flat_map(|c| {
+                                let first = c.offset / SECTOR * width + c.child as u64;
+                                (0..c.len as u64 / SECTOR).map(move |k| first + k * width)
+                            })
+                            .collect();
+                        sectors.sort();
+                        let expect: Vec<u64> = (b..b + g.sectors(s * SECTOR)).collect();
+                        assert_eq!(sectors, expect, "width {width} np {np} s {s} b {b}");
+                        assert!(g.asize(s * SECTOR) >= g.sectors(s * SECTOR) * SECTOR);
+                        assert_eq!(g.asize(s * SECTOR) / SECTOR % (np + 1), 0);
+                        let data: usize = map.data_lens().iter().sum();
+                        assert_eq!(data as u64, s * SECTOR);
+                        assert!(map.cols.iter().all(|c| c.len <= map.parity_len()));
+                        let mut children: Vec<usize> = map.cols.iter().map(|c| c.child).collect();
+                        children.sort();
+                        children.dedup();
+                        assert_eq!(children.len(), map.cols.len(), "two columns on one child");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_blocks_take_one_row() {
+        let g = RaidzGeom::new(6, 2);
+        // 4K: one data sector and two parity sectors, rounded to 3.
+        assert_eq!(g.asize(4096), 3 * 4096);
+        // 16K over 4 data columns: one row of 6.
+        assert_eq!(g.asize(16384), 6 * 4096);
+        // 128K: 32 data sectors in 8 rows, 16 parity sectors: 48.
+        assert_eq!(g.asize(131072), 48 * 4096);
+        let m = g.map(4096 * 5, 8192);
+        assert_eq!(m.cols.len(), 4);
+        assert_eq!(m.cols[0].child, 5);
+        assert_eq!(
+            m.cols[1],
+            Column {
+                child: 0,
+                offset: 4096,
+                len: 4096
+            }
+        );
+    }
+
+    #[test]
+    fn configs_check_their_shape() {
+        assert!(RaidzConfig::new(2, 3, false).is_err());
+        assert!(RaidzConfig::new(1, 2, false).is_err());
+        assert!(RaidzConfig::new(3, 25, false).is_err());
+        assert!(RaidzConfig::new(3, 6, true).is_err());
+        assert_eq!(RaidzConfig::new(1, 3, true).unwrap().code, RaidzCode::Xor);
+        assert_eq!(RaidzConfig::new(2, 6, false).unwrap().code, RaidzCode::Rs);
+        let rdp = RaidzConfig::new(2, 6, true).unwrap();
+        assert!(matches!(rdp.code, RaidzCode::Rdp { p } if p as usize >= 5));
+        let json = serde_json::to_string(&rdp).unwrap();
+        assert_eq!(serde_json::from_str::<RaidzConfig>(&json).unwrap(), rdp);
+    }
+}
