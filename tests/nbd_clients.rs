@@ -543,3 +543,98 @@ fn zeta_up_creates_serves_and_comes_back() {
     sigterm(child.id());
     assert!(child.wait().unwrap().success());
 }
+
+/// While `zeta serve` holds the pool, admin commands from other processes go through its
+/// control socket (mode 0600): status, list, volume create/resize/put/get/destroy work, a new
+/// volume is an export at once, and what cannot be done while serving is refused clearly.
+#[test]
+fn admin_commands_reach_a_served_pool_through_the_control_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut s = Served::new();
+    let home = s.home();
+    let sock = home.join("run/tank.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "control socket mode {mode:o}");
+
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(st[0]["state"], "ONLINE", "{status}");
+    assert_eq!(st[0]["volumes"], 2, "{status}");
+    let list = run(zeta(&home).args(["pool", "list"]), "pool list");
+    assert!(list.contains("tank") && list.contains("ONLINE"), "{list}");
+
+    run(
+        zeta(&home).args(["vol", "create", "tank/c", "8M"]),
+        "vol create",
+    );
+    let vols = run(zeta(&home).args(["vol", "list", "--json"]), "vol list");
+    assert!(vols.contains("tank/c"), "{vols}");
+    // The new volume is an export without a restart.
+    let mut c = Client::open(s.addr, "tank/c");
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+    c.send(CMD_WRITE, 0, 1, 4096, data.len() as u32, &data)
+        .unwrap();
+    assert_eq!(c.recv().unwrap().error, 0);
+    c.send(CMD_FLUSH, 0, 2, 0, 0, &[]).unwrap();
+    assert_eq!(c.recv().unwrap().error, 0);
+    drop(c);
+
+    // put/get with paths relative to the client's working directory.
+    let work = s.dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("in"), vec![0x3cu8; 100_000]).unwrap();
+    run(
+        zeta(&home)
+            .current_dir(&work)
+            .args(["vol", "put", "--offset", "1M", "tank/c", "in"]),
+        "vol put",
+    );
+    run(
+        zeta(&home)
+            .current_dir(&work)
+            .args(["vol", "get", "tank/c", "out"]),
+        "vol get",
+    );
+    let out = std::fs::read(work.join("out")).unwrap();
+    assert_eq!(out.len(), 8 << 20);
+    assert_eq!(&out[4096..4096 + data.len()], &data[..]);
+    assert!(out[1 << 20..(1 << 20) + 100_000].iter().all(|&b| b == 0x3c));
+
+    run(
+        zeta(&home).args(["vol", "resize", "tank/c", "16M"]),
+        "vol resize",
+    );
+    let (size, _) = Client::connect(s.addr).go("tank/c", &[]).unwrap();
+    assert_eq!(size, 16 << 20);
+
+    // Exporting a served pool is refused with a clear message; bad commands fail cleanly.
+    let exp = zeta(&home)
+        .args(["pool", "export", "tank"])
+        .output()
+        .unwrap();
+    assert!(!exp.status.success());
+    let err = String::from_utf8_lossy(&exp.stderr);
+    assert!(err.contains("being served"), "{err}");
+    let dup = zeta(&home)
+        .args(["vol", "create", "tank/c", "8M"])
+        .output()
+        .unwrap();
+    assert!(!dup.status.success());
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
+
+    run(
+        zeta(&home).args(["vol", "destroy", "tank/b"]),
+        "vol destroy",
+    );
+    s.stop();
+    assert!(!sock.exists(), "control socket left behind");
+    // Everything done through the socket is on disk.
+    let vols = run(zeta(&home).args(["vol", "list", "--json"]), "vol list");
+    assert!(
+        vols.contains("tank/c") && !vols.contains("tank/b"),
+        "{vols}"
+    );
+}

@@ -7,6 +7,7 @@ pub mod args;
 pub mod bench_cmd;
 pub mod bench_parity;
 pub mod bench_raidz;
+pub mod control;
 pub mod fmt;
 pub mod pool_cmd;
 pub mod serve_cmd;

@@ -355,12 +355,14 @@ fn list(home: &Home, json: bool) -> Result<()> {
     let cache = home.load()?;
     let mut rows = Vec::new();
     for name in cache.pools.keys() {
-        let row = match home.open(name) {
-            Ok(p) => {
-                let s = p.space();
-                p.close()?;
-                json!({"name": name, "size": s.size, "alloc": s.alloc, "free": s.free,
-                       "capacity_pct": (s.alloc * 100).checked_div(s.size).unwrap_or(0), "health": "ONLINE"})
+        let row = match pool_status(home, name) {
+            Ok(st) => {
+                let (size, alloc) = (
+                    st["size"].as_u64().unwrap_or(0),
+                    st["alloc"].as_u64().unwrap_or(0),
+                );
+                json!({"name": name, "size": size, "alloc": alloc, "free": st["free"],
+                       "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0), "health": st["state"]})
             }
             Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
         };
@@ -393,6 +395,17 @@ fn list(home: &Home, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The status of a pool, from the `zeta serve` holding it if one does, else by opening it.
+fn pool_status(home: &Home, name: &str) -> Result<serde_json::Value> {
+    if let Some(conn) = super::control::connect(home, name) {
+        return super::control::remote_status(conn, name);
+    }
+    let p = home.open(name)?;
+    let st = status_json(&p);
+    p.close()?;
+    Ok(st)
+}
+
 pub fn status_json(p: &Pool) -> serde_json::Value {
     let cfg = p.config();
     let s = p.space();
@@ -419,9 +432,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
     }
     let mut all = Vec::new();
     for n in &names {
-        let p = home.open(n)?;
-        all.push(status_json(&p));
-        p.close()?;
+        all.push(pool_status(home, n)?);
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&all).unwrap());

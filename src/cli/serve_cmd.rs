@@ -58,14 +58,14 @@ pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
     let mut pools = Vec::new();
     for n in &names {
         match home.open(n) {
-            Ok(p) => pools.push(p),
+            Ok(p) => pools.push(p.into_arc()),
             Err(e) => {
                 close_all(&pools);
                 return Err(e);
             }
         }
     }
-    run(cfg, pools, None)
+    run(home, cfg, pools, None)
 }
 
 /// Devices of the embedded default pool: six files, raidz2 (any two may be lost).
@@ -80,7 +80,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         .map(|i| args.dir.join(format!("disk{i}")))
         .collect();
     let pool = if home.load()?.pools.contains_key(UP_POOL) {
-        home.open(UP_POOL)?
+        home.open(UP_POOL)?.into_arc()
     } else if disks[0].exists() {
         // The files exist but this state directory does not know them: import from those
         // present (a pool made by an older zeta may have fewer).
@@ -112,7 +112,12 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         }
         println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M, 16K blocks)");
     }
-    run(cfg, vec![pool], Some(format!("{UP_POOL}/{UP_VOLUME}")))
+    run(
+        home,
+        cfg,
+        vec![pool],
+        Some(format!("{UP_POOL}/{UP_VOLUME}")),
+    )
 }
 
 fn close_all(pools: &[Arc<Pool>]) {
@@ -123,7 +128,12 @@ fn close_all(pools: &[Arc<Pool>]) {
     }
 }
 
-fn run(cfg: ServerConfig, pools: Vec<Arc<Pool>>, default: Option<String>) -> Result<()> {
+fn run(
+    home: &Home,
+    cfg: ServerConfig,
+    pools: Vec<Arc<Pool>>,
+    default: Option<String>,
+) -> Result<()> {
     // Register for the signals before serving, so an early SIGTERM is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::Io {
         path: "signal handler".into(),
@@ -137,6 +147,8 @@ fn run(cfg: ServerConfig, pools: Vec<Arc<Pool>>, default: Option<String>) -> Res
             return Err(usage(format!("cannot listen on {}: {e}", cfg.listen)));
         }
     };
+    // Admin commands of other processes reach the pools through their control sockets.
+    let control = super::control::ControlServer::start(home, &pools);
     let addr = server.local_addr();
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_string()
@@ -169,6 +181,7 @@ fn run(cfg: ServerConfig, pools: Vec<Arc<Pool>>, default: Option<String>) -> Res
             _ => "SIGTERM",
         }
     );
+    control.shutdown();
     server.shutdown();
     let mut failed = None;
     for p in &pools {

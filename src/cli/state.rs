@@ -13,6 +13,40 @@ use crate::vdev::{BlockDevice, FileDevice};
 
 pub struct Home {
     pub dir: PathBuf,
+    /// Pools this process already holds open (a server's): commands it runs on behalf of a
+    /// control client use them instead of opening their (locked) devices again.
+    served: Vec<Arc<Pool>>,
+}
+
+/// A pool a command works on: opened for the command (closed when it is done), or one this
+/// process serves (synced instead, and left open).
+pub struct PoolRef {
+    pool: Arc<Pool>,
+    owned: bool,
+}
+
+impl std::ops::Deref for PoolRef {
+    type Target = Arc<Pool>;
+    fn deref(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+}
+
+impl PoolRef {
+    /// The pool itself, for a caller that keeps it open and closes it when done (a server).
+    pub fn into_arc(self) -> Arc<Pool> {
+        self.pool
+    }
+
+    /// Ends the command's use of the pool: what it changed is durable when this returns.
+    pub fn close(&self) -> Result<()> {
+        if self.owned {
+            self.pool.close()?;
+        } else {
+            self.pool.sync_now()?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -35,7 +69,23 @@ impl Home {
                 std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/zeta"))
             })
             .unwrap_or_else(|| PathBuf::from(".zeta"));
-        Home { dir }
+        Home {
+            dir,
+            served: Vec::new(),
+        }
+    }
+
+    /// The same state directory, for commands run on behalf of control clients against
+    /// pools this process serves.
+    pub fn serving(&self, pools: Vec<Arc<Pool>>) -> Home {
+        Home {
+            dir: self.dir.clone(),
+            served: pools,
+        }
+    }
+
+    pub fn served_pools(&self) -> &[Arc<Pool>] {
+        &self.served
     }
 
     fn cache_path(&self) -> PathBuf {
@@ -97,21 +147,36 @@ impl Home {
     }
 
     /// Opens an imported pool by name.
-    pub fn open(&self, name: &str) -> Result<Arc<Pool>> {
+    pub fn open(&self, name: &str) -> Result<PoolRef> {
+        if let Some(p) = self.served.iter().find(|p| p.name == name) {
+            return Ok(PoolRef {
+                pool: p.clone(),
+                owned: false,
+            });
+        }
         let cache = self.load()?;
         let entry = cache.pools.get(name).ok_or_else(|| {
             usage(format!(
                 "no imported pool named '{name}' (see `zeta pool list`, or `zeta pool import`)"
             ))
         })?;
-        let devs = open_devices(&entry.devices)?;
+        let devs = match open_devices(&entry.devices) {
+            Err(CliError::Vdev(crate::vdev::VdevError::Locked { .. }))
+                if super::control::connect(self, name).is_some() =>
+            {
+                return Err(usage(format!(
+                    "pool '{name}' is being served by `zeta serve`: `zeta vol` commands and                      `zeta pool status|list` reach it there; stop the server for anything else"
+                )))
+            }
+            r => r?,
+        };
         let pool = Pool::import(devs, Some(name), PoolOptions::default())?;
         if pool.guid != entry.guid {
             return Err(usage(format!(
                 "the devices of '{name}' now hold a different pool; re-import it"
             )));
         }
-        Ok(pool)
+        Ok(PoolRef { pool, owned: true })
     }
 }
 

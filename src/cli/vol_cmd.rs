@@ -24,7 +24,37 @@ pub fn split_name(full: &str) -> Result<(&str, &str)> {
 
 const COPY_CHUNK: usize = 1 << 20;
 
+/// The pool a command names, if it names one.
+fn target_pool(cmd: &VolCmd) -> Option<&str> {
+    match cmd {
+        VolCmd::Create { name, .. }
+        | VolCmd::Destroy { name }
+        | VolCmd::Resize { name, .. }
+        | VolCmd::Put { name, .. }
+        | VolCmd::Get { name, .. } => split_name(name).ok().map(|(p, _)| p),
+        VolCmd::List { .. } => None,
+    }
+}
+
 pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
+    // A pool another process serves is reached through its control socket.
+    if let Some(pool) = target_pool(&cmd) {
+        if !home.served_pools().iter().any(|p| p.name == pool) {
+            if let Some(conn) = super::control::connect(home, pool) {
+                return super::control::remote_run(conn, pool);
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    run_to(home, cmd, &mut out)
+}
+
+/// Runs a command, printing to `out`.
+pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
+    let stdout_err = |e| CliError::Io {
+        path: "stdout".into(),
+        source: e,
+    };
     match cmd {
         VolCmd::Create {
             block_size,
@@ -57,21 +87,23 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
             let r = p.create_volume(vol, size, bs as u32, checksum);
             p.close()?;
             r?;
-            println!(
+            writeln!(
+                out,
                 "created volume '{name}' ({}, block size {})",
                 human(size),
                 human(bs)
-            );
+            )
+            .map_err(stdout_err)?;
             Ok(())
         }
-        VolCmd::List { pool, json } => list(home, pool.as_deref(), json),
+        VolCmd::List { pool, json } => list(home, pool.as_deref(), json, out),
         VolCmd::Destroy { name } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;
             let r = p.destroy_volume(vol);
             p.close()?;
             r?;
-            println!("destroyed volume '{name}'");
+            writeln!(out, "destroyed volume '{name}'").map_err(stdout_err)?;
             Ok(())
         }
         VolCmd::Resize { name, size } => {
@@ -81,7 +113,7 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
             let r = p.resize_volume(vol, size);
             p.close()?;
             r?;
-            println!("resized volume '{name}' to {}", human(size));
+            writeln!(out, "resized volume '{name}' to {}", human(size)).map_err(stdout_err)?;
             Ok(())
         }
         VolCmd::Put { name, file, offset } => {
@@ -92,7 +124,7 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
             let c = p.close();
             let n = r?;
             c?;
-            println!("wrote {} to '{name}'", human(n));
+            writeln!(out, "wrote {} to '{name}'", human(n)).map_err(stdout_err)?;
             Ok(())
         }
         VolCmd::Get { name, file } => {
@@ -101,7 +133,13 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
             let r = get(&p, vol, &file);
             p.close()?;
             let n = r?;
-            println!("read {} from '{name}' into {}", human(n), file.display());
+            writeln!(
+                out,
+                "read {} from '{name}' into {}",
+                human(n),
+                file.display()
+            )
+            .map_err(stdout_err)?;
             Ok(())
         }
     }
@@ -169,35 +207,53 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
     Ok(at)
 }
 
-fn list(home: &Home, pool: Option<&str>, json: bool) -> Result<()> {
+/// The rows `zeta vol list --json` prints for one pool.
+pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {
+    p.datasets()
+        .iter()
+        .map(|ds| {
+            json!({"name": format!("{}/{}", p.name, ds.name), "size": ds.volsize(),
+                   "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()})
+        })
+        .collect()
+}
+
+fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Result<()> {
     let names: Vec<String> = match pool {
         Some(p) => vec![p.to_string()],
         None => home.load()?.pools.keys().cloned().collect(),
     };
     let mut rows = Vec::new();
     for n in &names {
-        let p = home.open(n)?;
-        for ds in p.datasets() {
-            rows.push(
-                json!({"name": format!("{n}/{}", ds.name), "size": ds.volsize(),
-                             "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()}),
-            );
+        let served_here = home.served_pools().iter().any(|p| &p.name == n);
+        match super::control::connect(home, n).filter(|_| !served_here) {
+            Some(conn) => rows.extend(super::control::remote_volumes(conn, n)?),
+            None => {
+                let p = home.open(n)?;
+                rows.extend(volume_rows(&p));
+                p.close()?;
+            }
         }
-        p.close()?;
     }
+    let io = |e| CliError::Io {
+        path: "stdout".into(),
+        source: e,
+    };
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows).unwrap()).map_err(io)?;
         return Ok(());
     }
-    println!("{:<32} {:>8} {:>8}  CHECKSUM", "NAME", "SIZE", "BLOCK");
+    writeln!(out, "{:<32} {:>8} {:>8}  CHECKSUM", "NAME", "SIZE", "BLOCK").map_err(io)?;
     for r in rows {
-        println!(
+        writeln!(
+            out,
             "{:<32} {:>8} {:>8}  {}",
             r["name"].as_str().unwrap(),
             human(r["size"].as_u64().unwrap()),
             human(r["volblocksize"].as_u64().unwrap()),
             r["checksum"].as_str().unwrap()
-        );
+        )
+        .map_err(io)?;
     }
     Ok(())
 }

@@ -1,0 +1,256 @@
+//! The control socket: while `zeta serve` holds a pool (its devices are locked), the admin
+//! commands of other `zeta` processes reach it here instead of failing on the lock.
+//!
+//! Each served pool listens on `$ZETA_HOME/run/POOL.sock`, a Unix socket of mode 0600 in a
+//! directory of mode 0700, so only its owner (and root) can connect. A client sends one JSON
+//! line and reads one JSON line back:
+//!
+//! - `{"op": "status"}` → `{"ok": true, "value": <pool status --json object>}`
+//! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
+//! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
+//!   against the served pool (relative paths resolved against `cwd`) →
+//!   `{"ok": true, "stdout": "..."}`
+//!
+//! and on failure `{"ok": false, "error": "one line"}`. A socket left behind by a server that
+//! died is detected (nobody accepts) and replaced by the next server.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::{json, Value};
+
+use super::args::{Cli, Command, VolCmd};
+use super::state::Home;
+use super::{usage, CliError, Result};
+use crate::dsl::Pool;
+
+/// Longest request accepted; a request is a command line, not data.
+const MAX_REQUEST: u64 = 64 * 1024;
+/// How long a client waits for a server's reply (a `vol put` of a large file takes a while).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+pub fn run_dir(home: &Home) -> PathBuf {
+    home.dir.join("run")
+}
+
+pub fn socket_path(home: &Home, pool: &str) -> PathBuf {
+    run_dir(home).join(format!("{pool}.sock"))
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> CliError {
+    CliError::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
+}
+
+/// A connection to the server of `pool`, if one is running for this state directory.
+pub fn connect(home: &Home, pool: &str) -> Option<UnixStream> {
+    let s = UnixStream::connect(socket_path(home, pool)).ok()?;
+    s.set_read_timeout(Some(REPLY_TIMEOUT)).ok()?;
+    Some(s)
+}
+
+fn call(mut s: UnixStream, req: Value, pool: &str) -> Result<Value> {
+    let fail = |why: String| {
+        usage(format!(
+            "pool '{pool}' is served by a running `zeta serve`, and asking it failed: {why}"
+        ))
+    };
+    let mut line = serde_json::to_vec(&req).expect("request serializes");
+    line.push(b'\n');
+    s.write_all(&line).map_err(|e| fail(e.to_string()))?;
+    let mut reply = String::new();
+    BufReader::new(s)
+        .read_line(&mut reply)
+        .map_err(|e| fail(e.to_string()))?;
+    let v: Value = serde_json::from_str(&reply).map_err(|e| fail(format!("bad reply ({e})")))?;
+    if v["ok"] == json!(true) {
+        Ok(v)
+    } else {
+        Err(usage(
+            v["error"]
+                .as_str()
+                .unwrap_or("the server gave no reason")
+                .to_string(),
+        ))
+    }
+}
+
+/// Asks the server of `pool` for its `pool status --json` object.
+pub fn remote_status(s: UnixStream, pool: &str) -> Result<Value> {
+    Ok(call(s, json!({"op": "status"}), pool)?["value"].take())
+}
+
+/// Asks the server of `pool` for its volume rows.
+pub fn remote_volumes(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
+    let v = call(s, json!({"op": "volumes"}), pool)?;
+    Ok(v["value"].as_array().cloned().unwrap_or_default())
+}
+
+/// Runs this process's command line in the server of `pool` and prints what it printed.
+pub fn remote_run(s: UnixStream, pool: &str) -> Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let cwd = std::env::current_dir().map_err(|e| io_err(Path::new("."), e))?;
+    let v = call(s, json!({"op": "run", "argv": argv, "cwd": cwd}), pool)?;
+    print!("{}", v["stdout"].as_str().unwrap_or(""));
+    Ok(())
+}
+
+/// The control sockets of a running server, one per pool.
+pub struct ControlServer {
+    stop: Arc<AtomicBool>,
+    sockets: Vec<(PathBuf, JoinHandle<()>)>,
+}
+
+impl ControlServer {
+    /// Listens for admin commands on behalf of `pools`. A pool whose socket cannot be made
+    /// is still served over NBD; the reason is printed.
+    pub fn start(home: &Home, pools: &[Arc<Pool>]) -> ControlServer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut sockets = Vec::new();
+        for pool in pools {
+            match listen(home, &pool.name) {
+                Ok((path, listener)) => {
+                    let served = home.serving(vec![pool.clone()]);
+                    let stop = stop.clone();
+                    let handle = std::thread::Builder::new()
+                        .name(format!("control-{}", pool.name))
+                        .spawn(move || accept_loop(listener, served, stop))
+                        .expect("spawn control thread");
+                    sockets.push((path, handle));
+                }
+                Err(e) => eprintln!(
+                    "zeta: no control socket for pool '{}' ({e}); admin commands cannot reach it \
+                     while it is served",
+                    pool.name
+                ),
+            }
+        }
+        ControlServer { stop, sockets }
+    }
+
+    /// Stops accepting and removes the sockets. Commands already running finish first.
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for (path, handle) in self.sockets {
+            // Wake the accept loop so it sees the flag.
+            let _ = UnixStream::connect(&path);
+            let _ = handle.join();
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+fn listen(home: &Home, pool: &str) -> Result<(PathBuf, UnixListener)> {
+    let dir = run_dir(home);
+    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| io_err(&dir, e))?;
+    let path = socket_path(home, pool);
+    if path.exists() {
+        if UnixStream::connect(&path).is_ok() {
+            return Err(usage(format!(
+                "{}: another server answers there",
+                path.display()
+            )));
+        }
+        // Left behind by a server that died: nobody listens.
+        std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+    }
+    let listener = UnixListener::bind(&path).map_err(|e| io_err(&path, e))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io_err(&path, e))?;
+    Ok((path, listener))
+}
+
+fn accept_loop(listener: UnixListener, served: Home, stop: Arc<AtomicBool>) {
+    let served = Arc::new(served);
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(conn) = conn else { continue };
+        let served = served.clone();
+        // One thread per admin command: they are rare, and a slow `vol put` must not hold
+        // up a `pool status`.
+        let _ = std::thread::Builder::new()
+            .name("control-cmd".into())
+            .spawn(move || serve_one(conn, &served));
+    }
+}
+
+fn serve_one(conn: UnixStream, home: &Home) {
+    let mut line = String::new();
+    let read = BufReader::new(conn.try_clone().expect("clone socket"))
+        .take(MAX_REQUEST)
+        .read_line(&mut line);
+    let reply = match read {
+        Ok(_) => match serde_json::from_str::<Value>(&line) {
+            Ok(req) => {
+                answer(home, &req).unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
+            }
+            Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
+        },
+        Err(e) => json!({"ok": false, "error": format!("reading request: {e}")}),
+    };
+    let mut out = serde_json::to_vec(&reply).expect("reply serializes");
+    out.push(b'\n');
+    let mut conn = conn;
+    let _ = conn.write_all(&out);
+}
+
+fn answer(home: &Home, req: &Value) -> Result<Value> {
+    let pool = home.served_pools()[0].clone();
+    match req["op"].as_str() {
+        Some("status") => Ok(json!({"ok": true, "value": super::pool_cmd::status_json(&pool)})),
+        Some("volumes") => Ok(json!({"ok": true, "value": super::vol_cmd::volume_rows(&pool)})),
+        Some("run") => {
+            let argv: Vec<String> = req["argv"]
+                .as_array()
+                .ok_or_else(|| usage("request without argv"))?
+                .iter()
+                .map(|a| {
+                    a.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| usage("argv holds a non-string"))
+                })
+                .collect::<Result<_>>()?;
+            let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
+            let cli = Cli::try_parse_from(std::iter::once("zeta".to_string()).chain(argv))
+                .map_err(|e| {
+                    usage(
+                        e.to_string()
+                            .lines()
+                            .next()
+                            .unwrap_or("bad arguments")
+                            .to_string(),
+                    )
+                })?;
+            let Command::Vol(mut cmd) = cli.command else {
+                return Err(usage(format!(
+                    "pool '{}' is served by this `zeta serve`; only `zeta vol` commands and \
+                     `zeta pool status|list` reach it (stop the server to export or destroy it)",
+                    pool.name
+                )));
+            };
+            // The server's working directory is not the client's.
+            if let VolCmd::Put { file, .. } | VolCmd::Get { file, .. } = &mut cmd {
+                if file.is_relative() {
+                    *file = cwd.join(&*file);
+                }
+            }
+            let mut out = Vec::new();
+            super::vol_cmd::run_to(home, cmd, &mut out)?;
+            Ok(json!({"ok": true, "stdout": String::from_utf8_lossy(&out)}))
+        }
+        _ => Err(usage("unknown control request")),
+    }
+}
