@@ -630,12 +630,16 @@ fn current() -> ParityImpl {
         let sel = selected().unwrap_or_else(|_| Selection::Fixed(fastest()));
         (sel, ParityImpl::supported_list())
     });
+    pick(*sel, list, || {
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    })
+}
+
+/// The kernel a selection gives for one call; `next` numbers the calls (cycle mode).
+fn pick(sel: Selection, supported: &[ParityImpl], next: impl FnOnce() -> usize) -> ParityImpl {
     match sel {
-        Selection::Fixed(k) => *k,
-        Selection::Cycle => {
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            list[n % list.len()]
-        }
+        Selection::Fixed(k) => k,
+        Selection::Cycle => supported[next() % supported.len()],
     }
 }
 

@@ -418,3 +418,21 @@ fn rdp_tiled_encoding_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn cycle_mode_visits_every_supported_kernel_in_turn() {
+    let list = ParityImpl::supported_list();
+    let picks: Vec<ParityImpl> = (0..2 * list.len())
+        .map(|n| pick(Selection::Cycle, &list, || n))
+        .collect();
+    assert_eq!(picks[..list.len()], list[..]);
+    assert_eq!(picks[list.len()..], list[..]);
+    assert_eq!(
+        pick(
+            Selection::Fixed(ParityImpl::Scalar),
+            &list,
+            || unreachable!()
+        ),
+        ParityImpl::Scalar
+    );
+}
