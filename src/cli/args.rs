@@ -224,4 +224,7 @@ pub struct BenchParityArgs {
     /// Only 4 KiB columns and a tiny time budget (a smoke test, not a measurement).
     #[arg(long)]
     pub quick: bool,
+    /// Measure only these geometries (4+1, 4+2, 8+2, 16+2, 8+3; repeatable).
+    #[arg(long, value_name = "K+P")]
+    pub geometry: Vec<String>,
 }

@@ -379,6 +379,15 @@ pub fn parity(args: BenchParityArgs) -> Result<()> {
     if args.runs == 0 {
         return Err(usage("--runs must be at least 1"));
     }
+    if let Some(g) = args
+        .geometry
+        .iter()
+        .find(|g| !GEOMETRIES.iter().any(|x| x.name == g.as_str()))
+    {
+        return Err(usage(format!(
+            "unknown geometry {g}: one of 4+1, 4+2, 8+2, 16+2, 8+3"
+        )));
+    }
     let isal = IsaL::load();
     let sizes: &[usize] = if args.quick {
         &[4096]
@@ -408,7 +417,10 @@ pub fn parity(args: BenchParityArgs) -> Result<()> {
     let isal = isal.ok();
     let mut rows = Vec::new();
     for &len in sizes {
-        for g in &GEOMETRIES {
+        for g in GEOMETRIES
+            .iter()
+            .filter(|g| args.geometry.is_empty() || args.geometry.iter().any(|n| n == g.name))
+        {
             let mut stripe = Stripe::new(g, len, isal.as_ref());
             for op in [Op::Gen, Op::Rec2] {
                 if op == Op::Rec2 && g.nparity < 2 {

@@ -111,11 +111,18 @@ enum Prepared<M> {
     Store([*mut u8; 3]),
     Solve {
         stored: [*const u8; 3],
-        coef: [[Option<M>; 3]; 3],
+        /// Prepared coef[j][k] where output j needs row k (other entries are unused).
+        coef: [[M; 3]; 3],
         outs: [*mut u8; 3],
-        m: usize,
-        p_trick: bool,
     },
+}
+
+/// Whether output j of a solve over the rows in `rows` multiplies row k. There are as many
+/// outputs as rows; with P among them the last output is S_P ^ the others, no multiplies.
+#[inline(always)]
+const fn needs_coef(rows: u8, j: usize, k: usize) -> bool {
+    let m = rows.count_ones() as usize;
+    j < m && rows & (1 << k) != 0 && !(rows & ROW_P != 0 && j == m - 1)
 }
 
 /// # Safety
@@ -130,20 +137,24 @@ unsafe fn prepare<V: Lanes>(f: &Finish, rows: u8) -> Prepared<V::Mul> {
             outs,
             m,
         } => {
-            let p_trick = rows & ROW_P != 0;
-            let c = std::array::from_fn(|j| {
-                std::array::from_fn(|k| {
-                    let needed = j < *m && rows & (1 << k) != 0 && !(p_trick && j == *m - 1);
-                    // SAFETY: the caller guarantees the CPU supports V.
-                    needed.then(|| unsafe { V::prepare(coef[j][k]) })
-                })
-            });
+            assert_eq!(*m, rows.count_ones() as usize, "one output per row used");
+            // Plain loops, not closures: a closure is compiled without the caller's target
+            // features, and the vector constructors must inline into the kernel.
+            // SAFETY: the caller guarantees the CPU supports V.
+            let unused = unsafe { V::prepare(0) };
+            let mut c = [[unused; 3]; 3];
+            for (j, cj) in c.iter_mut().enumerate() {
+                for (k, ck) in cj.iter_mut().enumerate() {
+                    if needs_coef(rows, j, k) {
+                        // SAFETY: as above.
+                        *ck = unsafe { V::prepare(coef[j][k]) };
+                    }
+                }
+            }
             Prepared::Solve {
                 stored: *stored,
                 coef: c,
-                outs: outs.map(|d| d.ptr),
-                m: *m,
-                p_trick,
+                outs: [outs[0].ptr, outs[1].ptr, outs[2].ptr],
             }
         }
     }
@@ -152,12 +163,14 @@ unsafe fn prepare<V: Lanes>(f: &Finish, rows: u8) -> Prepared<V::Mul> {
 /// Computes the rows for `U` vectors at byte offset `off`.
 ///
 /// # Safety
-/// The CPU supports `V`; `cols[i]` is null (column absent here) or readable for
-/// [off, off + U·BYTES), `cols.last()` is not null; the finish's pointers are valid for that
-/// range (outputs whose bit is clear in `store_mask` are not touched).
+/// The CPU supports `V`; a column of `cols` whose length is >= `end` is readable over the
+/// strip (shorter ones are zero here), and `cols.last()` is such a column; the finish's
+/// pointers are valid for the strip (outputs whose bit is clear in `store_mask` are not
+/// touched).
 #[inline(always)]
 unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
-    cols: &[*const u8],
+    cols: &[&[u8]],
+    end: usize,
     off: usize,
     fin: &Prepared<V::Mul>,
     store_mask: u8,
@@ -166,14 +179,42 @@ unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
     // SAFETY: the CPU supports V (caller).
     let zero = unsafe { V::zero() };
     let (mut p, mut q, mut r) = ([zero; U], [zero; U], [zero; U]);
-    if let Some((&top, rest)) = cols.split_last() {
+    let present = |c: &&[u8]| c.len() >= end;
+    // A macro, not a closure: closures do not inherit the kernel's target features.
+    macro_rules! load {
+        ($c:expr, $u:expr) => {
+            // SAFETY: present columns are readable over the strip (caller).
+            unsafe { V::load($c.as_ptr().add(off + $u * w)) }
+        };
+    }
+    if let Some((top, mut rest)) = cols.split_last() {
         for u in 0..U {
-            // SAFETY: the top column is readable over the strip (caller).
-            let x = unsafe { V::load(top.add(off + u * w)) };
+            let x = load!(top, u);
             (p[u], q[u], r[u]) = (x, x, x);
         }
-        for &c in rest.iter().rev() {
-            if c.is_null() {
+        if V::FUSED_PAIRS {
+            // Two columns per step: Q ← 4·Q ⊕ 2·D_hi ⊕ D_lo (R alike with 16 and 4), which
+            // with one-instruction multiplies and three-way XORs saves a third of the work.
+            while let [lower @ .., lo, hi] = rest {
+                rest = lower;
+                let (ph, pl) = (present(hi), present(lo));
+                for u in 0..U {
+                    let xh = if ph { load!(hi, u) } else { zero };
+                    let xl = if pl { load!(lo, u) } else { zero };
+                    if MASK & ROW_P != 0 {
+                        p[u] = p[u].xor3(xh, xl);
+                    }
+                    if MASK & ROW_Q != 0 {
+                        q[u] = q[u].mul4().xor3(xh.mul2(), xl);
+                    }
+                    if MASK & ROW_R != 0 {
+                        r[u] = r[u].mul16().xor3(xh.mul4(), xl);
+                    }
+                }
+            }
+        }
+        for c in rest.iter().rev() {
+            if !present(c) {
                 for u in 0..U {
                     if MASK & ROW_Q != 0 {
                         q[u] = q[u].mul2();
@@ -185,8 +226,7 @@ unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
                 continue;
             }
             for u in 0..U {
-                // SAFETY: non-null columns are readable over the strip (caller).
-                let x = unsafe { V::load(c.add(off + u * w)) };
+                let x = load!(c, u);
                 if MASK & ROW_P != 0 {
                     p[u] = p[u].xor(x);
                 }
@@ -217,13 +257,9 @@ unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
                 }
             }
         }
-        Prepared::Solve {
-            stored,
-            coef,
-            outs,
-            m,
-            p_trick,
-        } => {
+        Prepared::Solve { stored, coef, outs } => {
+            // Everything below but the store mask is known at compile time from MASK.
+            let m = MASK.count_ones() as usize;
             for u in 0..U {
                 let at = off + u * w;
                 let mut s = [p[u], q[u], r[u]];
@@ -234,14 +270,14 @@ unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
                     }
                 }
                 let mut done = zero;
-                for j in 0..*m {
-                    let v = if *p_trick && j == *m - 1 {
+                for j in 0..m {
+                    let v = if MASK & ROW_P != 0 && j == m - 1 {
                         s[0].xor(done)
                     } else {
                         let mut v = zero;
-                        for k in 0..3 {
-                            if let Some(c) = &coef[j][k] {
-                                v = v.xor(s[k].mul(c));
+                        for (k, sk) in s.iter().enumerate() {
+                            if needs_coef(MASK, j, k) {
+                                v = v.xor(sk.mul(&coef[j][k]));
                             }
                         }
                         v
@@ -261,10 +297,10 @@ unsafe fn rs_strip<V: Lanes, const MASK: u8, const U: usize>(
 /// Returns where it stopped (the first byte not covered by a whole vector).
 ///
 /// # Safety
-/// As [`rs_strip`], for the whole range.
+/// As [`rs_strip`] with `end` = b, for the whole range.
 #[inline(always)]
 unsafe fn rs_range<V: Lanes, const MASK: u8, const U: usize>(
-    cols: &[*const u8],
+    cols: &[&[u8]],
     a: usize,
     b: usize,
     fin: &Prepared<V::Mul>,
@@ -274,12 +310,12 @@ unsafe fn rs_range<V: Lanes, const MASK: u8, const U: usize>(
     let mut off = a;
     while off + U * w <= b {
         // SAFETY: [off, off + U·w) lies in [a, b) (caller's guarantee covers it).
-        unsafe { rs_strip::<V, MASK, U>(cols, off, fin, store_mask) };
+        unsafe { rs_strip::<V, MASK, U>(cols, b, off, fin, store_mask) };
         off += U * w;
     }
     while off + w <= b {
         // SAFETY: as above, one vector.
-        unsafe { rs_strip::<V, MASK, 1>(cols, off, fin, store_mask) };
+        unsafe { rs_strip::<V, MASK, 1>(cols, b, off, fin, store_mask) };
         off += w;
     }
     off
@@ -313,8 +349,7 @@ pub(crate) unsafe fn rs_pass<V: Lanes, const U: usize>(job: &RsJob) {
 #[inline(always)]
 unsafe fn rs_rows<V: Lanes, const MASK: u8, const U: usize>(job: &RsJob) {
     let len = job.len;
-    let n = job.data.len();
-    assert!(n <= MAX_DATA && len > 0);
+    assert!(job.data.len() <= MAX_DATA && len > 0);
     let out_lens: [usize; 3] = match &job.finish {
         Finish::Store(_) => [len; 3],
         Finish::Solve { outs, m, .. } => {
@@ -322,42 +357,40 @@ unsafe fn rs_rows<V: Lanes, const MASK: u8, const U: usize>(job: &RsJob) {
         }
     };
     // Region boundaries: every data and output length inside (0, len), then len. Inside a
-    // region each column is either wholly present or wholly zero.
-    let mut bounds = [0usize; MAX_DATA + 4];
-    let mut nb = 0;
-    for l in job.data.iter().map(|d| d.len()).chain(out_lens) {
-        if l > 0 && l < len {
-            bounds[nb] = l;
-            nb += 1;
-        }
-    }
-    bounds[nb] = len;
-    nb += 1;
-    let bounds = &mut bounds[..nb];
-    bounds.sort_unstable();
+    // region each column is either wholly present or wholly zero. Usually there is one.
+    let inner = |l: &usize| *l > 0 && *l < len;
+    let ragged: Vec<usize> = if job
+        .data
+        .iter()
+        .map(|d| d.len())
+        .chain(out_lens)
+        .any(|l| inner(&l))
+    {
+        let mut b: Vec<usize> = job
+            .data
+            .iter()
+            .map(|d| d.len())
+            .chain(out_lens)
+            .filter(inner)
+            .collect();
+        b.sort_unstable();
+        b.dedup();
+        b
+    } else {
+        Vec::new()
+    };
 
     // SAFETY: the CPU supports V (caller).
     let fin = unsafe { prepare::<V>(&job.finish, MASK) };
     let mut fin_scalar: Option<Prepared<[u8; 256]>> = None;
-    let mut cols = [std::ptr::null::<u8>(); MAX_DATA];
     let mut a = 0;
-    for &b in bounds.iter() {
-        if b == a {
-            continue;
-        }
-        let mut top = None;
-        for (i, d) in job.data.iter().enumerate() {
-            cols[i] = if d.len() >= b {
-                top = Some(i);
-                d.as_ptr()
-            } else {
-                std::ptr::null()
-            };
-        }
-        let cols = &cols[..top.map_or(0, |t| t + 1)];
+    for b in ragged.into_iter().chain([len]) {
+        // Columns past the last present one contribute nothing.
+        let top = job.data.iter().rposition(|d| d.len() >= b);
+        let cols = &job.data[..top.map_or(0, |t| t + 1)];
         let store_mask = (0..3).fold(0u8, |m, j| m | (u8::from(out_lens[j] >= b) << j));
-        // SAFETY: present columns have length >= b; outputs with their bit set have length
-        // >= b; stored parities and Store outputs have length len >= b (caller).
+        // SAFETY: columns of length >= b are readable over [a, b); outputs with their bit set
+        // have length >= b; stored parities and Store outputs have length len >= b (caller).
         unsafe {
             let mut off = rs_range::<V, MASK, U>(cols, a, b, &fin, store_mask);
             if off < b {
@@ -522,7 +555,10 @@ unsafe fn fold2_range<V: Lanes, const U: usize>(
     while off + U * w <= n {
         // SAFETY: [off, off + U·w) lies inside [0, n) where all three runs are valid.
         unsafe {
-            let x: [V; U] = std::array::from_fn(|u| V::load(src.add(off + u * w)));
+            let mut x = [V::zero(); U];
+            for (u, x) in x.iter_mut().enumerate() {
+                *x = V::load(src.add(off + u * w));
+            }
             for (u, x) in x.iter().enumerate() {
                 let at = off + u * w;
                 if init {

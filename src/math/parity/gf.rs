@@ -54,12 +54,29 @@ pub fn pow(g: u8, e: usize) -> u8 {
     EXP[(LOG[g as usize] as usize * (e % 255)) % 255]
 }
 
+/// c·2^j for j in 0..8: the images of the basis bits, from which every prepared table is
+/// built (multiplication by a constant is linear over GF(2)), by doubling.
+fn basis_images(c: u8) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    let mut x = c;
+    for o in out.iter_mut() {
+        *o = x;
+        x = (x << 1)
+            ^ if x & 0x80 != 0 {
+                (POLY & 0xff) as u8
+            } else {
+                0
+            };
+    }
+    out
+}
+
 /// The 256-entry product table of `c` (the scalar kernels' multiply-by-constant).
 pub fn mul_table(c: u8) -> [u8; 256] {
-    // By linearity: c·(2^b + i) = c·2^b ^ c·i for i < 2^b; 8 multiplications instead of 256.
+    // By linearity: c·(2^b + i) = c·2^b ^ c·i for i < 2^b.
+    let img = basis_images(c);
     let mut t = [0u8; 256];
-    for b in 0..8 {
-        let cb = mul(c, 1 << b);
+    for (b, &cb) in img.iter().enumerate() {
         for i in 0..1usize << b {
             t[(1 << b) + i] = t[i] ^ cb;
         }
@@ -69,24 +86,23 @@ pub fn mul_table(c: u8) -> [u8; 256] {
 
 /// The split-nibble tables of `c` for `pshufb`: c·x = lo[x & 15] ^ hi[x >> 4].
 pub fn nibble_tables(c: u8) -> ([u8; 16], [u8; 16]) {
-    (
-        std::array::from_fn(|i| mul(c, i as u8)),
-        std::array::from_fn(|i| mul(c, (i as u8) << 4)),
-    )
+    let img = basis_images(c);
+    let span = |bits: &[u8]| -> [u8; 16] {
+        std::array::from_fn(|i| {
+            (0..4).fold(0u8, |a, b| if i >> b & 1 == 1 { a ^ bits[b] } else { a })
+        })
+    };
+    (span(&img[..4]), span(&img[4..]))
 }
 
 /// Multiplication by `c` as the 8x8 bit matrix `vgf2p8affineqb` takes: output bit i is the
 /// parity of (byte 7-i of the matrix) AND x. Multiplication by a constant is linear over GF(2),
 /// so output bit i of c·x is the XOR over input bits j of bit i of c·2^j.
 pub fn bit_matrix(c: u8) -> u64 {
+    let img = basis_images(c);
     let mut m = 0u64;
     for i in 0..8 {
-        let mut row = 0u8;
-        for j in 0..8 {
-            if mul(c, 1 << j) >> i & 1 == 1 {
-                row |= 1 << j;
-            }
-        }
+        let row = (0..8).fold(0u8, |row, j| row | ((img[j] >> i) & 1) << j);
         m |= (row as u64) << (8 * (7 - i));
     }
     m

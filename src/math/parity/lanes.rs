@@ -13,7 +13,7 @@ pub(crate) trait Lanes: Copy {
     /// Bytes per vector.
     const BYTES: usize;
     /// A prepared multiply-by-constant.
-    type Mul;
+    type Mul: Copy;
 
     /// Loads `BYTES` bytes.
     ///
@@ -36,13 +36,27 @@ pub(crate) trait Lanes: Copy {
     /// The CPU supports this type's features.
     unsafe fn prepare(c: u8) -> Self::Mul;
 
+    /// Whether the RS encoder should take data columns two at a time (Q ← 4·Q ⊕ 2·D ⊕ D'):
+    /// worth it only where ×4 and ×16 cost no more than ×2 and a three-way XOR is one op.
+    const FUSED_PAIRS: bool = false;
+
     fn xor(self, o: Self) -> Self;
+    /// self ^ a ^ b.
+    #[inline(always)]
+    fn xor3(self, a: Self, b: Self) -> Self {
+        self.xor(a).xor(b)
+    }
     /// Every byte times 2.
     fn mul2(self) -> Self;
     /// Every byte times 4.
     #[inline(always)]
     fn mul4(self) -> Self {
         self.mul2().mul2()
+    }
+    /// Every byte times 16.
+    #[inline(always)]
+    fn mul16(self) -> Self {
+        self.mul4().mul4()
     }
     /// Every byte times the prepared constant.
     fn mul(self, m: &Self::Mul) -> Self;

@@ -390,3 +390,49 @@ fn rdp_refuses_unaligned_columns() {
     let msg = msg.downcast_ref::<String>().expect("a formatted message");
     assert!(msg.contains("not a positive multiple of 16"), "{msg}");
 }
+
+#[test]
+fn rdp_tiled_encoding_matches_the_reference() {
+    // The encoder can walk each packet in strips (the codec does not, it measured slower);
+    // every strip width must give the same parity.
+    let mut rng = Rng64::seed_from_u64(0x711e);
+    let p = 17usize;
+    let len = 16 * 1000;
+    for lens in [vec![len; 9], lengths(&mut rng, 16, len, 2)] {
+        let data = random_data(&mut rng, &lens);
+        let want = reference::generate(Code::Rdp { p: 17 }, 2, &refs(&data), len);
+        for tile in [1usize, 64, 100, 999, 1000, 5000] {
+            let (mut row, mut diag) = (vec![0xeeu8; len], vec![0x11u8; len]);
+            let job = engine::RdpGen {
+                p,
+                s: len / (p - 1),
+                data: &refs(&data),
+                row: row.as_mut_ptr(),
+                diag: diag.as_mut_ptr(),
+                tile,
+            };
+            // SAFETY: the scalar lanes need no CPU feature; row and diag are len bytes,
+            // distinct, and every data column is at most len bytes.
+            unsafe { engine::rdp_generate::<u64, 2>(&job) };
+            assert!(vec![row, diag] == want, "tile {tile} lens {lens:?}");
+        }
+    }
+}
+
+#[test]
+fn cycle_mode_visits_every_supported_kernel_in_turn() {
+    let list = ParityImpl::supported_list();
+    let picks: Vec<ParityImpl> = (0..2 * list.len())
+        .map(|n| pick(Selection::Cycle, &list, || n))
+        .collect();
+    assert_eq!(picks[..list.len()], list[..]);
+    assert_eq!(picks[list.len()..], list[..]);
+    assert_eq!(
+        pick(
+            Selection::Fixed(ParityImpl::Scalar),
+            &list,
+            || unreachable!()
+        ),
+        ParityImpl::Scalar
+    );
+}

@@ -167,9 +167,10 @@ impl Lanes for Z {
 #[derive(Clone, Copy)]
 pub(crate) struct G(__m512i);
 
-/// [`gf::bit_matrix`] of 2 and of 4 (checked by a test).
+/// [`gf::bit_matrix`] of 2, 4 and 16 (checked by a test).
 pub(crate) const MATRIX_2: u64 = 0x8001_8284_8810_2040;
 pub(crate) const MATRIX_4: u64 = 0x4080_41c2_c488_1020;
+pub(crate) const MATRIX_16: u64 = 0x1020_50b0_71e2_c488;
 
 impl G {
     #[inline(always)]
@@ -182,6 +183,7 @@ impl G {
 impl Lanes for G {
     const BYTES: usize = 64;
     type Mul = __m512i;
+    const FUSED_PAIRS: bool = true;
 
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
@@ -217,6 +219,16 @@ impl Lanes for G {
     fn mul4(self) -> Self {
         // SAFETY: a G exists only if the CPU has AVX-512 F, BW and GFNI (module doc).
         self.affine(unsafe { _mm512_set1_epi64(MATRIX_4 as i64) })
+    }
+    #[inline(always)]
+    fn mul16(self) -> Self {
+        // SAFETY: a G exists only if the CPU has AVX-512 F, BW and GFNI (module doc).
+        self.affine(unsafe { _mm512_set1_epi64(MATRIX_16 as i64) })
+    }
+    #[inline(always)]
+    fn xor3(self, a: Self, b: Self) -> Self {
+        // SAFETY: a G exists only if the CPU has AVX-512 F, BW and GFNI (module doc).
+        G(unsafe { _mm512_ternarylogic_epi64::<0x96>(self.0, a.0, b.0) })
     }
     #[inline(always)]
     fn mul(self, m: &Self::Mul) -> Self {
@@ -270,5 +282,6 @@ mod tests {
     fn gfni_constants_are_the_bit_matrices() {
         assert_eq!(super::MATRIX_2, super::gf::bit_matrix(2));
         assert_eq!(super::MATRIX_4, super::gf::bit_matrix(4));
+        assert_eq!(super::MATRIX_16, super::gf::bit_matrix(16));
     }
 }
