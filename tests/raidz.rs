@@ -462,3 +462,65 @@ fn read_all_len(pool: &Arc<Pool>, len: usize) -> Vec<u8> {
     vol.read(0, &mut got).unwrap();
     got
 }
+
+/// Several raidz vdevs in one pool (of different widths and parity), each losing as many
+/// devices as its parity covers; and devices failing beyond the parity give errors, not data.
+#[test]
+fn a_pool_of_several_raidz_vdevs_degrades_per_vdev() {
+    use zeta::dsl::TopSpec;
+    use zeta::vdev::RaidzConfig;
+    let devs = mem_devs(3 + 5, 64 * MB);
+    let leaves = as_leaves(&devs);
+    let spec = vec![
+        TopSpec::raidz(RaidzConfig::new(1, 3, false).unwrap(), leaves[..3].to_vec()),
+        TopSpec::raidz(RaidzConfig::new(2, 5, true).unwrap(), leaves[3..].to_vec()),
+    ];
+    let pool = Pool::create("tank", spec, opts()).unwrap();
+    pool.create_volume("v", VOL, 16384, None).unwrap();
+    let mut data = vec![0u8; VOL as usize];
+    StdRng::seed_from_u64(12).fill_bytes(&mut data);
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &data).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    let names: Vec<String> = pool.vdev_status().iter().map(|t| t.name.clone()).collect();
+    assert_eq!(names, ["raidz1", "raidz2-rdp"]);
+    pool.close().unwrap();
+    drop(pool);
+
+    // Lose device 1 of the raidz1 and devices 3 and 7 of the raidz2.
+    let present: Vec<Arc<MemDevice>> = [0, 2, 4, 5, 6].iter().map(|&i| devs[i].clone()).collect();
+    let pool = Pool::import(as_leaves(&present), None, opts()).unwrap();
+    let st = pool.vdev_status();
+    assert_eq!((st[0].state, st[1].state), ("DEGRADED", "DEGRADED"));
+    pool.verify().unwrap();
+    assert!(read_all(&pool) == data);
+    drop(pool);
+
+    // All devices back, but three of the raidz2's five fail every read: reads that need that
+    // vdev fail with an error, those on the raidz1 still succeed, and nothing returns garbage.
+    let pool = Pool::import(as_leaves(&devs), None, opts()).unwrap();
+    for d in &devs[3..6] {
+        d.set_faults(Faults {
+            fail_reads: true,
+            ..Faults::default()
+        });
+    }
+    let vol = Volume::open(&pool, "v").unwrap();
+    let (mut ok, mut failed) = (0, 0);
+    let mut buf = vec![0u8; 16384];
+    for blk in 0..VOL / 16384 {
+        let off = (blk * 16384) as usize;
+        match vol.read(off as u64, &mut buf) {
+            Ok(()) => {
+                assert!(buf[..] == data[off..off + 16384], "block {blk}: wrong data");
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("unreadable"), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(ok > 0 && failed > 0, "{ok} blocks read, {failed} failed");
+}
