@@ -476,3 +476,57 @@ fn shutdown_answers_started_requests_then_closes() {
         assert_eq!(buf, pattern(4096, i as u8));
     }
 }
+
+/// Many partial writes in flight to the same few blocks of a volume on raidz2: each one
+/// reads its block (a parallel read of the stripe's columns) while holding the block's range
+/// lock, and the others queue on that lock. A request worker that ran another request while
+/// waiting for its column reads would deadlock on its own lock; every reply must come.
+#[test]
+fn partial_writes_in_flight_to_one_raidz_block_all_complete() {
+    let devs = mem_devs(6, 64 * MB);
+    // No block cache to speak of: a partial write must read its block's columns.
+    let tiny_cache = zeta::dsl::PoolOptions {
+        cache_bytes: 16 * 1024,
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Raidz2, &devs), tiny_cache).unwrap();
+    pool.create_volume("v", VOLSIZE, 16384, None).unwrap();
+    // Fill, so partial writes must read their blocks back from the columns.
+    {
+        let vol = zeta::zvol::Volume::open(&pool, "v").unwrap();
+        vol.write(0, &pattern(MB as usize, 3)).unwrap();
+        vol.flush().unwrap();
+    }
+    let exports = Arc::new(PoolExports::new(vec![pool.clone()], None));
+    let server = Server::start(
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..ServerConfig::default()
+        },
+        exports,
+    )
+    .unwrap();
+    let mut c = Client::open(server.local_addr(), VOL);
+    let mut expect = pattern(MB as usize, 3);
+    for round in 0..20u64 {
+        // 16 x 4 KiB into the same four 16 KiB blocks, all in flight at once.
+        for i in 0..16u64 {
+            let off = ((i * 4096) + round * 8192) % (64 * 1024);
+            let data = vec![(round * 64 + i) as u8; 4096];
+            c.send(CMD_WRITE, 0, i + 1, off, 4096, &data).unwrap();
+            expect[off as usize..off as usize + 4096].copy_from_slice(&data);
+        }
+        // Every write replied (the client's read timeout turns a deadlock into a failure).
+        for _ in 0..16 {
+            assert_eq!(c.recv().expect("reply before the timeout").error, 0);
+        }
+        // Commit, so the next round's first write to each block reads it from the columns.
+        pool.sync_now().unwrap();
+    }
+    // Within a round no two writes overlap, so the result is exact.
+    let got = c.read(0, 64 * 1024).unwrap();
+    assert!(got == expect[..64 * 1024], "data differs");
+    drop(c);
+    server.shutdown();
+    pool.close().unwrap();
+}

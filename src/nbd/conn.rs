@@ -7,6 +7,7 @@
 //! it back once its reply is on the wire. When the budget is spent the reader stops reading
 //! the socket, which is TCP's backpressure on the client.
 
+use super::workers::Workers;
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -124,12 +125,7 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> io::Result<()> {
 
 /// Serves requests until the client disconnects (DISC, EOF, a framing error) or the socket is
 /// shut down for reading by the server; returns after every started request has replied.
-pub fn serve(
-    stream: TcpStream,
-    session: Session,
-    budget: &Arc<Budget>,
-    workers: &rayon::ThreadPool,
-) {
+pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers: &Workers) {
     let Ok(send) = stream.try_clone() else {
         return;
     };

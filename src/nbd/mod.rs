@@ -12,6 +12,7 @@ mod exports;
 mod handshake;
 pub mod proto;
 mod server;
+mod workers;
 
 use std::sync::Arc;
 

@@ -2,6 +2,7 @@
 //! runs requests on a shared worker pool. `shutdown` stops accepting, lets every started
 //! request reply, and returns once all connections are closed.
 
+use super::workers::Workers;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -52,7 +53,7 @@ struct Inner {
     cfg: ServerConfig,
     exports: Arc<dyn Exports>,
     budget: Arc<Budget>,
-    workers: rayon::ThreadPool,
+    workers: Workers,
     stop: AtomicBool,
     active: AtomicUsize,
     refusing: AtomicUsize,
@@ -71,11 +72,7 @@ impl Server {
     pub fn start(cfg: ServerConfig, exports: Arc<dyn Exports>) -> io::Result<Server> {
         let listener = TcpListener::bind(cfg.listen)?;
         let addr = listener.local_addr()?;
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.workers.max(1))
-            .thread_name(|i| format!("nbd-worker-{i}"))
-            .build()
-            .map_err(io::Error::other)?;
+        let workers = Workers::new(cfg.workers)?;
         let inner = Arc::new(Inner {
             budget: Budget::new(cfg.inflight_bytes.max(super::proto::MAX_PAYLOAD as u64)),
             cfg,
