@@ -118,6 +118,17 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
         &["pool", "create", "-o", "size=128M", "p", "mirror", "a", "b"],
     ));
     ok(&zeta(&home, d, &["vol", "create", "p/v", "1M"]));
+    // A pool nobody serves is scrubbed by the command itself, to the end.
+    let out = ok(&zeta(&home, d, &["pool", "scrub", "p"]));
+    assert!(out.contains("scrub of 'p' finished"), "{out}");
+    fails_with(
+        &zeta(&home, d, &["pool", "scrub", "--stop", "p"]),
+        "not being scrubbed",
+    );
+    fails_with(
+        &zeta(&home, d, &["pool", "scrub", "nosuch"]),
+        "no imported pool",
+    );
     std::fs::write(d.join("small"), vec![0x42u8; 300_000]).unwrap();
     ok(&zeta(&home, d, &["vol", "put", "p/v", "small"]));
 

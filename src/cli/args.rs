@@ -91,6 +91,25 @@ pub enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Scrub a pool: read every copy of every block (mirror children, raidz parity
+    /// included), verify it, and repair what the redundancy allows.
+    #[command(
+        after_help = "A served pool is scrubbed in the background by `zeta serve`, \
+                            throttled behind the volumes' own I/O; --wait follows it to the \
+                            end. A pool that is not served is scrubbed by this command, which \
+                            then always waits. A scrub survives export and import: it resumes \
+                            where it stopped. `zeta pool status` shows its progress and \
+                            findings."
+    )]
+    Scrub {
+        /// Follow the scrub until it ends, with a progress line.
+        #[arg(long)]
+        wait: bool,
+        /// Cancel the running scrub.
+        #[arg(long, conflicts_with = "wait")]
+        stop: bool,
+        pool: String,
+    },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.
     Destroy {
         /// Required: destroying a pool cannot be undone.

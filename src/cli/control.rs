@@ -7,6 +7,7 @@
 //!
 //! - `{"op": "status"}` → `{"ok": true, "value": <pool status --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
+//! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -93,6 +94,11 @@ pub fn remote_status(s: UnixStream, pool: &str) -> Result<Value> {
 pub fn remote_volumes(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
     let v = call(s, json!({"op": "volumes"}), pool)?;
     Ok(v["value"].as_array().cloned().unwrap_or_default())
+}
+
+/// Starts (or with `stop`, cancels) a scrub in the server of `pool`.
+pub fn remote_scrub(s: UnixStream, pool: &str, stop: bool) -> Result<()> {
+    call(s, json!({"op": "scrub", "stop": stop}), pool).map(|_| ())
 }
 
 /// Runs this process's command line in the server of `pool` and prints what it printed.
@@ -211,6 +217,14 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
     let pool = home.served_pools()[0].clone();
     match req["op"].as_str() {
         Some("status") => Ok(json!({"ok": true, "value": super::pool_cmd::status_json(&pool)})),
+        Some("scrub") => {
+            if req["stop"] == json!(true) {
+                pool.stop_scrub()?;
+            } else {
+                pool.start_scrub()?;
+            }
+            Ok(json!({"ok": true}))
+        }
         Some("volumes") => Ok(json!({"ok": true, "value": super::vol_cmd::volume_rows(&pool)})),
         Some("run") => {
             let argv: Vec<String> = req["argv"]

@@ -31,6 +31,7 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
             Ok(())
         }
         PoolCmd::List { json } => list(home, json),
+        PoolCmd::Scrub { wait, stop, pool } => scrub(home, &pool, wait, stop),
         PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
         PoolCmd::Destroy { force, pool } => {
             if !force {
@@ -395,6 +396,133 @@ fn list(home: &Home, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
+    if let Some(conn) = super::control::connect(home, name) {
+        super::control::remote_scrub(conn, name, stop)?;
+        if stop {
+            println!("canceled the scrub of '{name}'");
+            return Ok(());
+        }
+        println!("scrubbing '{name}' in the server (see `zeta pool status {name}`)");
+        if wait {
+            let mut progress = Progress::new();
+            loop {
+                let st = pool_status(home, name)?;
+                progress.show(&st["scan"]);
+                if st["scan"]["state"] != "scanning" {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            progress.finish(name, &pool_status(home, name)?["scan"]);
+        }
+        return Ok(());
+    }
+    let p = home.open(name)?;
+    if stop {
+        let r = p.stop_scrub();
+        p.close()?;
+        r?;
+        println!("canceled the scrub of '{name}'");
+        return Ok(());
+    }
+    // Import resumed a paused scrub already; otherwise start one.
+    if p.scan_status().state != crate::spa::scan_state::ScanPhase::Scanning {
+        p.start_scrub()?;
+    }
+    let mut progress = Progress::new();
+    loop {
+        let st = status_json(&p);
+        progress.show(&st["scan"]);
+        if st["scan"]["state"] != "scanning" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    p.wait_scrub();
+    let last = status_json(&p);
+    p.close()?;
+    progress.finish(name, &last["scan"]);
+    Ok(())
+}
+
+/// A scrub's progress: a line redrawn in place on a terminal, a plain line every few seconds
+/// otherwise.
+struct Progress {
+    tty: bool,
+    last_plain: Option<std::time::Instant>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        use std::io::IsTerminal;
+        Progress {
+            tty: std::io::stdout().is_terminal(),
+            last_plain: None,
+        }
+    }
+
+    fn line(scan: &serde_json::Value) -> String {
+        let n = |k: &str| scan[k].as_u64().unwrap_or(0);
+        let (done, goal) = (n("examined_bytes"), n("to_examine").max(1));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let secs = now.saturating_sub(n("start_secs")).max(1);
+        let rate = done / secs;
+        let eta = match goal.saturating_sub(done).checked_div(rate) {
+            Some(s) => format!("{s}s"),
+            None => "-".into(),
+        };
+        format!(
+            "scrub: {:.1}% ({} of {}), {}/s, ETA {eta}, {} repaired, {} errors",
+            (done as f64 * 100.0 / goal as f64).min(100.0),
+            human(done),
+            human(goal),
+            human(rate),
+            human(n("repaired_bytes")),
+            n("errors")
+        )
+    }
+
+    fn show(&mut self, scan: &serde_json::Value) {
+        use std::io::Write;
+        if self.tty {
+            print!("\r{:<100}", Self::line(scan));
+            let _ = std::io::stdout().flush();
+        } else if self
+            .last_plain
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5))
+        {
+            println!("{}", Self::line(scan));
+            self.last_plain = Some(std::time::Instant::now());
+        }
+    }
+
+    fn finish(&self, name: &str, scan: &serde_json::Value) {
+        if self.tty {
+            println!();
+        }
+        let n = |k: &str| scan[k].as_u64().unwrap_or(0);
+        println!(
+            "scrub of '{name}' {}: {} examined, {} repaired, {} errors",
+            scan["state"].as_str().unwrap_or("?"),
+            human(n("examined_bytes")),
+            human(n("repaired_bytes")),
+            n("errors")
+        );
+        for d in scan["damaged"].as_array().into_iter().flatten() {
+            println!(
+                "  lost: {} bytes {}..{}: {}",
+                d["object"].as_str().unwrap_or("?"),
+                d["start"],
+                d["end"],
+                d["error"].as_str().unwrap_or("")
+            );
+        }
+    }
+}
+
 /// The status of a pool, from the `zeta serve` holding it if one does, else by opening it.
 fn pool_status(home: &Home, name: &str) -> Result<serde_json::Value> {
     if let Some(conn) = super::control::connect(home, name) {
@@ -418,7 +546,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
-           "volumes": p.datasets().len()})
+           "volumes": p.datasets().len(), "scan": p.scan_status()})
 }
 
 fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
@@ -448,6 +576,26 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["alloc"].as_u64().unwrap()),
             human(st["free"].as_u64().unwrap())
         );
+        let scan = &st["scan"];
+        if scan["state"] != "none" {
+            let n = |k: &str| scan[k].as_u64().unwrap_or(0);
+            println!(
+                "  scan: scrub {}: {} of {} examined, {} repaired, {} errors",
+                scan["state"].as_str().unwrap_or("?"),
+                human(n("examined_bytes")),
+                human(n("to_examine")),
+                human(n("repaired_bytes")),
+                n("errors")
+            );
+            for d in scan["damaged"].as_array().into_iter().flatten() {
+                println!(
+                    "  lost: {} bytes {}..{}",
+                    d["object"].as_str().unwrap_or("?"),
+                    d["start"],
+                    d["end"]
+                );
+            }
+        }
         println!(
             "    {:<40} {:>8} {:>6} {:>6} {:>6}",
             "NAME", "STATE", "READ", "WRITE", "CKSUM"

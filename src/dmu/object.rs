@@ -398,6 +398,58 @@ fn collect_blkids(
     Ok(())
 }
 
+/// What a `walk_from` visitor wants done below a block pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    Descend,
+    /// Do not read the block's children (it is damaged, or of no interest).
+    Skip,
+}
+
+/// Visits the block pointers of the tree of `dn` in block order, parents before children,
+/// telling `f` the first block id each one covers; subtrees that lie wholly before block
+/// `from` are passed over without being read, so a scan can resume where it stopped. An
+/// indirect block that cannot be read is passed over as if `f` had said `Skip`, after `f`
+/// was shown its pointer (a scrub reads and reports it there).
+pub fn walk_from(
+    io: &ObjectIo,
+    dn: &DnodePhys,
+    from: u64,
+    f: &mut dyn FnMut(&BlkPtr, u8, u64) -> Visit,
+) {
+    fn go(
+        io: &ObjectIo,
+        bp: &BlkPtr,
+        level: u8,
+        first: u64,
+        from: u64,
+        f: &mut dyn FnMut(&BlkPtr, u8, u64) -> Visit,
+    ) {
+        let span = (FANOUT as u64).saturating_pow(level as u32);
+        if bp.is_hole() || first.saturating_add(span) <= from {
+            return;
+        }
+        if f(bp, level, first) == Visit::Skip || level == 0 {
+            return;
+        }
+        let Ok(block) = io.read_bp(bp) else {
+            return;
+        };
+        let child_span = span / FANOUT as u64;
+        for slot in 0..FANOUT {
+            go(
+                io,
+                &bp_at(&block, slot),
+                level - 1,
+                first + slot as u64 * child_span,
+                from,
+                f,
+            );
+        }
+    }
+    go(io, &dn.root, dn.nlevels - 1, 0, from, f)
+}
+
 /// Visits every block pointer of the tree of `dn`, parents before children, reading (and so
 /// verifying) every indirect block.
 pub fn walk(

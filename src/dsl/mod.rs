@@ -7,5 +7,6 @@
 
 pub mod dir;
 pub mod pool;
+pub mod scan;
 
 pub use pool::{probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, TopSpec, TopStatus};

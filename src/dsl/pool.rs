@@ -15,6 +15,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
+use super::scan::Scanner;
 use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
 use crate::dmu::object::{spans, walk};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
@@ -24,6 +25,7 @@ use crate::spa::label::{
     PoolConfig, PoolState, TopConfig, Uberblock, FORMAT_VERSION,
 };
 use crate::spa::metaslab::ms_shift_for;
+use crate::spa::scan_state::{ScanPhase, ScanState};
 use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
 use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
@@ -243,6 +245,12 @@ pub struct Pool {
     datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
     dirty_bytes: AtomicI64,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The last scrub's state (saved in the config) and the thread running one.
+    pub(super) scan: Mutex<ScanState>,
+    pub(super) scanner: Mutex<Option<Scanner>>,
+    /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
+    last_io_nanos: AtomicU64,
+    born: std::time::Instant,
 }
 
 fn random_guid() -> u64 {
@@ -358,6 +366,7 @@ impl Pool {
             checksum: opts.checksum,
             leaf_guid: 0,
             tops: tops_cfg,
+            scan: None,
         };
         let alloc = Allocator::new(&alloc_geometry(&config));
         let mut mos = empty_mos(
@@ -405,6 +414,10 @@ impl Pool {
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
             thread: Mutex::new(None),
+            scan: Mutex::new(ScanState::default()),
+            scanner: Mutex::new(None),
+            last_io_nanos: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         });
         let weak = Arc::downgrade(&pool);
         let handle = std::thread::Builder::new()
@@ -421,6 +434,8 @@ impl Pool {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let mut cfg = self.config.lock().clone();
         cfg.state = state;
+        let scan = self.scan.lock().clone();
+        cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
         let mut update =
             LabelUpdate::new(&self.io.zio.tops, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
@@ -587,6 +602,7 @@ impl Pool {
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
                     // New txgs must outrank every uberblock skipped on the way here.
                     let txg = commit_above_skipped(&tops_arc, guid, ub, newest_seen)?;
+                    let scan = config.scan.clone().unwrap_or_default();
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     {
                         let mut map = pool.datasets.write();
@@ -594,7 +610,10 @@ impl Pool {
                             map.insert(ds.name.clone(), Arc::new(ds));
                         }
                     }
+                    *pool.scan.lock() = scan;
                     pool.write_config(PoolState::Active)?;
+                    // A scrub that was running when the pool closed goes on where it was.
+                    pool.resume_scrub();
                     return Ok(pool);
                 }
                 Err(e) => failures.push(format!("txg {}: {e}", ub.txg.get())),
@@ -1011,9 +1030,52 @@ impl Pool {
     /// Syncs and stops the sync thread, leaving the pool marked active (imported) on its
     /// devices: what a command does when it is done with a pool it will open again.
     pub fn close(&self) -> Result<(), PoolError> {
+        // A running scrub pauses; its bookmark is saved so the next import resumes it.
+        if let Some(s) = self.scanner.lock().take() {
+            s.pause();
+        }
+        let scrubbing = self.scan.lock().state == ScanPhase::Scanning;
         self.sync_now()?;
         self.shutdown();
-        self.check_healthy()
+        self.check_healthy()?;
+        if scrubbing {
+            self.write_config(PoolState::Active)?;
+        }
+        Ok(())
+    }
+
+    /// Saves the scrub's progress in the config (serialized with syncs by the MOS lock).
+    pub(super) fn save_scan(&self) -> Result<(), PoolError> {
+        let _mos = self.mos.lock();
+        let state = self.config.lock().state;
+        self.write_config(state)
+    }
+
+    /// The dnodes of the MOS objects, as of the last sync.
+    pub(super) fn mos_dnodes(&self) -> Vec<DnodePhys> {
+        let mos = self.mos.lock();
+        let mut v = vec![mos.dir.dnode(), mos.mstable.dnode()];
+        v.extend(mos.sms.iter().map(|o| o.dnode()));
+        v
+    }
+
+    /// Records that a volume read or wrote just now.
+    pub fn note_foreground_io(&self) {
+        let now = self.born.elapsed().as_nanos() as u64;
+        self.last_io_nanos.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Pauses a scrub briefly while volumes are busy, so it takes what they leave.
+    pub(super) fn yield_to_foreground(&self) {
+        const BUSY_WINDOW: u64 = 10_000_000;
+        loop {
+            let last = self.last_io_nanos.load(Ordering::Relaxed);
+            let now = self.born.elapsed().as_nanos() as u64;
+            if last == 0 || now.saturating_sub(last) > BUSY_WINDOW {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Marks the pool destroyed in every label (its devices may then be reused without -f).

@@ -102,6 +102,9 @@ pub struct PoolConfig {
     /// The leaf this copy of the label is written on.
     pub leaf_guid: u64,
     pub tops: Vec<TopConfig>,
+    /// The last scrub: its progress, bookmark and findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scan: Option<super::scan_state::ScanState>,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -344,6 +347,7 @@ mod tests {
             version: FORMAT_VERSION,
             checksum: ChecksumKind::Fletcher4,
             leaf_guid: 7,
+            scan: None,
             tops: vec![TopConfig {
                 raidz: None,
                 id: 0,

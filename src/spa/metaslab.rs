@@ -94,6 +94,7 @@ struct Deferred {
 pub struct Allocator {
     pub tops: Vec<TopSpace>,
     deferred: VecDeque<Deferred>,
+    frees_held: u32,
     rotor: usize,
     rotor_bytes: u64,
 }
@@ -129,6 +130,7 @@ impl Allocator {
         Allocator {
             tops,
             deferred: VecDeque::new(),
+            frees_held: 0,
             rotor: 0,
             rotor_bytes: 0,
         }
@@ -300,7 +302,20 @@ impl Allocator {
     }
 
     /// Called once txg `txg` is committed: frees of txg-2 and older become allocatable.
+    /// Keeps freed space out of reuse until `release_frees` (a scrub holds it while it works
+    /// from block pointers it read earlier: their blocks must not be reallocated under it).
+    pub fn hold_frees(&mut self) {
+        self.frees_held += 1;
+    }
+
+    pub fn release_frees(&mut self) {
+        self.frees_held = self.frees_held.saturating_sub(1);
+    }
+
     pub fn txg_synced(&mut self, txg: u64) {
+        if self.frees_held > 0 {
+            return; // released by a later txg_synced, once nothing holds them
+        }
         while self.deferred.front().is_some_and(|d| d.txg + 2 <= txg) {
             let d = self.deferred.pop_front().unwrap();
             for (v, off, len) in d.extents {
@@ -439,6 +454,20 @@ mod tests {
         let shift = ms_shift_for(1 << 40);
         let count = (1u64 << 40) >> shift;
         assert!((100..=200).contains(&count), "{count}");
+    }
+
+    #[test]
+    fn held_frees_wait_for_the_release() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let d = a.alloc(8192, 1, AllocClass::Recorded).unwrap();
+        a.hold_frees();
+        a.free(&d[0], 5, AllocClass::Recorded);
+        a.txg_synced(9);
+        assert_eq!(a.space().freeing, 8192, "reused while held");
+        a.release_frees();
+        a.txg_synced(10);
+        assert_eq!(a.space().freeing, 0);
+        assert_eq!(a.space().alloc, 0);
     }
 
     #[test]

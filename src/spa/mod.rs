@@ -8,6 +8,7 @@ pub mod bp;
 pub mod label;
 pub mod metaslab;
 pub mod range_tree;
+pub mod scan_state;
 pub mod space_map;
 
 pub use bp::{BlkPtr, BlockKind, Dva};

@@ -386,6 +386,27 @@ impl Raidz {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
+        self.read(offset, buf, verify, false)
+    }
+
+    /// As `read_verified`, but a scrub's read: parity is read and checked against the data
+    /// even when the data verifies, and wrong parity is rewritten and counted.
+    pub fn scrub(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ReadReport, VdevError> {
+        self.read(offset, buf, verify, true)
+    }
+
+    fn read(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        check_parity: bool,
+    ) -> Result<ReadReport, VdevError> {
         let map = self.geom.map(offset, buf.len() as u64);
         let np = map.nparity;
         let data_lens = map.data_lens();
@@ -401,7 +422,8 @@ impl Raidz {
             let which: Vec<usize> = (np..map.cols.len()).collect();
             self.read_columns(&map, &which, &mut bufs, &mut reads);
         }
-        if reads.failed.is_empty() && verify(buf) {
+        let data_ok = reads.failed.is_empty() && verify(buf);
+        if data_ok && !check_parity {
             return Ok(ReadReport::default());
         }
         // The slow path: bring in parity and rebuild.
@@ -431,6 +453,11 @@ impl Raidz {
         // were wrong once the block verifies.
         let orig_data = buf.to_vec();
         let orig_parity = parity.clone();
+        if data_ok && reads.failed.is_empty() {
+            // A scrub of a good block: only the parity can be wrong.
+            self.repair(&map, buf, &orig_data, &orig_parity, &[], &mut report);
+            return Ok(report);
+        }
         let known: Vec<usize> = reads.failed.clone();
         let suspects: Vec<usize> = (0..map.cols.len()).filter(|i| !known.contains(i)).collect();
         let attempt = |missing: &[usize], buf: &mut [u8], parity: &mut [Vec<u8>]| -> bool {

@@ -213,6 +213,61 @@ impl TopVdev {
         }
     }
 
+    /// A scrub's read: every copy (every mirror child, every raidz column including parity)
+    /// is read and checked, not only the first good one; bad ones are rewritten from a good
+    /// one and counted.
+    pub fn scrub(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ReadReport, VdevError> {
+        if let Some(rz) = &self.raidz {
+            return rz.scrub(offset, buf, verify);
+        }
+        let mut report = ReadReport::default();
+        let mut bad: Vec<usize> = Vec::new();
+        let mut good: Option<Vec<u8>> = None;
+        let mut failures: Vec<String> = Vec::new();
+        for (i, child) in self.children.iter().enumerate() {
+            let mut copy = vec![0u8; buf.len()];
+            match child.read_data(&mut copy, offset) {
+                Err(e) => {
+                    child.count(&child.counters.read_errors);
+                    report.io_errors += 1;
+                    failures.push(e.to_string());
+                    bad.push(i);
+                }
+                Ok(()) if verify(&copy) => {
+                    good.get_or_insert(copy);
+                }
+                Ok(()) => {
+                    child.count(&child.counters.cksum_errors);
+                    report.cksum_errors += 1;
+                    failures.push(format!("{}: checksum mismatch", child.name()));
+                    bad.push(i);
+                }
+            }
+        }
+        let Some(good) = good else {
+            return Err(VdevError::AllCopiesFailed(failures.join("; ")));
+        };
+        for &b in &bad {
+            let victim = &self.children[b];
+            if victim.write_data(&good, offset).is_ok() {
+                victim
+                    .counters
+                    .repaired_bytes
+                    .fetch_add(good.len() as u64, Ordering::Relaxed);
+                report.repaired_bytes += good.len() as u64;
+            } else {
+                victim.count(&victim.counters.write_errors);
+            }
+        }
+        buf.copy_from_slice(&good);
+        Ok(report)
+    }
+
     /// Reads `buf.len()` bytes at `offset`, accepting the first copy `verify` approves. Copies
     /// that failed to read or to verify are rewritten from the good one (self-healing) and
     /// counted against their leaf.

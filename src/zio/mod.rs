@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::math::ChecksumKind;
 use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva};
-use crate::vdev::{TopVdev, VdevError, SECTOR};
+use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZioError {
@@ -182,6 +182,77 @@ impl Zio {
             errors.push("block pointer has no copies".into());
         }
         Err(fail(errors.join("; ")))
+    }
+
+    /// A scrub's read of a block: every copy of it (every DVA, and within each every mirror
+    /// child or raidz column) is read and verified, and every bad one rewritten from a good
+    /// one. Returns what it found; fails only if no copy holds the block.
+    pub fn scrub(&self, bp: &BlkPtr) -> Result<ReadReport, ZioError> {
+        assert!(!bp.is_hole());
+        let fail = |detail: String| ZioError::Unrecoverable {
+            what: match bp.kind() {
+                Some(k) => format!("{k:?}").to_lowercase(),
+                None => format!("kind {}", bp.kind),
+            },
+            birth: bp.birth_txg.get(),
+            detail,
+        };
+        let Some(kind) = bp.checksum_kind() else {
+            return Err(fail(format!(
+                "unknown checksum algorithm {}",
+                bp.checksum_kind
+            )));
+        };
+        let psize = bp.psize.get() as usize;
+        let expected = bp.checksum();
+        let verify = |b: &[u8]| kind.compute(b) == expected;
+        let mut total = ReadReport::default();
+        let mut good: Option<Vec<u8>> = None;
+        let mut failed: Vec<&Dva> = Vec::new();
+        let mut errors = Vec::new();
+        for d in bp.dvas() {
+            let Some(top) = self.tops.get(d.vdev.get() as usize) else {
+                errors.push(format!("copy on unknown vdev {}", d.vdev.get()));
+                continue;
+            };
+            let asize = top.asize_of(psize as u64);
+            if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
+                errors.push(format!(
+                    "copy at vdev {} offset {} is out of range",
+                    d.vdev.get(),
+                    d.offset.get()
+                ));
+                continue;
+            }
+            let mut buf = vec![0u8; psize];
+            match top.scrub(d.offset.get(), &mut buf, &verify) {
+                Ok(r) => {
+                    total.io_errors += r.io_errors;
+                    total.cksum_errors += r.cksum_errors;
+                    total.repaired_bytes += r.repaired_bytes;
+                    good.get_or_insert(buf);
+                }
+                Err(e) => {
+                    errors.push(e.to_string());
+                    failed.push(d);
+                }
+            }
+        }
+        let Some(good) = good else {
+            if errors.is_empty() {
+                errors.push("block pointer has no copies".into());
+            }
+            return Err(fail(errors.join("; ")));
+        };
+        for bad in failed {
+            if self.issue_write(bad, &good).is_ok() {
+                total.repaired_bytes += psize as u64;
+            }
+        }
+        self.stats
+            .repaired_bytes
+            .fetch_add(total.repaired_bytes, Ordering::Relaxed);
+        Ok(total)
     }
 
     /// The most a block can grow on its way to disk, as a factor: a raidz stores the smallest

@@ -122,6 +122,7 @@ impl Volume {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
         self.check("read", offset, buf.len() as u64)?;
+        self.pool.note_foreground_io();
         let len = buf.len();
         for sp in spans(offset, len, self.block_size()) {
             let dst = &mut buf[sp.in_buf..sp.in_buf + sp.len];
@@ -135,6 +136,7 @@ impl Volume {
 
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VolError> {
         self.check("write", offset, data.len() as u64)?;
+        self.pool.note_foreground_io();
         if data.is_empty() {
             return Ok(());
         }

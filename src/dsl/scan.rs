@@ -1,0 +1,285 @@
+//! Scrub: a background walk over every block of a pool that reads every copy of each (every
+//! mirror child, every raidz column including parity), verifies it, and rewrites what is bad
+//! from what is good.
+//!
+//! The walk goes through the MOS objects, then the volumes in name order, each in block order
+//! (`dmu::object::walk_from`). Its position (volume, next block) is the bookmark: the state is
+//! saved in the pool config every `SAVE_EVERY` and when the pool closes, so a scrub survives
+//! export and import and resumes there (a crash loses at most the progress since the last
+//! save). Each chunk of work starts from the volume's current tree and holds the allocator's
+//! frees (`Allocator::hold_frees`) while it works, so no block it still points at can be
+//! reallocated under it. Between blocks the scrub yields to foreground I/O: when the pool saw
+//! reads or writes in the last few milliseconds, it pauses.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::pool::Pool;
+use crate::dmu::object::{walk_from, Visit};
+use crate::dmu::DnodePhys;
+use crate::spa::scan_state::{Bookmark, Damage, ScanPhase, ScanState};
+use crate::spa::BlkPtr;
+
+/// How often a running scrub saves its bookmark.
+const SAVE_EVERY: Duration = Duration::from_secs(30);
+/// Blocks scrubbed per chunk (between re-reading the tree and releasing held frees).
+const CHUNK_BLOCKS: u64 = 256;
+/// Damaged ranges remembered (more are counted in `errors`).
+const MAX_DAMAGED: usize = 100;
+
+/// The thread running a scrub, and how to stop it.
+pub(super) struct Scanner {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Scanner {
+    /// Pauses the scrub (its state stays `scanning`, to resume at the next import) and waits
+    /// for the thread.
+    pub(super) fn pause(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Pool {
+    /// Starts a scrub in the background (or resumes a paused one where it stopped).
+    pub fn start_scrub(self: &Arc<Self>) -> Result<(), super::PoolError> {
+        let mut slot = self.scanner.lock();
+        if slot.as_ref().is_some_and(|s| !s.thread.is_finished()) {
+            return Err(super::PoolError::Invalid(format!(
+                "pool '{}' is already being scrubbed (stop it with --stop)",
+                self.name
+            )));
+        }
+        self.begin_scrub();
+        *slot = Some(self.spawn_scanner());
+        Ok(())
+    }
+
+    /// Marks a scrub as running from the start, unless one is already under way (paused).
+    fn begin_scrub(&self) {
+        let mut st = self.scan.lock();
+        if st.state != ScanPhase::Scanning {
+            *st = ScanState {
+                state: ScanPhase::Scanning,
+                to_examine: self.space().alloc,
+                start_secs: now_secs(),
+                ..ScanState::default()
+            };
+        }
+    }
+
+    /// Runs one chunk of a scrub on the calling thread, beginning one if none is under way;
+    /// returns whether the scrub is done. For tests and tools that need to stop a scrub at a
+    /// known point; `start_scrub` is the normal way.
+    pub fn scrub_chunk(self: &Arc<Self>) -> bool {
+        self.begin_scrub();
+        let stop = AtomicBool::new(false);
+        if scan_chunk(self, &stop) {
+            finish(self);
+            return true;
+        }
+        false
+    }
+
+    /// Resumes a scrub the config says was running (at import).
+    pub(super) fn resume_scrub(self: &Arc<Self>) {
+        if self.scan.lock().state == ScanPhase::Scanning {
+            *self.scanner.lock() = Some(self.spawn_scanner());
+        }
+    }
+
+    fn spawn_scanner(self: &Arc<Self>) -> Scanner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, flag) = (Arc::downgrade(self), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("scrub-{}", self.name))
+            .spawn(move || scan(weak, &flag))
+            .expect("spawn scrub thread");
+        Scanner { stop, thread }
+    }
+
+    /// Cancels a running scrub; its state becomes `canceled`.
+    pub fn stop_scrub(&self) -> Result<(), super::PoolError> {
+        let running = self
+            .scanner
+            .lock()
+            .take()
+            .filter(|s| !s.thread.is_finished());
+        let Some(s) = running else {
+            return Err(super::PoolError::Invalid(format!(
+                "pool '{}' is not being scrubbed",
+                self.name
+            )));
+        };
+        s.pause();
+        let mut st = self.scan.lock();
+        if st.state == ScanPhase::Scanning {
+            st.state = ScanPhase::Canceled;
+            st.end_secs = now_secs();
+        }
+        Ok(())
+    }
+
+    pub fn scan_status(&self) -> ScanState {
+        self.scan.lock().clone()
+    }
+
+    /// Waits until no scrub runs (finished, canceled, or the pool closing).
+    pub fn wait_scrub(&self) {
+        let running = self.scanner.lock().take();
+        if let Some(s) = running {
+            let _ = s.thread.join();
+        }
+    }
+}
+
+/// The scrub thread: holds the pool only while it works on a chunk, so a dropped pool is not
+/// kept alive by it.
+fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
+    let mut last_save = Instant::now();
+    loop {
+        let Some(pool) = pool.upgrade() else { return };
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let done = scan_chunk(&pool, stop);
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if done {
+            finish(&pool);
+            return;
+        }
+        if last_save.elapsed() >= SAVE_EVERY {
+            let _ = pool.save_scan();
+            last_save = Instant::now();
+        }
+    }
+}
+
+fn finish(pool: &Pool) {
+    {
+        let mut st = pool.scan.lock();
+        st.state = ScanPhase::Finished;
+        st.end_secs = now_secs();
+        st.bookmark = None;
+    }
+    let _ = pool.save_scan();
+}
+
+/// Scrubs up to `CHUNK_BLOCKS` blocks from the bookmark on; returns whether the walk is done.
+fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
+    let bookmark = pool.scan.lock().bookmark.clone();
+    let Some(bookmark) = bookmark else {
+        // The MOS first: it is small, and scrubbed whole in one go.
+        pool.io.zio.alloc.lock().hold_frees();
+        for dn in pool.mos_dnodes() {
+            scrub_tree(pool, &pool.name, &dn, 0, 0, u64::MAX, stop);
+        }
+        pool.io.zio.alloc.lock().release_frees();
+        if !stop.load(Ordering::SeqCst) {
+            set_bookmark(pool, first_volume_after(pool, None), 0);
+        }
+        return false;
+    };
+    let Some(name) = bookmark.volume else {
+        return true; // no volume left
+    };
+    let Ok(ds) = pool.dataset(&name) else {
+        // Destroyed meanwhile: go on with the next one.
+        set_bookmark(pool, first_volume_after(pool, Some(&name)), 0);
+        return false;
+    };
+    pool.io.zio.alloc.lock().hold_frees();
+    let dn = ds.object.dnode();
+    let label = format!("{}/{}", pool.name, name);
+    let bs = ds.volblocksize as u64;
+    let next = scrub_tree(pool, &label, &dn, bookmark.blkid, bs, CHUNK_BLOCKS, stop);
+    pool.io.zio.alloc.lock().release_frees();
+    if stop.load(Ordering::SeqCst) {
+        return false;
+    }
+    match next {
+        Some(blkid) => set_bookmark(pool, Some(name), blkid),
+        None => set_bookmark(pool, first_volume_after(pool, Some(&name)), 0),
+    }
+    false
+}
+
+fn set_bookmark(pool: &Pool, volume: Option<String>, blkid: u64) {
+    pool.scan.lock().bookmark = Some(Bookmark { volume, blkid });
+}
+
+fn first_volume_after(pool: &Pool, after: Option<&str>) -> Option<String> {
+    let mut names: Vec<String> = pool.datasets().iter().map(|d| d.name.clone()).collect();
+    names.sort();
+    names
+        .into_iter()
+        .find(|n| after.is_none_or(|a| n.as_str() > a))
+}
+
+/// Scrubs the tree of `dn` from block `from`, at most `limit` level-0 blocks; returns the
+/// block id to resume at, or None when the tree is done (or the scrub was stopped).
+fn scrub_tree(
+    pool: &Pool,
+    label: &str,
+    dn: &DnodePhys,
+    from: u64,
+    block_bytes: u64,
+    limit: u64,
+    stop: &AtomicBool,
+) -> Option<u64> {
+    let mut scrubbed = 0u64;
+    let mut resume = None;
+    walk_from(&pool.io, dn, from, &mut |bp: &BlkPtr, level, first| {
+        if resume.is_some() || stop.load(Ordering::SeqCst) {
+            return Visit::Skip;
+        }
+        if level == 0 && scrubbed == limit {
+            resume = Some(first);
+            return Visit::Skip;
+        }
+        pool.yield_to_foreground();
+        let visit = match pool.io.zio.scrub(bp) {
+            Ok(r) => {
+                let mut st = pool.scan.lock();
+                st.examined_bytes += bp.asize_total();
+                st.repaired_bytes += r.repaired_bytes;
+                Visit::Descend
+            }
+            Err(e) => {
+                let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
+                let mut st = pool.scan.lock();
+                st.examined_bytes += bp.asize_total();
+                st.errors += 1;
+                if st.damaged.len() < MAX_DAMAGED {
+                    st.damaged.push(Damage {
+                        object: label.to_string(),
+                        start: first.saturating_mul(block_bytes),
+                        end: first.saturating_add(span).saturating_mul(block_bytes),
+                        error: e.to_string(),
+                    });
+                }
+                Visit::Skip
+            }
+        };
+        if level == 0 {
+            scrubbed += 1;
+        }
+        visit
+    });
+    if stop.load(Ordering::SeqCst) {
+        return None;
+    }
+    resume
+}

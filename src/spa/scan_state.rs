@@ -1,0 +1,53 @@
+//! The state of a pool's last scan (scrub), as the pool config in every label records it, so
+//! that a scrub survives export and import. `dsl::scan` runs the scrub.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanPhase {
+    /// No scrub has run on this pool.
+    #[default]
+    None,
+    Scanning,
+    Finished,
+    Canceled,
+}
+
+/// Where a paused scrub goes on: the next block id of `volume` (volumes go in name order,
+/// after the MOS); no volume means every volume is done. No bookmark at all: the MOS is next.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bookmark {
+    pub volume: Option<String>,
+    pub blkid: u64,
+}
+
+/// A byte range of a volume (or of the pool's own metadata) that no copy could supply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Damage {
+    /// `POOL/VOL`, or `POOL` for the pool's metadata.
+    pub object: String,
+    pub start: u64,
+    pub end: u64,
+    pub error: String,
+}
+
+/// The last scan, as the config records it and `pool status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanState {
+    pub state: ScanPhase,
+    /// Allocated bytes read so far (every copy counts).
+    pub examined_bytes: u64,
+    /// Allocated bytes in the pool when the scrub started: the goal for `examined_bytes`.
+    pub to_examine: u64,
+    pub repaired_bytes: u64,
+    /// Blocks no copy could supply.
+    pub errors: u64,
+    /// Seconds since the epoch.
+    pub start_secs: u64,
+    pub end_secs: u64,
+    #[serde(default)]
+    pub bookmark: Option<Bookmark>,
+    #[serde(default)]
+    pub damaged: Vec<Damage>,
+}

@@ -1,0 +1,233 @@
+//! Scrub: every copy of every block is read and checked (raidz parity included), what the
+//! redundancy allows is repaired, a second scrub finds nothing, and a paused scrub resumes
+//! after export and import where it stopped.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use zeta::dsl::Pool;
+use zeta::dsl::TopSpec;
+use zeta::spa::scan_state::{ScanPhase, ScanState};
+use zeta::vdev::mem::MemDevice;
+use zeta::vdev::{RaidzConfig, RESERVE_BYTES};
+use zeta::zvol::Volume;
+
+const VOL: u64 = 4 * MB;
+
+fn filled(layout: Layout, bs: u32, seed: u64) -> (Vec<Arc<MemDevice>>, Vec<u8>) {
+    let devs = mem_devs(devs_for(layout), 64 * MB);
+    let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
+    pool.create_volume("v", VOL, bs, None).unwrap();
+    let mut data = vec![0u8; VOL as usize];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &data).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    pool.close().unwrap();
+    (devs, data)
+}
+
+fn scrub(pool: &Arc<Pool>) -> ScanState {
+    pool.start_scrub().unwrap();
+    pool.wait_scrub();
+    let st = pool.scan_status();
+    assert_eq!(st.state, ScanPhase::Finished, "{st:?}");
+    st
+}
+
+fn read_all(pool: &Arc<Pool>) -> Vec<u8> {
+    let vol = Volume::open(pool, "v").unwrap();
+    let mut got = vec![0u8; VOL as usize];
+    vol.read(0, &mut got).unwrap();
+    got
+}
+
+/// Rots `count` random sectors in `[from, to)` of the data area of each leaf in `which`;
+/// with `same`, every leaf gets the same sectors (several columns of one stripe at once).
+fn rot(
+    devs: &[Arc<MemDevice>],
+    which: &[usize],
+    count: usize,
+    same: bool,
+    range: (u64, u64),
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (from, to) = (range.0 / 4096, range.1 / 4096);
+    let shared: Vec<u64> = (0..count).map(|_| rng.gen_range(from..to) * 4096).collect();
+    for &i in which {
+        for &at in &shared {
+            let off = if same {
+                at
+            } else {
+                rng.gen_range(from..to) * 4096
+            };
+            let mut junk = vec![0u8; 4096];
+            rng.fill_bytes(&mut junk);
+            devs[i].corrupt(RESERVE_BYTES + off, &junk);
+        }
+    }
+}
+
+#[test]
+fn scrub_repairs_a_mirror_and_a_second_finds_nothing() {
+    let (devs, data) = filled(Layout::Mirror, 16384, 1);
+    // Different halves on each side: every block keeps one good copy.
+    rot(&devs, &[0], 60, false, (0, 3 * MB / 2), 2);
+    rot(&devs, &[1], 60, false, (3 * MB / 2, 3 * MB), 3);
+    let pool = import(&devs);
+    let first = scrub(&pool);
+    assert!(first.repaired_bytes > 0, "{first:?}");
+    assert_eq!(first.errors, 0, "{first:?}");
+    assert!(first.examined_bytes >= VOL, "{first:?}");
+    let second = scrub(&pool);
+    assert_eq!(second.repaired_bytes, 0, "{second:?}");
+    assert_eq!(second.errors, 0);
+    assert!(read_all(&pool) == data);
+}
+
+#[test]
+fn scrub_repairs_raidz2_columns_and_parity() {
+    for layout in [Layout::Raidz2, Layout::Raidz2Rdp] {
+        let (devs, data) = filled(layout, 131072, 4);
+        // The same sectors on two leaves: up to two columns of a stripe, parity columns
+        // among them (which plain reads never look at).
+        rot(&devs, &[0, 3], 60, true, (0, 3 * MB), 5);
+        let pool = import(&devs);
+        let first = scrub(&pool);
+        assert!(first.repaired_bytes > 0, "{layout:?}: {first:?}");
+        assert_eq!(first.errors, 0, "{layout:?}: {first:?}");
+        let second = scrub(&pool);
+        assert_eq!(
+            second.repaired_bytes, 0,
+            "{layout:?}: parity left bad: {second:?}"
+        );
+        assert!(read_all(&pool) == data);
+        drop(pool);
+        let pool = import(&devs);
+        assert_eq!(
+            scrub(&pool).repaired_bytes,
+            0,
+            "{layout:?}: repairs did not stick"
+        );
+    }
+}
+
+#[test]
+fn scrub_beyond_redundancy_reports_the_lost_range() {
+    let (devs, _) = filled(Layout::Raidz1, 16384, 7);
+    rot(&devs, &[0, 1, 2], 30, true, (0, 3 * MB), 8);
+    let pool = match Pool::import(as_leaves(&devs), None, opts()) {
+        Ok(p) => p,
+        Err(e) => panic!("metadata is kept twice and should survive: {e}"),
+    };
+    let st = scrub(&pool);
+    assert!(st.errors > 0, "{st:?}");
+    assert!(!st.damaged.is_empty());
+    for d in &st.damaged {
+        assert!(d.object == "tank/v" || d.object == "tank", "{d:?}");
+        if d.object == "tank/v" {
+            assert!(d.start < d.end && d.end <= VOL, "{d:?}");
+            assert_eq!(d.start % 16384, 0);
+        }
+    }
+    // The findings are in the config: they outlive the process.
+    pool.close().unwrap();
+    drop(pool);
+    let cfg = zeta::dsl::probe(devs[0].clone()).unwrap();
+    assert_eq!(cfg.scan.unwrap().errors, st.errors);
+}
+
+#[test]
+fn a_paused_scrub_resumes_after_export_and_import() {
+    // 4K blocks: 1024 data blocks, several chunks of work.
+    let (devs, data) = filled(Layout::Raidz1, 4096, 9);
+    let pool = import(&devs);
+    // The MOS, then two chunks of the volume, then stop there.
+    for _ in 0..3 {
+        assert!(!pool.scrub_chunk());
+    }
+    let mid = pool.scan_status();
+    assert_eq!(mid.state, ScanPhase::Scanning);
+    let mark = mid.bookmark.clone().expect("a bookmark");
+    assert_eq!(mark.volume.as_deref(), Some("v"));
+    assert!(mark.blkid > 0 && mark.blkid < 1024, "{mark:?}");
+    pool.export().unwrap();
+    drop(pool);
+
+    let saved = zeta::dsl::probe(devs[1].clone()).unwrap().scan.unwrap();
+    assert_eq!(saved.bookmark, Some(mark.clone()));
+    assert_eq!(saved.examined_bytes, mid.examined_bytes);
+
+    // Import resumes it on its own.
+    let pool = import(&devs);
+    pool.wait_scrub();
+    let end = pool.scan_status();
+    assert_eq!(end.state, ScanPhase::Finished, "{end:?}");
+    assert!(end.examined_bytes > mid.examined_bytes);
+    // Resumed, not restarted: what was examined adds up to about the pool once.
+    assert!(
+        end.examined_bytes <= end.to_examine + end.to_examine / 4,
+        "examined {} of {}",
+        end.examined_bytes,
+        end.to_examine
+    );
+    assert!(end.examined_bytes >= end.to_examine / 2);
+    assert!(read_all(&pool) == data);
+}
+
+#[test]
+fn scrub_runs_beside_writes_without_harm() {
+    let (devs, mut data) = filled(Layout::Mirror, 4096, 10);
+    let pool = import(&devs);
+    pool.start_scrub().unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    for i in 0..300 {
+        let len = rng.gen_range(1..40_000usize);
+        let off = rng.gen_range(0..VOL as usize - len);
+        rng.fill_bytes(&mut data[off..off + len]);
+        vol.write(off as u64, &data[off..off + len]).unwrap();
+        if i % 25 == 0 {
+            vol.flush().unwrap(); // txgs commit and free blocks while the scrub reads
+        }
+    }
+    vol.flush().unwrap();
+    pool.wait_scrub();
+    let st = pool.scan_status();
+    assert_eq!(st.state, ScanPhase::Finished);
+    assert_eq!(st.errors, 0, "{st:?}");
+    assert_eq!(st.repaired_bytes, 0, "a scrub 'repaired' good data: {st:?}");
+    assert!(read_all(&pool) == data);
+    pool.verify().unwrap();
+    // A raidz pool too (its scrub rewrites parity it finds wrong: none must be).
+    let devs = mem_devs(4, 64 * MB);
+    let pool = Pool::create(
+        "r",
+        vec![TopSpec::raidz(
+            RaidzConfig::new(1, 4, false).unwrap(),
+            as_leaves(&devs),
+        )],
+        opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", VOL, 4096, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    pool.start_scrub().unwrap();
+    for i in 0..300u64 {
+        vol.write((i * 12_345) % (VOL - 8192), &[i as u8; 8192])
+            .unwrap();
+        if i % 50 == 0 {
+            vol.flush().unwrap();
+        }
+    }
+    vol.flush().unwrap();
+    pool.wait_scrub();
+    assert_eq!(pool.scan_status().repaired_bytes, 0);
+    assert_eq!(scrub(&pool).repaired_bytes, 0);
+}
