@@ -46,6 +46,50 @@ pub struct ZioStats {
     pub repaired_bytes: AtomicU64,
 }
 
+/// The error for a block no copy could supply.
+fn unrecoverable(bp: &BlkPtr, detail: String) -> ZioError {
+    ZioError::Unrecoverable {
+        what: match bp.kind() {
+            Some(k) => format!("{k:?}").to_lowercase(),
+            None => format!("kind {}", bp.kind),
+        },
+        birth: bp.birth_txg.get(),
+        detail,
+    }
+}
+
+/// What a read needs to check a block: its size and a verifier against its checksum.
+fn verifier(bp: &BlkPtr) -> Result<(usize, impl Fn(&[u8]) -> bool), ZioError> {
+    let Some(kind) = bp.checksum_kind() else {
+        return Err(unrecoverable(
+            bp,
+            format!("unknown checksum algorithm {}", bp.checksum_kind),
+        ));
+    };
+    let expected = bp.checksum();
+    Ok((bp.psize.get() as usize, move |b: &[u8]| {
+        kind.compute(b) == expected
+    }))
+}
+
+impl Zio {
+    /// The vdev holding copy `d` of a block of `psize` bytes, if the DVA is sane.
+    fn vdev_of(&self, d: &Dva, psize: usize) -> Result<&TopVdev, String> {
+        let Some(top) = self.tops.get(d.vdev.get() as usize) else {
+            return Err(format!("copy on unknown vdev {}", d.vdev.get()));
+        };
+        let asize = top.asize_of(psize as u64);
+        if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
+            return Err(format!(
+                "copy at vdev {} offset {} is out of range",
+                d.vdev.get(),
+                d.offset.get()
+            ));
+        }
+        Ok(top)
+    }
+}
+
 pub struct Zio {
     pub tops: Vec<Arc<TopVdev>>,
     pub alloc: Mutex<Allocator>,
@@ -121,41 +165,18 @@ impl Zio {
     /// callers handle holes before calling; this asserts it.
     pub fn read(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
         assert!(!bp.is_hole());
-        let what = match bp.kind() {
-            Some(k) => format!("{k:?}").to_lowercase(),
-            None => format!("kind {}", bp.kind),
-        };
-        let fail = |detail: String| ZioError::Unrecoverable {
-            what: what.clone(),
-            birth: bp.birth_txg.get(),
-            detail,
-        };
-        let Some(kind) = bp.checksum_kind() else {
-            return Err(fail(format!(
-                "unknown checksum algorithm {}",
-                bp.checksum_kind
-            )));
-        };
-        let psize = bp.psize.get() as usize;
-        let expected = bp.checksum();
-        let verify = |b: &[u8]| kind.compute(b) == expected;
+        let (psize, verify) = verifier(bp)?;
         let mut buf = vec![0u8; psize];
         let mut failed: Vec<&Dva> = Vec::new();
         let mut errors = Vec::new();
         for d in bp.dvas() {
-            let Some(top) = self.tops.get(d.vdev.get() as usize) else {
-                errors.push(format!("copy on unknown vdev {}", d.vdev.get()));
-                continue;
+            let top = match self.vdev_of(d, psize) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
             };
-            let asize = top.asize_of(psize as u64);
-            if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
-                errors.push(format!(
-                    "copy at vdev {} offset {} is out of range",
-                    d.vdev.get(),
-                    d.offset.get()
-                ));
-                continue;
-            }
             match top.read_verified(d.offset.get(), &mut buf, &verify) {
                 Ok(report) => {
                     self.stats
@@ -181,7 +202,7 @@ impl Zio {
         if errors.is_empty() {
             errors.push("block pointer has no copies".into());
         }
-        Err(fail(errors.join("; ")))
+        Err(unrecoverable(bp, errors.join("; ")))
     }
 
     /// A scrub's read of a block: every copy of it (every DVA, and within each every mirror
@@ -189,41 +210,19 @@ impl Zio {
     /// one. Returns what it found; fails only if no copy holds the block.
     pub fn scrub(&self, bp: &BlkPtr) -> Result<ReadReport, ZioError> {
         assert!(!bp.is_hole());
-        let fail = |detail: String| ZioError::Unrecoverable {
-            what: match bp.kind() {
-                Some(k) => format!("{k:?}").to_lowercase(),
-                None => format!("kind {}", bp.kind),
-            },
-            birth: bp.birth_txg.get(),
-            detail,
-        };
-        let Some(kind) = bp.checksum_kind() else {
-            return Err(fail(format!(
-                "unknown checksum algorithm {}",
-                bp.checksum_kind
-            )));
-        };
-        let psize = bp.psize.get() as usize;
-        let expected = bp.checksum();
-        let verify = |b: &[u8]| kind.compute(b) == expected;
+        let (psize, verify) = verifier(bp)?;
         let mut total = ReadReport::default();
         let mut good: Option<Vec<u8>> = None;
         let mut failed: Vec<&Dva> = Vec::new();
         let mut errors = Vec::new();
         for d in bp.dvas() {
-            let Some(top) = self.tops.get(d.vdev.get() as usize) else {
-                errors.push(format!("copy on unknown vdev {}", d.vdev.get()));
-                continue;
+            let top = match self.vdev_of(d, psize) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
             };
-            let asize = top.asize_of(psize as u64);
-            if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
-                errors.push(format!(
-                    "copy at vdev {} offset {} is out of range",
-                    d.vdev.get(),
-                    d.offset.get()
-                ));
-                continue;
-            }
             let mut buf = vec![0u8; psize];
             match top.scrub(d.offset.get(), &mut buf, &verify) {
                 Ok(r) => {
@@ -242,7 +241,7 @@ impl Zio {
             if errors.is_empty() {
                 errors.push("block pointer has no copies".into());
             }
-            return Err(fail(errors.join("; ")));
+            return Err(unrecoverable(bp, errors.join("; ")));
         };
         for bad in failed {
             if self.issue_write(bad, &good).is_ok() {
