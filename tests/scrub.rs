@@ -231,3 +231,33 @@ fn scrub_runs_beside_writes_without_harm() {
     assert_eq!(pool.scan_status().repaired_bytes, 0);
     assert_eq!(scrub(&pool).repaired_bytes, 0);
 }
+
+#[test]
+fn error_counters_outlive_the_process_until_cleared() {
+    let (devs, data) = filled(Layout::Mirror, 16384, 12);
+    rot(&devs, &[1], 20, false, (0, 3 * MB), 13);
+    let pool = import(&devs);
+    let found = scrub(&pool);
+    assert!(found.repaired_bytes > 0);
+    let cksum = |p: &Pool| -> Vec<u64> {
+        p.vdev_status()[0]
+            .leaves
+            .iter()
+            .map(|l| l.cksum_errors)
+            .collect()
+    };
+    let before = cksum(&pool);
+    assert!(before[1] > 0 && before[0] == 0, "{before:?}");
+    pool.close().unwrap();
+    drop(pool);
+    // A new process (an import) still shows them.
+    let pool = import(&devs);
+    assert_eq!(cksum(&pool), before);
+    assert!(read_all(&pool) == data);
+    pool.clear_errors().unwrap();
+    assert_eq!(cksum(&pool), vec![0, 0]);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    assert_eq!(cksum(&pool), vec![0, 0], "clear did not reach the labels");
+}

@@ -110,6 +110,8 @@ pub enum PoolCmd {
         stop: bool,
         pool: String,
     },
+    /// Zero the READ/WRITE/CKSUM error counters of every device of a pool.
+    Clear { pool: String },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.
     Destroy {
         /// Required: destroying a pool cannot be undone.

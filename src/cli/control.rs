@@ -8,6 +8,7 @@
 //! - `{"op": "status"}` → `{"ok": true, "value": <pool status --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
+//! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -99,6 +100,11 @@ pub fn remote_volumes(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
 /// Starts (or with `stop`, cancels) a scrub in the server of `pool`.
 pub fn remote_scrub(s: UnixStream, pool: &str, stop: bool) -> Result<()> {
     call(s, json!({"op": "scrub", "stop": stop}), pool).map(|_| ())
+}
+
+/// Zeroes the error counters of `pool` in its server.
+pub fn remote_clear(s: UnixStream, pool: &str) -> Result<()> {
+    call(s, json!({"op": "clear"}), pool).map(|_| ())
 }
 
 /// Runs this process's command line in the server of `pool` and prints what it printed.
@@ -223,6 +229,10 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             } else {
                 pool.start_scrub()?;
             }
+            Ok(json!({"ok": true}))
+        }
+        Some("clear") => {
+            pool.clear_errors()?;
             Ok(json!({"ok": true}))
         }
         Some("volumes") => Ok(json!({"ok": true, "value": super::vol_cmd::volume_rows(&pool)})),

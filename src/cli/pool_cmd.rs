@@ -32,6 +32,19 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         }
         PoolCmd::List { json } => list(home, json),
         PoolCmd::Scrub { wait, stop, pool } => scrub(home, &pool, wait, stop),
+        PoolCmd::Clear { pool } => {
+            match super::control::connect(home, &pool) {
+                Some(conn) => super::control::remote_clear(conn, &pool)?,
+                None => {
+                    let p = home.open(&pool)?;
+                    let r = p.clear_errors();
+                    p.close()?;
+                    r?;
+                }
+            }
+            println!("cleared the error counters of '{pool}'");
+            Ok(())
+        }
         PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
         PoolCmd::Destroy { force, pool } => {
             if !force {

@@ -332,6 +332,7 @@ impl Pool {
                 children.push(LeafConfig {
                     guid: leaf.guid,
                     path,
+                    errors: Default::default(),
                 });
                 leaves.push(Arc::new(leaf));
             }
@@ -436,6 +437,7 @@ impl Pool {
         cfg.state = state;
         let scan = self.scan.lock().clone();
         cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
+        self.record_counters(&mut cfg);
         let mut update =
             LabelUpdate::new(&self.io.zio.tops, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
@@ -446,7 +448,10 @@ impl Pool {
             })?;
             update.step(|leaf| leaf.dev.flush())?;
         }
-        self.config.lock().state = state;
+        let mut c = self.config.lock();
+        c.state = state;
+        c.scan = cfg.scan;
+        c.tops = cfg.tops;
         Ok(())
     }
 
@@ -547,7 +552,11 @@ impl Pool {
                             return Err(cannot(format!("{path}: device is smaller than when the pool was created (truncated?)")));
                         }
                         c.path = path.clone();
-                        slots.push(Some(Arc::new(Leaf::new(dev.clone(), c.guid))));
+                        let leaf = Leaf::new(dev.clone(), c.guid);
+                        let e = c.errors;
+                        leaf.counters
+                            .set([e.read, e.write, e.cksum, e.repaired_bytes]);
+                        slots.push(Some(Arc::new(leaf)));
                     }
                     None => {
                         missing.push(c.path.clone());
@@ -1038,10 +1047,48 @@ impl Pool {
         self.sync_now()?;
         self.shutdown();
         self.check_healthy()?;
-        if scrubbing {
+        // Keep a paused scrub's bookmark and the error counters for the next import.
+        if scrubbing || self.counters_changed() {
             self.write_config(PoolState::Active)?;
         }
         Ok(())
+    }
+
+    /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
+    fn record_counters(&self, cfg: &mut PoolConfig) {
+        for (top, tc) in self.io.zio.tops.iter().zip(cfg.tops.iter_mut()) {
+            for c in tc.children.iter_mut() {
+                if let Some(leaf) = top.children.iter().find(|l| l.guid == c.guid) {
+                    let [read, write, cksum, repaired_bytes] = leaf.counters.snapshot();
+                    c.errors = crate::spa::label::LeafErrors {
+                        read,
+                        write,
+                        cksum,
+                        repaired_bytes,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Whether the counters moved since the config was last written.
+    fn counters_changed(&self) -> bool {
+        let saved = self.config.lock().clone();
+        let mut now = saved.clone();
+        self.record_counters(&mut now);
+        now != saved
+    }
+
+    /// Zeroes every leaf's error counters (`zeta pool clear`), in memory and in the labels.
+    pub fn clear_errors(&self) -> Result<(), PoolError> {
+        for top in &self.io.zio.tops {
+            for leaf in &top.children {
+                leaf.counters.set([0; 4]);
+            }
+        }
+        let _mos = self.mos.lock();
+        let state = self.config.lock().state;
+        self.write_config(state)
     }
 
     /// Saves the scrub's progress in the config (serialized with syncs by the MOS lock).

@@ -61,6 +61,25 @@ pub struct LeafConfig {
     pub guid: u64,
     /// Where the leaf was last seen; a hint, import searches by GUID.
     pub path: String,
+    /// Its error counters when the config was written, so `zeta pool status` shows them after
+    /// a restart too (`zeta pool clear` zeroes them).
+    #[serde(default, skip_serializing_if = "LeafErrors::is_zero")]
+    pub errors: LeafErrors,
+}
+
+/// A leaf's error counts, as `zeta pool status` shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeafErrors {
+    pub read: u64,
+    pub write: u64,
+    pub cksum: u64,
+    pub repaired_bytes: u64,
+}
+
+impl LeafErrors {
+    pub fn is_zero(&self) -> bool {
+        *self == LeafErrors::default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -359,6 +378,7 @@ mod tests {
                 children: vec![LeafConfig {
                     guid: 7,
                     path: "/dev/x".into(),
+                    errors: LeafErrors::default(),
                 }],
             }],
         }

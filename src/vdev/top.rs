@@ -20,6 +20,25 @@ pub struct LeafCounters {
     pub repaired_bytes: AtomicU64,
 }
 
+impl LeafCounters {
+    /// (read, write, cksum, repaired bytes) now.
+    pub fn snapshot(&self) -> [u64; 4] {
+        [
+            self.read_errors.load(Ordering::Relaxed),
+            self.write_errors.load(Ordering::Relaxed),
+            self.cksum_errors.load(Ordering::Relaxed),
+            self.repaired_bytes.load(Ordering::Relaxed),
+        ]
+    }
+
+    pub fn set(&self, v: [u64; 4]) {
+        self.read_errors.store(v[0], Ordering::Relaxed);
+        self.write_errors.store(v[1], Ordering::Relaxed);
+        self.cksum_errors.store(v[2], Ordering::Relaxed);
+        self.repaired_bytes.store(v[3], Ordering::Relaxed);
+    }
+}
+
 pub struct Leaf {
     pub dev: Arc<dyn BlockDevice>,
     pub guid: u64,
