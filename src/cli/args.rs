@@ -53,7 +53,7 @@ pub enum PoolCmd {
                             zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b\n  \
                             zeta pool create -o size=1G tank raidz2 /var/zeta/d{1,2,3,4,5,6}\n\n\
                             Properties (-o): size=SIZE creates missing file vdevs of that size; \
-                            checksum=fletcher4|sha256 (default fletcher4); \
+                            checksum=fletcher2|fletcher4|sha256|blake3 (default fletcher4); \
                             raidz2-code=rs|rdp: the double-parity code of raidz2 vdevs, \
                             Reed-Solomon P+Q or row-diagonal parity (default rs)."
     )]
@@ -107,7 +107,7 @@ pub enum VolCmd {
         /// Block size, a power of two from 4K to 128K.
         #[arg(short = 'b', default_value = "16K", value_name = "SIZE")]
         block_size: String,
-        /// Property KEY=VALUE (checksum=fletcher4|sha256).
+        /// Property KEY=VALUE (checksum=fletcher2|fletcher4|sha256|blake3; default: the pool's).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
         /// POOL/VOL
