@@ -179,6 +179,20 @@ pub enum BenchCmd {
     /// The RDP paper's experiment: a sequential write to a volume on six file vdevs as raidz1,
     /// raidz2 (Reed-Solomon) and raidz2 (RDP), against a raw file: MB/s and CPU time.
     Raidz(BenchRaidzArgs),
+    /// Every checksum algorithm and kernel, single core, GB/s on cache-resident 4 KiB and
+    /// 128 KiB buffers, with the ratio to a memory-read reference measured in the same run.
+    Checksum(BenchChecksumArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchChecksumArgs {
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
+    /// A tiny time budget per measurement (a smoke test, not a measurement).
+    #[arg(long)]
+    pub quick: bool,
 }
 
 #[derive(Args, Debug)]
