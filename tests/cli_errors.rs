@@ -75,6 +75,14 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
         &zeta(
             &home,
             d,
+            &["pool", "create", "-o", "checksum=md5", "p", "a"],
+        ),
+        "checksum 'md5' is not one of fletcher2, fletcher4, sha256, blake3",
+    );
+    fails_with(
+        &zeta(
+            &home,
+            d,
             &[
                 "pool",
                 "create",
@@ -151,6 +159,14 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
         "not POOL/VOL",
     );
     fails_with(
+        &zeta(
+            &home,
+            d,
+            &["vol", "create", "-o", "checksum=crc32", "p/w", "1M"],
+        ),
+        "checksum 'crc32' is not one of fletcher2, fletcher4, sha256, blake3",
+    );
+    fails_with(
         &zeta(&home, d, &["vol", "create", "x/w", "1M"]),
         "no imported pool named 'x'",
     );
@@ -221,4 +237,17 @@ fn a_bad_checksum_kernel_override_refuses_to_open_pools() {
     fails_with(&with_parity("bogus"), "ZETA_PARITY_IMPL");
     ok(&with_parity("cycle"));
     ok(&with_parity("scalar"));
+    // And the fletcher2 kernel override.
+    let with_fletcher2 = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_zeta"))
+            .args(["pool", "status", "p"])
+            .env("ZETA_HOME", &home)
+            .env("ZETA_FLETCHER2_IMPL", value)
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    fails_with(&with_fletcher2("bogus"), "ZETA_FLETCHER2_IMPL=bogus");
+    ok(&with_fletcher2("reference"));
+    ok(&with_fletcher2("unrolled"));
 }

@@ -339,7 +339,7 @@ fn isal_tables(isal: &IsaL, k: usize, np: usize) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Seconds per run of `f`, one sample of `iters` repetitions.
-fn sample(iters: u64, f: &mut dyn FnMut()) -> f64 {
+pub(super) fn sample(iters: u64, f: &mut dyn FnMut()) -> f64 {
     let start = Instant::now();
     for _ in 0..iters {
         f();
@@ -348,7 +348,7 @@ fn sample(iters: u64, f: &mut dyn FnMut()) -> f64 {
 }
 
 /// Repetitions of `f` that take about `budget`.
-fn calibrate(budget: Duration, f: &mut dyn FnMut()) -> u64 {
+pub(super) fn calibrate(budget: Duration, f: &mut dyn FnMut()) -> u64 {
     f();
     let mut n = 1u64;
     loop {

@@ -4,6 +4,7 @@
 //! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
 
 pub mod args;
+pub mod bench_checksum;
 pub mod bench_cmd;
 pub mod bench_parity;
 pub mod bench_raidz;
@@ -31,6 +32,7 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
         args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
         args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),
+        args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
     };
     match result {
         Ok(()) => 0,

@@ -83,7 +83,10 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
             "size" => out.size = Some(parse_size(v)?),
             "checksum" => {
                 out.checksum = ChecksumKind::parse(v).ok_or_else(|| {
-                    usage(format!("checksum '{v}' is not one of fletcher4, sha256"))
+                    usage(format!(
+                        "checksum '{v}' is not one of {}",
+                        ChecksumKind::NAMES
+                    ))
                 })?
             }
             "raidz2-code" => {

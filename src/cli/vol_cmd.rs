@@ -70,7 +70,10 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
                 match p.split_once('=') {
                     Some(("checksum", v)) => {
                         checksum = Some(ChecksumKind::parse(v).ok_or_else(|| {
-                            usage(format!("checksum '{v}' is not one of fletcher4, sha256"))
+                            usage(format!(
+                                "checksum '{v}' is not one of {}",
+                                ChecksumKind::NAMES
+                            ))
                         })?)
                     }
                     _ => {

@@ -263,10 +263,11 @@ fn random_guid() -> u64 {
 }
 
 /// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
-/// `ZETA_FLETCHER4_IMPL` or `ZETA_PARITY_IMPL` is a clear error here, before anything is read
-/// or written.
+/// `ZETA_FLETCHER4_IMPL`, `ZETA_FLETCHER2_IMPL` or `ZETA_PARITY_IMPL` is a clear error here,
+/// before anything is read or written.
 fn check_kernels() -> Result<(), PoolError> {
     crate::math::fletcher::selected().map_err(PoolError::Invalid)?;
+    crate::math::fletcher2::selected().map_err(PoolError::Invalid)?;
     crate::math::parity::check_override().map_err(|e| PoolError::Invalid(e.to_string()))
 }
 

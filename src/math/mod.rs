@@ -5,6 +5,7 @@
 
 pub mod checksum;
 pub mod fletcher;
+pub mod fletcher2;
 pub mod parity;
 
 pub use checksum::{Checksum, ChecksumKind};
