@@ -350,7 +350,8 @@ fn fio_nbd_engine_verifies_at_several_sizes_and_depths() {
         ("128k", 4, "tank/b"),
     ] {
         let out = run(
-            Command::new("fio").args([
+            // fio leaves a verify state file in its working directory: not in the repo.
+            Command::new("fio").current_dir(s.dir.path()).args([
                 "--name=verify",
                 "--ioengine=nbd",
                 &format!("--uri={}", s.uri(export)),

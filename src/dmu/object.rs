@@ -231,7 +231,7 @@ impl Object {
         let ind_props = WriteProps {
             kind: BlockKind::Indirect,
             level: 0,
-            checksum,
+            checksum: checksum.for_metadata(),
             copies: (old.copies as usize).clamp(2, 3),
             class: self.class,
         };

@@ -1393,7 +1393,7 @@ fn meta_props(kind: BlockKind, checksum: ChecksumKind, class: AllocClass) -> Wri
     WriteProps {
         kind,
         level: 0,
-        checksum,
+        checksum: checksum.for_metadata(),
         copies: 2,
         class,
     }

@@ -57,6 +57,16 @@ impl ChecksumKind {
         }
     }
 
+    /// The algorithm for the metadata of a pool or volume that uses `self` for its data:
+    /// the same, except that fletcher2's weakness (two flipped top bits can cancel) is not
+    /// accepted for the blocks everything else hangs from, as ZFS does too.
+    pub fn for_metadata(self) -> Self {
+        match self {
+            Self::Fletcher2 => Self::Fletcher4,
+            other => other,
+        }
+    }
+
     pub fn compute(self, data: &[u8]) -> Checksum {
         match self {
             Self::Fletcher2 => Checksum::from_words(fletcher2(data)),

@@ -23,6 +23,8 @@ pub enum VdevError {
     },
     #[error("no healthy copy: every child failed ({0})")]
     AllCopiesFailed(String),
+    #[error("{path}: offline")]
+    Offline { path: String },
     /// More columns of a raidz stripe are lost than its parity can rebuild.
     #[error("{0}")]
     Damaged(String),

@@ -316,9 +316,9 @@ impl Raidz {
             .par_iter()
             .zip(bufs.par_iter())
             .map(|(c, buf)| match &self.slots[c.child] {
-                Some(leaf) => leaf.write_data(buf, c.offset).inspect_err(|_| {
-                    leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                }),
+                Some(leaf) => leaf
+                    .write_data(buf, c.offset)
+                    .inspect_err(|e| leaf.count_failure(e, &leaf.counters.write_errors)),
                 None => Err(self.missing_error(c.child)),
             })
             .collect();
@@ -356,9 +356,9 @@ impl Raidz {
         let read = |(i, buf): &mut (usize, &mut [u8])| -> Result<(), VdevError> {
             let c = map.cols[*i];
             match &self.slots[c.child] {
-                Some(leaf) => leaf.read_data(buf, c.offset).inspect_err(|_| {
-                    leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                }),
+                Some(leaf) => leaf
+                    .read_data(buf, c.offset)
+                    .inspect_err(|e| leaf.count_failure(e, &leaf.counters.read_errors)),
                 None => Err(self.missing_error(c.child)),
             }
         };
@@ -557,9 +557,7 @@ impl Raidz {
                         .fetch_add(c.len as u64, Ordering::Relaxed);
                     report.repaired_bytes += c.len as u64;
                 }
-                Err(_) => {
-                    leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                }
+                Err(e) => leaf.count_failure(&e, &leaf.counters.write_errors),
             }
         }
     }

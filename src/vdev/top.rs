@@ -2,7 +2,7 @@
 //! `vdev::raidz`). Offsets given to a top-level vdev count from the start of its allocatable
 //! area; the leaf adds its label reserve.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -43,6 +43,72 @@ pub struct Leaf {
     pub dev: Arc<dyn BlockDevice>,
     pub guid: u64,
     pub counters: LeafCounters,
+    /// Taken offline by the administrator: no data I/O reaches it (labels neither) until it
+    /// is brought online, and the txgs it misses go into `missed`.
+    offline: AtomicBool,
+    /// Txgs whose writes this leaf missed (offline, or a failed write): what a resilver must
+    /// bring it, as inclusive ranges (ZFS's dirty time log).
+    pub missed: parking_lot::Mutex<TxgRanges>,
+}
+
+/// A set of txgs as sorted, disjoint, inclusive ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxgRanges(pub Vec<[u64; 2]>);
+
+impl TxgRanges {
+    pub fn add(&mut self, txg: u64) {
+        self.add_range([txg, txg]);
+    }
+
+    pub fn add_range(&mut self, r: [u64; 2]) {
+        self.0.push(r);
+        self.0.sort();
+        let mut out: Vec<[u64; 2]> = Vec::new();
+        for r in self.0.drain(..) {
+            match out.last_mut() {
+                Some(last) if r[0] <= last[1].saturating_add(1) => last[1] = last[1].max(r[1]),
+                _ => out.push(r),
+            }
+        }
+        self.0 = out;
+    }
+
+    /// Removes every txg of `other` (what a finished resilver covered).
+    pub fn remove(&mut self, other: &TxgRanges) {
+        let mut out = Vec::new();
+        for &[a, b] in &self.0 {
+            let mut pieces = vec![[a, b]];
+            for &[c, d] in &other.0 {
+                pieces = pieces
+                    .into_iter()
+                    .flat_map(|[x, y]| {
+                        let mut v = Vec::new();
+                        if x < c {
+                            v.push([x, y.min(c - 1)]);
+                        }
+                        if y > d {
+                            v.push([x.max(d + 1), y]);
+                        }
+                        v.into_iter().filter(|[x, y]| x <= y)
+                    })
+                    .collect();
+            }
+            out.extend(pieces);
+        }
+        self.0 = out;
+    }
+
+    pub fn contains(&self, txg: u64) -> bool {
+        self.0.iter().any(|&[a, b]| a <= txg && txg <= b)
+    }
+
+    pub fn min(&self) -> Option<u64> {
+        self.0.first().map(|r| r[0])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Leaf {
@@ -51,6 +117,30 @@ impl Leaf {
             dev,
             guid,
             counters: LeafCounters::default(),
+            offline: AtomicBool::new(false),
+            missed: parking_lot::Mutex::new(TxgRanges::default()),
+        }
+    }
+
+    pub fn is_offline(&self) -> bool {
+        self.offline.load(Ordering::Acquire)
+    }
+
+    pub fn set_offline(&self, offline: bool) {
+        self.offline.store(offline, Ordering::Release);
+    }
+
+    fn offline_error(&self) -> VdevError {
+        VdevError::Offline {
+            path: self.name().to_string(),
+        }
+    }
+
+    /// Counts a failed I/O against this leaf, unless it failed only because the leaf is
+    /// offline (that is no fault of the device).
+    pub fn count_failure(&self, e: &VdevError, counter: &AtomicU64) {
+        if !matches!(e, VdevError::Offline { .. }) {
+            counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -64,10 +154,16 @@ impl Leaf {
     }
 
     pub fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<(), VdevError> {
+        if self.is_offline() {
+            return Err(self.offline_error());
+        }
         self.dev.read_at(buf, RESERVE_BYTES + offset)
     }
 
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
+        if self.is_offline() {
+            return Err(self.offline_error());
+        }
         self.dev.write_at(buf, RESERVE_BYTES + offset)
     }
 
@@ -221,7 +317,7 @@ impl TopVdev {
             match r {
                 Ok(()) => ok += 1,
                 Err(e) => {
-                    child.count(counter(child));
+                    child.count_failure(&e, counter(child));
                     first_err.get_or_insert(e);
                 }
             }
@@ -252,7 +348,7 @@ impl TopVdev {
             let mut copy = vec![0u8; buf.len()];
             match child.read_data(&mut copy, offset) {
                 Err(e) => {
-                    child.count(&child.counters.read_errors);
+                    child.count_failure(&e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
                     bad.push(i);
@@ -273,14 +369,14 @@ impl TopVdev {
         };
         for &b in &bad {
             let victim = &self.children[b];
-            if victim.write_data(&good, offset).is_ok() {
+            if let Err(e) = victim.write_data(&good, offset) {
+                victim.count_failure(&e, &victim.counters.write_errors);
+            } else {
                 victim
                     .counters
                     .repaired_bytes
                     .fetch_add(good.len() as u64, Ordering::Relaxed);
                 report.repaired_bytes += good.len() as u64;
-            } else {
-                victim.count(&victim.counters.write_errors);
             }
         }
         buf.copy_from_slice(&good);
@@ -313,7 +409,7 @@ impl TopVdev {
             let child = &self.children[i];
             match child.read_data(buf, offset) {
                 Err(e) => {
-                    child.count(&child.counters.read_errors);
+                    child.count_failure(&e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
                     bad.push(i);
@@ -321,14 +417,14 @@ impl TopVdev {
                 Ok(()) if verify(buf) => {
                     for &b in &bad {
                         let victim = &self.children[b];
-                        if victim.write_data(buf, offset).is_ok() {
+                        if let Err(e) = victim.write_data(buf, offset) {
+                            victim.count_failure(&e, &victim.counters.write_errors);
+                        } else {
                             victim
                                 .counters
                                 .repaired_bytes
                                 .fetch_add(buf.len() as u64, Ordering::Relaxed);
                             report.repaired_bytes += buf.len() as u64;
-                        } else {
-                            victim.count(&victim.counters.write_errors);
                         }
                     }
                     return Ok(report);
