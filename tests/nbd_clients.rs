@@ -626,6 +626,36 @@ fn admin_commands_reach_a_served_pool_through_the_control_socket() {
     assert!(!dup.status.success());
     assert!(String::from_utf8_lossy(&dup.stderr).contains("already exists"));
 
+    // A scrub runs in the server; --wait follows it to the end.
+    let out = run(
+        zeta(&home).args(["pool", "scrub", "--wait", "tank"]),
+        "scrub",
+    );
+    assert!(out.contains("scrub of 'tank' finished"), "{out}");
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(st[0]["scan"]["state"], "finished", "{status}");
+    assert_eq!(st[0]["scan"]["errors"], 0, "{status}");
+    assert!(
+        st[0]["scan"]["examined_bytes"].as_u64().unwrap() > 0,
+        "{status}"
+    );
+
+    // The only device of a stripe cannot go offline; the server says why.
+    let leaf = s.dir.path().join("leaf").display().to_string();
+    let off = zeta(&home)
+        .args(["pool", "offline", "tank", &leaf])
+        .output()
+        .unwrap();
+    assert!(!off.status.success());
+    let err = String::from_utf8_lossy(&off.stderr);
+    assert!(err.contains("more than it can lose"), "{err}");
+    let out = run(zeta(&home).args(["pool", "clear", "tank"]), "clear");
+    assert!(out.contains("cleared"), "{out}");
+
     run(
         zeta(&home).args(["vol", "destroy", "tank/b"]),
         "vol destroy",

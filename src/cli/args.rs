@@ -110,6 +110,19 @@ pub enum PoolCmd {
         stop: bool,
         pool: String,
     },
+    /// Take a device offline: no I/O reaches it, and the transaction groups it misses are
+    /// recorded. Refused where its vdev would lose more devices than its redundancy allows.
+    Offline {
+        pool: String,
+        /// The device's path as `zeta pool status` shows it.
+        device: String,
+    },
+    /// Bring an offline device back: it is resilvered with exactly what it missed.
+    Online {
+        pool: String,
+        /// The device's path as `zeta pool status` shows it.
+        device: String,
+    },
     /// Zero the READ/WRITE/CKSUM error counters of every device of a pool.
     Clear { pool: String },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.

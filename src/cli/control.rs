@@ -9,6 +9,8 @@
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
 //! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
+//! - `{"op": "offline", "device": path, "offline": bool}` takes a device offline or brings
+//!   it back (which starts a resilver) → `{"ok": true}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -100,6 +102,16 @@ pub fn remote_volumes(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
 /// Starts (or with `stop`, cancels) a scrub in the server of `pool`.
 pub fn remote_scrub(s: UnixStream, pool: &str, stop: bool) -> Result<()> {
     call(s, json!({"op": "scrub", "stop": stop}), pool).map(|_| ())
+}
+
+/// Takes a device of `pool` offline or brings it online, in its server.
+pub fn remote_offline(s: UnixStream, pool: &str, device: &str, offline: bool) -> Result<()> {
+    call(
+        s,
+        json!({"op": "offline", "device": device, "offline": offline}),
+        pool,
+    )
+    .map(|_| ())
 }
 
 /// Zeroes the error counters of `pool` in its server.
@@ -229,6 +241,13 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             } else {
                 pool.start_scrub()?;
             }
+            Ok(json!({"ok": true}))
+        }
+        Some("offline") => {
+            let dev = req["device"]
+                .as_str()
+                .ok_or_else(|| usage("request without device"))?;
+            pool.set_offline(dev, req["offline"] == json!(true))?;
             Ok(json!({"ok": true}))
         }
         Some("clear") => {

@@ -32,6 +32,8 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         }
         PoolCmd::List { json } => list(home, json),
         PoolCmd::Scrub { wait, stop, pool } => scrub(home, &pool, wait, stop),
+        PoolCmd::Offline { pool, device } => set_offline(home, &pool, &device, true),
+        PoolCmd::Online { pool, device } => set_offline(home, &pool, &device, false),
         PoolCmd::Clear { pool } => {
             match super::control::connect(home, &pool) {
                 Some(conn) => super::control::remote_clear(conn, &pool)?,
@@ -412,6 +414,28 @@ fn list(home: &Home, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn set_offline(home: &Home, name: &str, device: &str, offline: bool) -> Result<()> {
+    match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_offline(conn, name, device, offline)?,
+        None => {
+            let p = home.open(name)?;
+            let r = p.set_offline(device, offline);
+            // A resilver started by `online` runs to its end here: nobody else holds the pool.
+            p.wait_scrub();
+            p.close()?;
+            r?;
+        }
+    }
+    if offline {
+        println!("{device} of '{name}' is offline");
+    } else {
+        println!(
+            "{device} of '{name}' is online (resilvering what it missed; see `zeta pool status`)"
+        );
+    }
+    Ok(())
+}
+
 fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
     if let Some(conn) = super::control::connect(home, name) {
         super::control::remote_scrub(conn, name, stop)?;
@@ -596,7 +620,8 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
         if scan["state"] != "none" {
             let n = |k: &str| scan[k].as_u64().unwrap_or(0);
             println!(
-                "  scan: scrub {}: {} of {} examined, {} repaired, {} errors",
+                "  scan: {} {}: {} of {} examined, {} repaired, {} errors",
+                scan["func"].as_str().unwrap_or("scrub"),
                 scan["state"].as_str().unwrap_or("?"),
                 human(n("examined_bytes")),
                 human(n("to_examine")),

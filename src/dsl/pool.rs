@@ -334,6 +334,8 @@ impl Pool {
                     guid: leaf.guid,
                     path,
                     errors: Default::default(),
+                    offline: false,
+                    missed: Vec::new(),
                 });
                 leaves.push(Arc::new(leaf));
             }
@@ -557,6 +559,8 @@ impl Pool {
                         let e = c.errors;
                         leaf.counters
                             .set([e.read, e.write, e.cksum, e.repaired_bytes]);
+                        leaf.set_offline(c.offline);
+                        leaf.missed.lock().0 = c.missed.clone();
                         slots.push(Some(Arc::new(leaf)));
                     }
                     None => {
@@ -622,8 +626,10 @@ impl Pool {
                     }
                     *pool.scan.lock() = scan;
                     pool.write_config(PoolState::Active)?;
-                    // A scrub that was running when the pool closed goes on where it was.
+                    // A scrub or resilver that was running when the pool closed goes on
+                    // where it was; leaves owed txgs get a resilver.
                     pool.resume_scrub();
+                    pool.start_resilver();
                     return Ok(pool);
                 }
                 Err(e) => failures.push(format!("txg {}: {e}", ub.txg.get())),
@@ -654,11 +660,16 @@ impl Pool {
             .zip(&cfg.tops)
             .map(|(t, tc)| {
                 let missing = tc.children.len() - t.children.len();
+                let offline = t.children.iter().any(|l| l.is_offline());
                 TopStatus {
                     id: t.id,
                     kind: t.kind,
                     name: tc.kind_name(),
-                    state: if missing == 0 { "ONLINE" } else { "DEGRADED" },
+                    state: if missing == 0 && !offline {
+                        "ONLINE"
+                    } else {
+                        "DEGRADED"
+                    },
                     missing_devices: missing,
                     leaves: tc
                         .children
@@ -675,7 +686,11 @@ impl Pool {
                                 write_errors: n(|l| &l.counters.write_errors),
                                 cksum_errors: n(|l| &l.counters.cksum_errors),
                                 repaired_bytes: n(|l| &l.counters.repaired_bytes),
-                                state: if leaf.is_some() { "ONLINE" } else { "UNAVAIL" },
+                                state: match leaf {
+                                    None => "UNAVAIL",
+                                    Some(l) if l.is_offline() => "OFFLINE",
+                                    Some(_) => "ONLINE",
+                                },
                             }
                         })
                         .collect(),
@@ -1024,6 +1039,10 @@ impl Pool {
         commit.step(|leaf| leaf.dev.flush())?;
         commit.step(|leaf| write_uberblock(leaf, &ub))?;
         commit.step(|leaf| leaf.dev.flush())?;
+        // Leaves that missed part of this txg owe it to a resilver.
+        for leaf in commit.dropped_leaves() {
+            leaf.missed.lock().add(txg);
+        }
         io.zio.alloc.lock().txg_synced(txg);
         self.dirty_bytes
             .fetch_sub(syncing_bytes as i64, Ordering::AcqRel);
@@ -1067,6 +1086,8 @@ impl Pool {
                         cksum,
                         repaired_bytes,
                     };
+                    c.offline = leaf.is_offline();
+                    c.missed = leaf.missed.lock().0.clone();
                 }
             }
         }
@@ -1078,6 +1099,69 @@ impl Pool {
         let mut now = saved.clone();
         self.record_counters(&mut now);
         now != saved
+    }
+
+    /// Finds a leaf by the path the config shows for it (or its GUID in decimal).
+    fn find_leaf(&self, dev: &str) -> Result<(usize, Arc<Leaf>), PoolError> {
+        let cfg = self.config.lock().clone();
+        for (t, (top, tc)) in self.io.zio.tops.iter().zip(&cfg.tops).enumerate() {
+            for c in &tc.children {
+                if c.path == dev || c.guid.to_string() == dev {
+                    return match top.children.iter().find(|l| l.guid == c.guid) {
+                        Some(l) => Ok((t, l.clone())),
+                        None => Err(invalid(format!("{dev}: the device is missing"))),
+                    };
+                }
+            }
+        }
+        Err(invalid(format!(
+            "pool '{}' has no device {dev} (see `zeta pool status`)",
+            self.name
+        )))
+    }
+
+    /// Takes a leaf offline (no I/O reaches it; the txgs it misses are recorded) or brings it
+    /// back online, which resilvers what it missed. Offline is refused where the vdev would
+    /// be left without the redundancy to serve every block.
+    pub fn set_offline(self: &Arc<Self>, dev: &str, offline: bool) -> Result<(), PoolError> {
+        let (t, leaf) = self.find_leaf(dev)?;
+        if offline && !leaf.is_offline() {
+            let top = &self.io.zio.tops[t];
+            let cfg = self.config.lock().clone();
+            let tc = &cfg.tops[t];
+            let unavailable = tc.children.len() - top.children.len()
+                + top.children.iter().filter(|l| l.is_offline()).count()
+                + 1;
+            let tolerable = match (&top.raidz, top.kind) {
+                (Some(rz), _) => rz.nparity(),
+                (None, TopKind::Mirror) => tc.children.len() - 1,
+                _ => 0,
+            };
+            if unavailable > tolerable {
+                return Err(invalid(format!(
+                    "cannot take {dev} offline: vdev {} ({}) would have {unavailable} of {}                      devices unavailable, more than it can lose ({tolerable})",
+                    top.id,
+                    tc.kind_name(),
+                    tc.children.len()
+                )));
+            }
+        }
+        if leaf.is_offline() == offline {
+            return Ok(());
+        }
+        // Writes already in the open txg must not reach a leaf taken offline half-way: sync
+        // first, so the leaf misses whole txgs only.
+        self.sync_now()?;
+        leaf.set_offline(offline);
+        {
+            let _mos = self.mos.lock();
+            let state = self.config.lock().state;
+            self.write_config(state)?;
+        }
+        if !offline {
+            self.start_resilver();
+        }
+        Ok(())
     }
 
     /// Zeroes every leaf's error counters (`zeta pool clear`), in memory and in the labels.
@@ -1278,7 +1362,16 @@ struct LabelUpdate<'a> {
 
 impl<'a> LabelUpdate<'a> {
     fn new(tops: &'a [Arc<TopVdev>], what: String) -> Self {
-        let dropped = tops.iter().map(|t| vec![None; t.children.len()]).collect();
+        // An offline leaf takes no part: its labels keep describing what it holds.
+        let dropped = tops
+            .iter()
+            .map(|t| {
+                t.children
+                    .iter()
+                    .map(|l| l.is_offline().then(|| format!("{}: offline", l.name())))
+                    .collect()
+            })
+            .collect();
         let write_errors_at_start = tops
             .iter()
             .map(|t| {
@@ -1343,6 +1436,17 @@ impl<'a> LabelUpdate<'a> {
             }
         }
         self.check()
+    }
+
+    /// The leaves that did not take every step (offline, or failed a write or a step).
+    fn dropped_leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.tops.iter().zip(&self.dropped).flat_map(|(top, why)| {
+            top.children
+                .iter()
+                .zip(why)
+                .filter(|(_, w)| w.is_some())
+                .map(|(l, _)| l)
+        })
     }
 
     fn check(&self) -> Result<(), PoolError> {

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::pool::Pool;
 use crate::dmu::object::{walk_from, Visit};
 use crate::dmu::DnodePhys;
-use crate::spa::scan_state::{Bookmark, Damage, ScanPhase, ScanState};
+use crate::spa::scan_state::{Bookmark, Damage, ScanFunc, ScanPhase, ScanState};
 use crate::spa::BlkPtr;
+use crate::vdev::TxgRanges;
 
 /// How often a running scrub saves its bookmark.
 const SAVE_EVERY: Duration = Duration::from_secs(30);
@@ -108,6 +109,44 @@ impl Pool {
         Scanner { stop, thread }
     }
 
+    /// Starts a resilver of every txg some present, online leaf missed (pausing a scrub),
+    /// unless there is none or one already runs. Returns whether one runs now.
+    pub fn start_resilver(self: &Arc<Self>) -> bool {
+        let mut owed = TxgRanges::default();
+        for top in &self.io.zio.tops {
+            for leaf in top.children.iter().filter(|l| !l.is_offline()) {
+                for &r in &leaf.missed.lock().0 {
+                    owed.add_range(r);
+                }
+            }
+        }
+        if owed.is_empty() {
+            return false;
+        }
+        let mut slot = self.scanner.lock();
+        if let Some(s) = slot.take() {
+            s.pause();
+        }
+        {
+            let mut st = self.scan.lock();
+            if st.state == ScanPhase::Scanning && st.func == ScanFunc::Resilver && st.txgs == owed.0
+            {
+                // The same resilver, paused: go on with it.
+            } else {
+                *st = ScanState {
+                    func: ScanFunc::Resilver,
+                    txgs: owed.0,
+                    state: ScanPhase::Scanning,
+                    to_examine: self.space().alloc,
+                    start_secs: now_secs(),
+                    ..ScanState::default()
+                };
+            }
+        }
+        *slot = Some(self.spawn_scanner());
+        true
+    }
+
     /// Cancels a running scrub; its state becomes `canceled`.
     pub fn stop_scrub(&self) -> Result<(), super::PoolError> {
         let running = self
@@ -173,18 +212,39 @@ fn finish(pool: &Pool) {
         st.state = ScanPhase::Finished;
         st.end_secs = now_secs();
         st.bookmark = None;
+        if st.func == ScanFunc::Resilver {
+            // Every online leaf now holds the blocks of those txgs.
+            let done = TxgRanges(st.txgs.clone());
+            for top in &pool.io.zio.tops {
+                for leaf in top.children.iter().filter(|l| !l.is_offline()) {
+                    leaf.missed.lock().remove(&done);
+                }
+            }
+        }
     }
     let _ = pool.save_scan();
 }
 
 /// Scrubs up to `CHUNK_BLOCKS` blocks from the bookmark on; returns whether the walk is done.
 fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
-    let bookmark = pool.scan.lock().bookmark.clone();
+    let (bookmark, filter) = {
+        let st = pool.scan.lock();
+        let filter = (st.func == ScanFunc::Resilver).then(|| TxgRanges(st.txgs.clone()));
+        (st.bookmark.clone(), filter)
+    };
+    let filter = filter.as_ref();
     let Some(bookmark) = bookmark else {
         // The MOS first: it is small, and scrubbed whole in one go.
         pool.io.zio.alloc.lock().hold_frees();
         for dn in pool.mos_dnodes() {
-            scrub_tree(pool, &pool.name, &dn, 0, 0, u64::MAX, stop);
+            let t = TreeScan {
+                pool,
+                label: &pool.name,
+                block_bytes: 0,
+                filter,
+                stop,
+            };
+            scrub_tree(&t, &dn, 0, u64::MAX);
         }
         pool.io.zio.alloc.lock().release_frees();
         if !stop.load(Ordering::SeqCst) {
@@ -204,7 +264,14 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     let dn = ds.object.dnode();
     let label = format!("{}/{}", pool.name, name);
     let bs = ds.volblocksize as u64;
-    let next = scrub_tree(pool, &label, &dn, bookmark.blkid, bs, CHUNK_BLOCKS, stop);
+    let t = TreeScan {
+        pool,
+        label: &label,
+        block_bytes: bs,
+        filter,
+        stop,
+    };
+    let next = scrub_tree(&t, &dn, bookmark.blkid, CHUNK_BLOCKS);
     pool.io.zio.alloc.lock().release_frees();
     if stop.load(Ordering::SeqCst) {
         return false;
@@ -228,17 +295,28 @@ fn first_volume_after(pool: &Pool, after: Option<&str>) -> Option<String> {
         .find(|n| after.is_none_or(|a| n.as_str() > a))
 }
 
+/// One tree to scan: where its blocks belong, and what to scan.
+struct TreeScan<'a> {
+    pool: &'a Pool,
+    /// `POOL/VOL`, or `POOL` for the MOS: how damage is reported.
+    label: &'a str,
+    /// The volume's block size (0 for the MOS), to turn block ids into byte ranges.
+    block_bytes: u64,
+    /// For a resilver, the txgs whose blocks it rewrites.
+    filter: Option<&'a TxgRanges>,
+    stop: &'a AtomicBool,
+}
+
 /// Scrubs the tree of `dn` from block `from`, at most `limit` level-0 blocks; returns the
 /// block id to resume at, or None when the tree is done (or the scrub was stopped).
-fn scrub_tree(
-    pool: &Pool,
-    label: &str,
-    dn: &DnodePhys,
-    from: u64,
-    block_bytes: u64,
-    limit: u64,
-    stop: &AtomicBool,
-) -> Option<u64> {
+fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64> {
+    let TreeScan {
+        pool,
+        label,
+        block_bytes,
+        filter,
+        stop,
+    } = *t;
     let mut scrubbed = 0u64;
     let mut resume = None;
     walk_from(&pool.io, dn, from, &mut |bp: &BlkPtr, level, first| {
@@ -248,6 +326,16 @@ fn scrub_tree(
         if level == 0 && scrubbed == limit {
             resume = Some(first);
             return Visit::Skip;
+        }
+        if let Some(f) = filter {
+            let birth = bp.birth_txg.get();
+            if f.min().is_none_or(|m| birth < m) {
+                // Copy-on-write: nothing below was born later than this block.
+                return Visit::Skip;
+            }
+            if !f.contains(birth) {
+                return Visit::Descend; // only its descendants may be owed
+            }
         }
         pool.yield_to_foreground();
         let visit = match pool.io.zio.scrub(bp) {

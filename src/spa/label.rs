@@ -65,6 +65,12 @@ pub struct LeafConfig {
     /// a restart too (`zeta pool clear` zeroes them).
     #[serde(default, skip_serializing_if = "LeafErrors::is_zero")]
     pub errors: LeafErrors,
+    /// Taken offline by the administrator.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offline: bool,
+    /// Txgs whose writes the leaf missed, as inclusive ranges: what a resilver owes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missed: Vec<[u64; 2]>,
 }
 
 /// A leaf's error counts, as `zeta pool status` shows them.
@@ -379,6 +385,8 @@ mod tests {
                     guid: 7,
                     path: "/dev/x".into(),
                     errors: LeafErrors::default(),
+                    offline: false,
+                    missed: Vec::new(),
                 }],
             }],
         }

@@ -32,9 +32,26 @@ pub struct Damage {
     pub error: String,
 }
 
+/// What a scan does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanFunc {
+    /// Every block.
+    #[default]
+    Scrub,
+    /// Only blocks born in `ScanState::txgs`: what leaves that were offline or failed writes
+    /// missed.
+    Resilver,
+}
+
 /// The last scan, as the config records it and `pool status` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScanState {
+    #[serde(default)]
+    pub func: ScanFunc,
+    /// For a resilver: the txgs whose blocks it rewrites (inclusive ranges).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub txgs: Vec<[u64; 2]>,
     pub state: ScanPhase,
     /// Allocated bytes read so far (every copy counts).
     pub examined_bytes: u64,
