@@ -123,6 +123,22 @@ pub enum PoolCmd {
         /// The device's path as `zeta pool status` shows it.
         device: String,
     },
+    /// Replace a device (present or missing) by a new one, which is rebuilt in full from the
+    /// redundancy. NEW is created as a file of the size of its siblings if it does not exist.
+    #[command(
+        after_help = "The pool must not be served while a device is replaced; the \
+                            rebuild (a resilver) then runs here to its end, or resumes in \
+                            `zeta serve` if this command is interrupted."
+    )]
+    Replace {
+        /// Use NEW even if it belongs to another pool.
+        #[arg(short, long)]
+        force: bool,
+        pool: String,
+        /// The device to replace, its path as `zeta pool status` shows it.
+        old: String,
+        new: PathBuf,
+    },
     /// Zero the READ/WRITE/CKSUM error counters of every device of a pool.
     Clear { pool: String },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.

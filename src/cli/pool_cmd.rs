@@ -32,6 +32,12 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         }
         PoolCmd::List { json } => list(home, json),
         PoolCmd::Scrub { wait, stop, pool } => scrub(home, &pool, wait, stop),
+        PoolCmd::Replace {
+            force,
+            pool,
+            old,
+            new,
+        } => replace(home, force, &pool, &old, &new),
         PoolCmd::Offline { pool, device } => set_offline(home, &pool, &device, true),
         PoolCmd::Online { pool, device } => set_offline(home, &pool, &device, false),
         PoolCmd::Clear { pool } => {
@@ -414,6 +420,68 @@ fn list(home: &Home, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
+    if super::control::connect(home, name).is_some() {
+        return Err(usage(format!(
+            "pool '{name}' is being served: stop `zeta serve`, replace the device, and serve \
+             it again (the rebuild goes on in the server)"
+        )));
+    }
+    let p = home.open(name)?;
+    let new_path = absolute(new);
+    let mut created = false;
+    let dev = if new.exists() {
+        FileDevice::open(new)
+    } else {
+        // As large as the largest device of the pool: enough for any vdev's share.
+        let size = device_paths(&p)
+            .iter()
+            .filter_map(|d| std::fs::metadata(d).ok().map(|m| m.len()))
+            .max()
+            .unwrap_or(0);
+        created = true;
+        FileDevice::create(new, size)
+    };
+    let dev = match dev {
+        Ok(d) => d,
+        Err(e) => {
+            p.close()?;
+            return Err(e.into());
+        }
+    };
+    let r = p.replace(
+        old,
+        Arc::new(dev) as Arc<dyn BlockDevice>,
+        new_path.display().to_string(),
+        force,
+    );
+    let paths = device_paths(&p);
+    drop(p);
+    if let Err(e) = r {
+        if created {
+            let _ = std::fs::remove_file(new);
+        }
+        return Err(e.into());
+    }
+    // Open it again with the new device in place: the import starts the rebuild.
+    let cached = home.load()?.pools.get(name).cloned();
+    let mut cache = home.load()?;
+    if let Some(mut entry) = cached {
+        entry.devices = paths;
+        cache.pools.insert(name.to_string(), entry);
+        home.save(&cache)?;
+    }
+    let p = home.open(name)?;
+    println!(
+        "replacing {old} with {} in '{name}': rebuilding",
+        new_path.display()
+    );
+    let last = follow(&p);
+    p.close()?;
+    Progress::finish(name, &last["scan"]);
+    Ok(())
+}
+
 fn set_offline(home: &Home, name: &str, device: &str, offline: bool) -> Result<()> {
     match super::control::connect(home, name) {
         Some(conn) => super::control::remote_offline(conn, name, device, offline)?,
@@ -454,7 +522,8 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(500));
             }
-            progress.finish(name, &pool_status(home, name)?["scan"]);
+            progress.end_line();
+            Progress::finish(name, &pool_status(home, name)?["scan"]);
         }
         return Ok(());
     }
@@ -470,9 +539,18 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
     if p.scan_status().state != crate::spa::scan_state::ScanPhase::Scanning {
         p.start_scrub()?;
     }
+    let last = follow(&p);
+    p.close()?;
+    Progress::finish(name, &last["scan"]);
+    Ok(())
+}
+
+/// Shows the progress of the scan running in `p` (this process) until it ends; returns the
+/// pool's status then.
+fn follow(p: &Pool) -> serde_json::Value {
     let mut progress = Progress::new();
     loop {
-        let st = status_json(&p);
+        let st = status_json(p);
         progress.show(&st["scan"]);
         if st["scan"]["state"] != "scanning" {
             break;
@@ -480,10 +558,8 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     p.wait_scrub();
-    let last = status_json(&p);
-    p.close()?;
-    progress.finish(name, &last["scan"]);
-    Ok(())
+    progress.end_line();
+    status_json(p)
 }
 
 /// A scrub's progress: a line redrawn in place on a terminal, a plain line every few seconds
@@ -515,7 +591,8 @@ impl Progress {
             None => "-".into(),
         };
         format!(
-            "scrub: {:.1}% ({} of {}), {}/s, ETA {eta}, {} repaired, {} errors",
+            "{}: {:.1}% ({} of {}), {}/s, ETA {eta}, {} repaired, {} errors",
+            scan["func"].as_str().unwrap_or("scrub"),
             (done as f64 * 100.0 / goal as f64).min(100.0),
             human(done),
             human(goal),
@@ -539,13 +616,17 @@ impl Progress {
         }
     }
 
-    fn finish(&self, name: &str, scan: &serde_json::Value) {
+    fn end_line(&self) {
         if self.tty {
             println!();
         }
+    }
+
+    fn finish(name: &str, scan: &serde_json::Value) {
         let n = |k: &str| scan[k].as_u64().unwrap_or(0);
         println!(
-            "scrub of '{name}' {}: {} examined, {} repaired, {} errors",
+            "{} of '{name}' {}: {} examined, {} repaired, {} errors",
+            scan["func"].as_str().unwrap_or("scrub"),
             scan["state"].as_str().unwrap_or("?"),
             human(n("examined_bytes")),
             human(n("repaired_bytes")),

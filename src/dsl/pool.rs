@@ -436,11 +436,7 @@ impl Pool {
     /// crash tears at most one copy of each end.
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut cfg = self.config.lock().clone();
-        cfg.state = state;
-        let scan = self.scan.lock().clone();
-        cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
-        self.record_counters(&mut cfg);
+        let cfg = self.config_to_write(state);
         let mut update =
             LabelUpdate::new(&self.io.zio.tops, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
@@ -1072,6 +1068,94 @@ impl Pool {
             self.write_config(PoolState::Active)?;
         }
         Ok(())
+    }
+
+    /// The config as labels carry it: the current one with the live scan state and leaf
+    /// counters, in `state`.
+    fn config_to_write(&self, state: PoolState) -> PoolConfig {
+        let mut cfg = self.config.lock().clone();
+        cfg.state = state;
+        let scan = self.scan.lock().clone();
+        cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
+        self.record_counters(&mut cfg);
+        cfg
+    }
+
+    /// Replaces leaf `old` (present or missing; its path as status shows it, or its GUID) by
+    /// a new device, which takes its place in the vdev owing every txg so far, and closes the
+    /// pool: import it again with the new device (the CLI does) and a resilver rebuilds the
+    /// new leaf in full while the pool serves I/O. A stripe has nothing to rebuild from and
+    /// cannot be replaced this way.
+    pub fn replace(
+        &self,
+        old: &str,
+        new_dev: Arc<dyn BlockDevice>,
+        new_path: String,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        let cfg = self.config.lock().clone();
+        let Some((t, ci)) = cfg.tops.iter().enumerate().find_map(|(t, tc)| {
+            tc.children
+                .iter()
+                .position(|c| c.path == old || c.guid.to_string() == old)
+                .map(|ci| (t, ci))
+        }) else {
+            return Err(invalid(format!(
+                "pool '{}' has no device {old} (see `zeta pool status`)",
+                self.name
+            )));
+        };
+        let tc = &cfg.tops[t];
+        if tc.kind == TopKind::Stripe {
+            return Err(invalid(format!(
+                "{old} is a stripe vdev of its own: there is no redundancy to rebuild it from"
+            )));
+        }
+        if cfg
+            .tops
+            .iter()
+            .flat_map(|t| &t.children)
+            .any(|c| c.path == new_path)
+        {
+            return Err(invalid(format!(
+                "{new_path} is already part of pool '{}'",
+                self.name
+            )));
+        }
+        let need = match &tc.raidz {
+            Some(_) => tc.asize / tc.children.len() as u64,
+            None => tc.asize,
+        };
+        if new_dev.len_bytes() < MIN_LEAF_BYTES
+            || crate::vdev::layout::usable_bytes(new_dev.len_bytes()).unwrap_or(0) < need
+        {
+            return Err(invalid(format!(
+                "{new_path}: too small ({} bytes) to replace {old}",
+                new_dev.len_bytes()
+            )));
+        }
+        let leaf = Leaf::new(new_dev, random_guid());
+        if !force {
+            check_unused(&leaf, &new_path)?;
+        }
+        self.sync_now()?;
+        let owed = self.synced_txg().max(1);
+        self.config.lock().tops[t].children[ci] = LeafConfig {
+            guid: leaf.guid,
+            path: new_path,
+            errors: Default::default(),
+            offline: false,
+            missed: vec![[1, owed]],
+        };
+        // The new leaf's labels first: should the rest not follow, the old config still
+        // names the old leaf and nothing is lost.
+        let generation = self.config_gen.load(Ordering::SeqCst) + 1;
+        let mut c = self.config_to_write(PoolState::Active);
+        c.leaf_guid = leaf.guid;
+        write_config(&leaf, &c, generation, &[0, 1, 2, 3])?;
+        leaf.dev.flush()?;
+        self.close()?;
+        self.write_config(PoolState::Active)
     }
 
     /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
