@@ -58,13 +58,19 @@ struct Served {
 
 impl Served {
     fn new() -> Served {
+        Served::with_vdevs(&["leaf"])
+    }
+
+    /// As `new`, with the pool's vdevs given as `zeta pool create` words (paths relative to
+    /// the test's directory).
+    fn with_vdevs(words: &[&str]) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
-        let leaf = dir.path().join("leaf");
         ok(
             zeta(&home)
+                .current_dir(dir.path())
                 .args(["pool", "create", "-o", "size=256M", "tank"])
-                .arg(&leaf)
+                .args(words)
                 .output()
                 .unwrap(),
             "pool create",
@@ -668,4 +674,133 @@ fn admin_commands_reach_a_served_pool_through_the_control_socket() {
         vols.contains("tank/c") && !vols.contains("tank/b"),
         "{vols}"
     );
+}
+
+/// `zeta inject` on a served mirror: corrupted sectors are found and repaired by a scrub,
+/// failing reads and a vanished device are served around, and everything clears.
+#[test]
+fn inject_faults_into_a_served_mirror() {
+    let mut s = Served::with_vdevs(&["mirror", "m0", "m1"]);
+    let home = s.home();
+    let m0 = s
+        .dir
+        .path()
+        .join("m0")
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
+    let m1 = s
+        .dir
+        .path()
+        .join("m1")
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
+    // Data to corrupt.
+    let mut c = Client::open(s.addr, "tank/a");
+    let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i / 4096 + i) as u8).collect();
+    for (i, chunk) in data.chunks(1 << 20).enumerate() {
+        assert_eq!(c.write((i as u64) << 20, chunk), 0);
+    }
+    c.send(CMD_FLUSH, 0, 99, 0, 0, &[]).unwrap();
+    assert_eq!(c.recv().unwrap().error, 0);
+
+    let out = run(
+        zeta(&home).args(["inject", "tank", &m1, "--corrupt", "40"]),
+        "inject corrupt",
+    );
+    assert!(out.contains("corrupted 40 allocated sectors"), "{out}");
+    run(
+        zeta(&home).args(["pool", "scrub", "--wait", "tank"]),
+        "scrub",
+    );
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        st[0]["scan"]["repaired_bytes"].as_u64().unwrap() >= 40 * 4096,
+        "{status}"
+    );
+    assert_eq!(st[0]["scan"]["errors"], 0, "{status}");
+    assert!(
+        st[0]["vdevs"][0]["leaves"][1]["cksum_errors"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{status}"
+    );
+
+    // m0 fails every read: reads come from m1 (the cache is bypassed by reading fresh data).
+    run(
+        zeta(&home).args(["inject", "tank", &m0, "--fail-reads", "1"]),
+        "inject reads",
+    );
+    run(
+        zeta(&home).args(["pool", "scrub", "--wait", "tank"]),
+        "scrub 2",
+    );
+    let got = c.read(0, 1 << 20).unwrap();
+    assert!(got == data[..1 << 20]);
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        st[0]["vdevs"][0]["leaves"][0]["read_errors"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{status}"
+    );
+    assert_eq!(st[0]["scan"]["errors"], 0, "{status}");
+
+    // m0 vanishes: writes and flushes go on with m1.
+    run(
+        zeta(&home).args(["inject", "tank", &m0, "--vanish"]),
+        "vanish",
+    );
+    assert_eq!(c.write(0, &[0x5a; 65536]), 0);
+    c.send(CMD_FLUSH, 0, 100, 0, 0, &[]).unwrap();
+    assert_eq!(c.recv().unwrap().error, 0);
+    assert_eq!(c.read(0, 65536).unwrap(), vec![0x5a; 65536]);
+    run(
+        zeta(&home).args(["inject", "tank", &m0, "--clear"]),
+        "clear",
+    );
+    // Cleared, m0 is resilvered with the txgs it missed while gone.
+    let mut resilvered = false;
+    for _ in 0..100 {
+        let status = run(
+            zeta(&home).args(["pool", "status", "--json", "tank"]),
+            "status",
+        );
+        let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+        if st[0]["scan"]["func"] == "resilver" && st[0]["scan"]["state"] == "finished" {
+            resilvered = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        resilvered,
+        "no resilver after the vanished device came back"
+    );
+    drop(c);
+    s.stop();
+
+    // Without a server, failures have nowhere to live; the message says so.
+    let out = zeta(&home)
+        .args(["inject", "tank", &m0, "--fail-writes", "0.5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not being served"));
+    // And the pool, whose m0 missed txgs while it was gone, comes back whole.
+    let out = run(zeta(&home).args(["pool", "scrub", "tank"]), "scrub 3");
+    assert!(out.contains("errors"), "{out}");
 }

@@ -39,9 +39,48 @@ pub enum Command {
                             SIGINT or SIGTERM stops the server cleanly: in-flight requests \
                             finish and reply, the pools sync and close.")]
     Serve(ServeArgs),
+    /// Inject faults into a device of a pool, to test or rehearse a failure: silent
+    /// corruption of allocated sectors, failing reads or writes, or a device that vanishes.
+    #[command(
+        after_help = "Failures and --vanish act on a served pool (through `zeta serve`) \
+                            and last until --clear or the server stops. --corrupt overwrites \
+                            sectors on the device itself and works on any pool; a scrub \
+                            finds and repairs what the redundancy allows.\n\nExamples:\n  \
+                            zeta inject tank /var/zeta/b --corrupt 100\n  \
+                            zeta inject tank /var/zeta/b --fail-reads 0.5\n  \
+                            zeta inject tank /var/zeta/b --vanish\n  \
+                            zeta inject tank /var/zeta/b --clear"
+    )]
+    Inject(InjectArgs),
     /// The embedded default: create (on first use) a pool of files under ./zeta-data with a
     /// volume, and serve it over NBD on 127.0.0.1:10809.
     Up(UpArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("fault").required(true).args(["corrupt", "fail_reads", "fail_writes", "vanish", "clear"])))]
+pub struct InjectArgs {
+    pub pool: String,
+    /// The device's path as `zeta pool status` shows it.
+    pub device: String,
+    /// Overwrite N random allocated sectors of the device with random bytes.
+    #[arg(long, value_name = "N")]
+    pub corrupt: Option<usize>,
+    /// Make data reads fail with probability P (0 to 1).
+    #[arg(long, value_name = "P")]
+    pub fail_reads: Option<f64>,
+    /// Make data writes fail with probability P (0 to 1).
+    #[arg(long, value_name = "P")]
+    pub fail_writes: Option<f64>,
+    /// Make every I/O to the device fail, labels and flushes included, as if it were pulled.
+    #[arg(long)]
+    pub vanish: bool,
+    /// Remove the injected failures.
+    #[arg(long)]
+    pub clear: bool,
+    /// Seed for --corrupt's choice of sectors.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Subcommand, Debug)]

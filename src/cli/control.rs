@@ -11,6 +11,9 @@
 //! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
 //! - `{"op": "offline", "device": path, "offline": bool}` takes a device offline or brings
 //!   it back (which starts a resilver) → `{"ok": true}`
+//! - `{"op": "inject", "device", "fail_reads", "fail_writes", "vanished"}` sets injected
+//!   faults; `{"op": "corrupt", "device", "count", "seed"}` corrupts allocated sectors →
+//!   `{"ok": true, "value": sectors}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -112,6 +115,30 @@ pub fn remote_offline(s: UnixStream, pool: &str, device: &str, offline: bool) ->
         pool,
     )
     .map(|_| ())
+}
+
+/// Sets the injected faults of a device of `pool` in its server.
+pub fn remote_inject(
+    s: UnixStream,
+    pool: &str,
+    device: &str,
+    f: &crate::vdev::Injection,
+) -> Result<()> {
+    let req = json!({"op": "inject", "device": device, "fail_reads": f.fail_reads,
+                     "fail_writes": f.fail_writes, "vanished": f.vanished});
+    call(s, req, pool).map(|_| ())
+}
+
+/// Corrupts allocated sectors of a device of `pool` in its server; returns how many.
+pub fn remote_corrupt(
+    s: UnixStream,
+    pool: &str,
+    device: &str,
+    n: usize,
+    seed: u64,
+) -> Result<usize> {
+    let req = json!({"op": "corrupt", "device": device, "count": n, "seed": seed});
+    Ok(call(s, req, pool)?["value"].as_u64().unwrap_or(0) as usize)
 }
 
 /// Zeroes the error counters of `pool` in its server.
@@ -249,6 +276,26 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
                 .ok_or_else(|| usage("request without device"))?;
             pool.set_offline(dev, req["offline"] == json!(true))?;
             Ok(json!({"ok": true}))
+        }
+        Some("inject") => {
+            let dev = req["device"]
+                .as_str()
+                .ok_or_else(|| usage("request without device"))?;
+            let faults = crate::vdev::Injection {
+                fail_reads: req["fail_reads"].as_f64().unwrap_or(0.0),
+                fail_writes: req["fail_writes"].as_f64().unwrap_or(0.0),
+                vanished: req["vanished"] == json!(true),
+            };
+            pool.inject(dev, faults)?;
+            Ok(json!({"ok": true}))
+        }
+        Some("corrupt") => {
+            let dev = req["device"]
+                .as_str()
+                .ok_or_else(|| usage("request without device"))?;
+            let n = req["count"].as_u64().unwrap_or(0) as usize;
+            let done = pool.corrupt_sectors(dev, n, req["seed"].as_u64().unwrap_or(1))?;
+            Ok(json!({"ok": true, "value": done}))
         }
         Some("clear") => {
             pool.clear_errors()?;

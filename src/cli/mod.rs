@@ -29,6 +29,7 @@ pub fn main() -> i32 {
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
+        args::Command::Inject(a) => pool_cmd::inject(&home, a),
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
         args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
         args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),

@@ -420,6 +420,43 @@ fn list(home: &Home, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `zeta inject`.
+pub fn inject(home: &Home, a: super::args::InjectArgs) -> Result<()> {
+    let (pool, dev) = (a.pool.as_str(), a.device.as_str());
+    let served = super::control::connect(home, pool);
+    if let Some(n) = a.corrupt {
+        let done = match served {
+            Some(conn) => super::control::remote_corrupt(conn, pool, dev, n, a.seed)?,
+            None => {
+                let p = home.open(pool)?;
+                let r = p.corrupt_sectors(dev, n, a.seed);
+                p.close()?;
+                r?
+            }
+        };
+        println!("corrupted {done} allocated sectors of {dev} in '{pool}'");
+        return Ok(());
+    }
+    let faults = crate::vdev::Injection {
+        fail_reads: a.fail_reads.unwrap_or(0.0),
+        fail_writes: a.fail_writes.unwrap_or(0.0),
+        vanished: a.vanish,
+    };
+    let Some(conn) = served else {
+        return Err(usage(format!(
+            "pool '{pool}' is not being served: injected failures live in the process that \
+             holds the pool, so run `zeta serve {pool}` first (--corrupt works either way)"
+        )));
+    };
+    super::control::remote_inject(conn, pool, dev, &faults)?;
+    if a.clear {
+        println!("cleared the injected faults of {dev} in '{pool}'");
+    } else {
+        println!("injected into {dev} in '{pool}': {faults:?}");
+    }
+    Ok(())
+}
+
 fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
     if super::control::connect(home, name).is_some() {
         return Err(usage(format!(

@@ -445,7 +445,7 @@ impl Pool {
                 c.leaf_guid = leaf.guid;
                 write_config(leaf, &c, generation, &phase)
             })?;
-            update.step(|leaf| leaf.dev.flush())?;
+            update.step(|leaf| leaf.flush())?;
         }
         let mut c = self.config.lock();
         c.state = state;
@@ -1032,9 +1032,9 @@ impl Pool {
         // took every write and all three steps.
         let ub = Uberblock::new(txg, self.guid, root);
         commit.drop_leaves_that_missed_writes()?;
-        commit.step(|leaf| leaf.dev.flush())?;
+        commit.step(|leaf| leaf.flush())?;
         commit.step(|leaf| write_uberblock(leaf, &ub))?;
-        commit.step(|leaf| leaf.dev.flush())?;
+        commit.step(|leaf| leaf.flush())?;
         // Leaves that missed part of this txg owe it to a resilver.
         for leaf in commit.dropped_leaves() {
             leaf.missed.lock().add(txg);
@@ -1153,7 +1153,7 @@ impl Pool {
         let mut c = self.config_to_write(PoolState::Active);
         c.leaf_guid = leaf.guid;
         write_config(&leaf, &c, generation, &[0, 1, 2, 3])?;
-        leaf.dev.flush()?;
+        leaf.flush()?;
         self.close()?;
         self.write_config(PoolState::Active)
     }
@@ -1246,6 +1246,81 @@ impl Pool {
             self.start_resilver();
         }
         Ok(())
+    }
+
+    /// Sets the faults injected on a leaf (`zeta inject`); `Injection::default()` clears them.
+    pub fn inject(
+        self: &Arc<Self>,
+        dev: &str,
+        faults: crate::vdev::Injection,
+    ) -> Result<(), PoolError> {
+        let (_, leaf) = self.find_leaf(dev)?;
+        if !(0.0..=1.0).contains(&faults.fail_reads) || !(0.0..=1.0).contains(&faults.fail_writes) {
+            return Err(invalid("a failure probability lies between 0 and 1"));
+        }
+        *leaf.inject.lock() = faults;
+        // A device whose faults are cleared gets what it missed meanwhile.
+        if faults == crate::vdev::Injection::default() && !leaf.missed.lock().is_empty() {
+            self.start_resilver();
+        }
+        Ok(())
+    }
+
+    /// Overwrites `count` random allocated sectors of a leaf with random bytes, behind the
+    /// pool's back (`zeta inject --corrupt`): what silent corruption looks like. Only sectors
+    /// that hold volume blocks (data or indirect) on that leaf are chosen. Returns how many
+    /// were corrupted (fewer if the leaf holds fewer).
+    pub fn corrupt_sectors(&self, dev: &str, count: usize, seed: u64) -> Result<usize, PoolError> {
+        use rand::seq::SliceRandom;
+        use rand::{RngCore, SeedableRng};
+        let (t, leaf) = self.find_leaf(dev)?;
+        self.sync_now()?;
+        let top = &self.io.zio.tops[t];
+        let slot = top.raidz.as_ref().map(|rz| {
+            rz.slots
+                .iter()
+                .position(|s| s.as_ref().is_some_and(|l| l.guid == leaf.guid))
+                .expect("leaf of this vdev")
+        });
+        let sector = crate::vdev::SECTOR;
+        let mut sectors: Vec<u64> = Vec::new();
+        for ds in self.datasets() {
+            walk(&self.io, &ds.object.dnode(), &mut |bp, _| {
+                let psize = bp.psize.get() as u64;
+                for d in bp.dvas().filter(|d| d.vdev.get() as usize == t) {
+                    let off = d.offset.get();
+                    match (&top.raidz, slot) {
+                        (Some(rz), Some(slot)) => {
+                            for c in rz
+                                .geom
+                                .map(off, psize)
+                                .cols
+                                .iter()
+                                .filter(|c| c.child == slot)
+                            {
+                                sectors.extend(
+                                    (0..c.len as u64 / sector).map(|k| c.offset + k * sector),
+                                );
+                            }
+                        }
+                        _ => sectors.extend((0..psize / sector).map(|k| off + k * sector)),
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        sectors.sort_unstable();
+        sectors.dedup();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        sectors.shuffle(&mut rng);
+        sectors.truncate(count);
+        let mut junk = vec![0u8; sector as usize];
+        for &off in &sectors {
+            rng.fill_bytes(&mut junk);
+            leaf.dev.write_at(&junk, crate::vdev::RESERVE_BYTES + off)?;
+        }
+        leaf.dev.flush()?;
+        Ok(sectors.len())
     }
 
     /// Zeroes every leaf's error counters (`zeta pool clear`), in memory and in the labels.
@@ -1425,9 +1500,9 @@ fn commit_above_skipped(
         format!("the uberblock of txg {txg} (txg {imported_txg} again, above txg {newest_seen})");
     let mut update = LabelUpdate::new(tops, what);
     // As in every commit, flush first: the import may have healed blocks of the tree.
-    update.step(|leaf| leaf.dev.flush())?;
+    update.step(|leaf| leaf.flush())?;
     update.step(|leaf| write_uberblock(leaf, &ub))?;
-    update.step(|leaf| leaf.dev.flush())?;
+    update.step(|leaf| leaf.flush())?;
     Ok(txg)
 }
 
@@ -1887,7 +1962,7 @@ mod tests {
         // Leaf 1, the only one holding the block, cannot flush: leaf 0's flush would not make
         // the block durable, so the update must fail rather than label leaf 0.
         devs[1].set_faults(fail(false, true));
-        let err = update.step(|leaf| leaf.dev.flush()).unwrap_err();
+        let err = update.step(|leaf| leaf.flush()).unwrap_err();
         assert!(matches!(err, PoolError::VdevLost { vdev: 0, .. }), "{err}");
         let msg = err.to_string();
         assert!(

@@ -355,7 +355,7 @@ pub fn clear_labels(leaf: &Leaf) -> Result<(), VdevError> {
     for index in 0..LABEL_COUNT {
         leaf.write_label(index, 0, &zeros)?;
     }
-    leaf.dev.flush()
+    leaf.flush()
 }
 
 #[cfg(test)]

@@ -16,6 +16,6 @@ pub use file::FileDevice;
 pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
-pub use top::{Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
+pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -49,6 +49,27 @@ pub struct Leaf {
     /// Txgs whose writes this leaf missed (offline, or a failed write): what a resilver must
     /// bring it, as inclusive ranges (ZFS's dirty time log).
     pub missed: parking_lot::Mutex<TxgRanges>,
+    /// Faults injected on a live pool (`zeta inject`), for tests and rehearsals.
+    pub inject: parking_lot::Mutex<Injection>,
+}
+
+/// Faults `zeta inject` sets on a leaf: reads or writes fail with a probability, or the
+/// device behaves as if it were pulled (every I/O, labels and flushes included, fails).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Injection {
+    /// Probability (0..=1) that a data read fails.
+    pub fail_reads: f64,
+    /// Probability (0..=1) that a data write fails.
+    pub fail_writes: f64,
+    pub vanished: bool,
+}
+
+/// What an I/O is, for fault injection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IoKind {
+    Read,
+    Write,
+    Other,
 }
 
 /// A set of txgs as sorted, disjoint, inclusive ranges.
@@ -119,7 +140,39 @@ impl Leaf {
             counters: LeafCounters::default(),
             offline: AtomicBool::new(false),
             missed: parking_lot::Mutex::new(TxgRanges::default()),
+            inject: parking_lot::Mutex::new(Injection::default()),
         }
+    }
+
+    /// Fails this I/O if an injected fault says so.
+    fn injected(&self, kind: IoKind) -> Result<(), VdevError> {
+        let f = *self.inject.lock();
+        let what = if f.vanished {
+            Some("vanished device")
+        } else {
+            let p = match kind {
+                IoKind::Read => f.fail_reads,
+                IoKind::Write => f.fail_writes,
+                IoKind::Other => 0.0,
+            };
+            (p > 0.0 && rand::random::<f64>() < p).then_some(match kind {
+                IoKind::Read => "read",
+                _ => "write",
+            })
+        };
+        match what {
+            Some(what) => Err(VdevError::Injected {
+                path: self.name().to_string(),
+                what,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes the device (unless an injected fault makes it vanish).
+    pub fn flush(&self) -> Result<(), VdevError> {
+        self.injected(IoKind::Other)?;
+        self.dev.flush()
     }
 
     pub fn is_offline(&self) -> bool {
@@ -157,6 +210,7 @@ impl Leaf {
         if self.is_offline() {
             return Err(self.offline_error());
         }
+        self.injected(IoKind::Read)?;
         self.dev.read_at(buf, RESERVE_BYTES + offset)
     }
 
@@ -164,6 +218,7 @@ impl Leaf {
         if self.is_offline() {
             return Err(self.offline_error());
         }
+        self.injected(IoKind::Write)?;
         self.dev.write_at(buf, RESERVE_BYTES + offset)
     }
 
@@ -174,6 +229,7 @@ impl Leaf {
         buf: &mut [u8],
     ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
+        self.injected(IoKind::Other)?;
         self.dev.read_at(
             buf,
             label_offset(index, self.dev.len_bytes()) + offset_in_label,
@@ -187,6 +243,7 @@ impl Leaf {
         buf: &[u8],
     ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
+        self.injected(IoKind::Other)?;
         self.dev.write_at(
             buf,
             label_offset(index, self.dev.len_bytes()) + offset_in_label,
