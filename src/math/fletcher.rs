@@ -171,11 +171,21 @@ pub enum Fletcher4Impl {
     Reference,
     Unrolled,
     Avx2,
+    /// Eight lanes, one set of accumulators: the way OpenZFS's AVX-512 kernel works.
     Avx512,
+    /// Sixteen lanes as two interleaved sets of eight, so the four dependent adds of one set
+    /// overlap with the other's.
+    Avx512x2,
 }
 
 impl Fletcher4Impl {
-    pub const ALL: [Fletcher4Impl; 4] = [Self::Reference, Self::Unrolled, Self::Avx2, Self::Avx512];
+    pub const ALL: [Fletcher4Impl; 5] = [
+        Self::Reference,
+        Self::Unrolled,
+        Self::Avx2,
+        Self::Avx512,
+        Self::Avx512x2,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -183,6 +193,7 @@ impl Fletcher4Impl {
             Self::Unrolled => "unrolled",
             Self::Avx2 => "avx2",
             Self::Avx512 => "avx512",
+            Self::Avx512x2 => "avx512x2",
         }
     }
 
@@ -193,7 +204,7 @@ impl Fletcher4Impl {
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => std::is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            Self::Avx512 | Self::Avx512x2 => std::is_x86_feature_detected!("avx512f"),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -219,6 +230,11 @@ impl Fletcher4Impl {
                 // SAFETY: the CPU has AVX-512F (checked before this pointer was returned).
                 unsafe { x86::fletcher4_avx512(d) }
             },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512x2 => |d| {
+                // SAFETY: the CPU has AVX-512F (checked before this pointer was returned).
+                unsafe { x86::fletcher4_avx512x2(d) }
+            },
             #[cfg(not(target_arch = "x86_64"))]
             _ => return None,
         })
@@ -240,7 +256,7 @@ pub fn selected() -> Result<Fletcher4Impl, String> {
             Ok(name) => {
                 let Some(k) = Fletcher4Impl::ALL.into_iter().find(|k| k.name() == name) else {
                     return Err(format!(
-                        "ZETA_FLETCHER4_IMPL={name}: not one of reference, unrolled, avx2, avx512"
+                        "ZETA_FLETCHER4_IMPL={name}: not one of reference, unrolled, avx2, avx512, avx512x2"
                     ));
                 };
                 if !k.supported() {
@@ -371,6 +387,52 @@ mod x86 {
             unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, acc) };
         }
         finish(sums, &data[steps * 32..])
+    }
+
+    /// Sixteen lanes in two sets of eight: each step loads 64 bytes, the first 32 into set 0
+    /// and the next 32 into set 1, so word `w` of the buffer goes to lane `w % 16`. The two
+    /// chains of dependent adds run side by side.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fletcher4_avx512x2(data: &[u8]) -> Fletcher4 {
+        let steps = data.len() / 64;
+        let z = _mm512_setzero_si512();
+        let (mut a0, mut b0, mut c0, mut d0) = (z, z, z, z);
+        let (mut a1, mut b1, mut c1, mut d1) = (z, z, z, z);
+        let p = data.as_ptr();
+        for k in 0..steps {
+            // SAFETY: k < steps, so bytes 64k..64k+64 lie inside `data`; loadu has no
+            // alignment requirement.
+            let (w0, w1) = unsafe {
+                (
+                    _mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(64 * k) as *const __m256i)),
+                    _mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(64 * k + 32) as *const __m256i)),
+                )
+            };
+            a0 = _mm512_add_epi64(a0, w0);
+            a1 = _mm512_add_epi64(a1, w1);
+            b0 = _mm512_add_epi64(b0, a0);
+            b1 = _mm512_add_epi64(b1, a1);
+            c0 = _mm512_add_epi64(c0, b0);
+            c1 = _mm512_add_epi64(c1, b1);
+            d0 = _mm512_add_epi64(d0, c0);
+            d1 = _mm512_add_epi64(d1, c1);
+        }
+        let mut sums = [[0u64; 16]; 4];
+        for (i, (lo, hi)) in [(a0, a1), (b0, b1), (c0, c1), (d0, d1)]
+            .into_iter()
+            .enumerate()
+        {
+            // SAFETY: each half of `sums[i]` is 64 writable bytes; storeu has no alignment
+            // requirement.
+            unsafe {
+                _mm512_storeu_si512(sums[i].as_mut_ptr() as *mut __m512i, lo);
+                _mm512_storeu_si512(sums[i][8..].as_mut_ptr() as *mut __m512i, hi);
+            }
+        }
+        finish(sums, &data[steps * 64..])
     }
 }
 
