@@ -271,6 +271,23 @@ pub enum BenchCmd {
     /// Every checksum algorithm and kernel, single core, GB/s on cache-resident 4 KiB and
     /// 128 KiB buffers, with the ratio to a memory-read reference measured in the same run.
     Checksum(BenchChecksumArgs),
+    /// A scrub of a pool on file vdevs against `cat` reading the same files to /dev/null:
+    /// GB/s and the ratio (median of --runs).
+    Scrub(BenchScrubArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchScrubArgs {
+    /// Data written to the pool's volume (and read back by both).
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Directory for the vdev files (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

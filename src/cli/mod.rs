@@ -8,6 +8,7 @@ pub mod bench_checksum;
 pub mod bench_cmd;
 pub mod bench_parity;
 pub mod bench_raidz;
+pub mod bench_scrub;
 pub mod control;
 pub mod fmt;
 pub mod pool_cmd;
@@ -33,6 +34,7 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
         args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
         args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),
+        args::Command::Bench(args::BenchCmd::Scrub(a)) => bench_scrub::scrub_bench(a),
         args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
     };
     match result {

@@ -311,14 +311,13 @@ struct TreeScan<'a> {
 /// block id to resume at, or None when the tree is done (or the scrub was stopped).
 fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64> {
     let TreeScan {
-        pool,
-        label,
-        block_bytes,
-        filter,
-        stop,
+        pool, filter, stop, ..
     } = *t;
     let mut scrubbed = 0u64;
     let mut resume = None;
+    // Data blocks are checked in parallel batches (their reads and checksums are independent);
+    // an indirect block is checked before the walk reads its children.
+    let mut batch: Vec<(BlkPtr, u64)> = Vec::with_capacity(BATCH);
     walk_from(&pool.io, dn, from, &mut |bp: &BlkPtr, level, first| {
         if resume.is_some() || stop.load(Ordering::SeqCst) {
             return Visit::Skip;
@@ -337,37 +336,65 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
                 return Visit::Descend; // only its descendants may be owed
             }
         }
-        pool.yield_to_foreground();
-        let visit = match pool.io.zio.scrub(bp) {
-            Ok(r) => {
-                let mut st = pool.scan.lock();
-                st.examined_bytes += bp.asize_total();
-                st.repaired_bytes += r.repaired_bytes;
+        if level > 0 {
+            pool.yield_to_foreground();
+            return if check(t, bp, level, first) {
                 Visit::Descend
-            }
-            Err(e) => {
-                let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
-                let mut st = pool.scan.lock();
-                st.examined_bytes += bp.asize_total();
-                st.errors += 1;
-                if st.damaged.len() < MAX_DAMAGED {
-                    st.damaged.push(Damage {
-                        object: label.to_string(),
-                        start: first.saturating_mul(block_bytes),
-                        end: first.saturating_add(span).saturating_mul(block_bytes),
-                        error: e.to_string(),
-                    });
-                }
+            } else {
                 Visit::Skip
-            }
-        };
-        if level == 0 {
-            scrubbed += 1;
+            };
         }
-        visit
+        scrubbed += 1;
+        batch.push((*bp, first));
+        if batch.len() == BATCH {
+            check_batch(t, &mut batch);
+        }
+        Visit::Skip
     });
+    check_batch(t, &mut batch);
     if stop.load(Ordering::SeqCst) {
         return None;
     }
     resume
+}
+
+/// Blocks checked in parallel at a time.
+const BATCH: usize = 32;
+
+fn check_batch(t: &TreeScan, batch: &mut Vec<(BlkPtr, u64)>) {
+    use rayon::prelude::*;
+    t.pool.yield_to_foreground();
+    // The scanner is a plain thread, so rayon runs these on its pool and blocks here: the
+    // jobs only read, verify and rewrite blocks, and take no lock that waits.
+    batch.par_iter().for_each(|(bp, first)| {
+        check(t, bp, 0, *first);
+    });
+    batch.clear();
+}
+
+/// Scrubs one block and records what it found; returns whether the block is good.
+fn check(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64) -> bool {
+    match t.pool.io.zio.scrub(bp) {
+        Ok(r) => {
+            let mut st = t.pool.scan.lock();
+            st.examined_bytes += bp.asize_total();
+            st.repaired_bytes += r.repaired_bytes;
+            true
+        }
+        Err(e) => {
+            let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
+            let mut st = t.pool.scan.lock();
+            st.examined_bytes += bp.asize_total();
+            st.errors += 1;
+            if st.damaged.len() < MAX_DAMAGED {
+                st.damaged.push(Damage {
+                    object: t.label.to_string(),
+                    start: first.saturating_mul(t.block_bytes),
+                    end: first.saturating_add(span).saturating_mul(t.block_bytes),
+                    error: e.to_string(),
+                });
+            }
+            false
+        }
+    }
 }
