@@ -768,6 +768,16 @@ fn inject_faults_into_a_served_mirror() {
     c.send(CMD_FLUSH, 0, 100, 0, 0, &[]).unwrap();
     assert_eq!(c.recv().unwrap().error, 0);
     assert_eq!(c.read(0, 65536).unwrap(), vec![0x5a; 65536]);
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        st[0]["vdevs"][0]["leaves"][0]["state"], "REMOVED",
+        "{status}"
+    );
+    assert_eq!(st[0]["state"], "DEGRADED", "{status}");
     run(
         zeta(&home).args(["inject", "tank", &m0, "--clear"]),
         "clear",

@@ -656,7 +656,10 @@ impl Pool {
             .zip(&cfg.tops)
             .map(|(t, tc)| {
                 let missing = tc.children.len() - t.children.len();
-                let offline = t.children.iter().any(|l| l.is_offline());
+                let offline = t
+                    .children
+                    .iter()
+                    .any(|l| l.is_offline() || l.inject.lock().vanished);
                 TopStatus {
                     id: t.id,
                     kind: t.kind,
@@ -685,6 +688,7 @@ impl Pool {
                                 state: match leaf {
                                     None => "UNAVAIL",
                                     Some(l) if l.is_offline() => "OFFLINE",
+                                    Some(l) if l.inject.lock().vanished => "REMOVED",
                                     Some(_) => "ONLINE",
                                 },
                             }
