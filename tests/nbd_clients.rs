@@ -758,6 +758,26 @@ fn inject_faults_into_a_served_mirror() {
         "{status}"
     );
     assert_eq!(st[0]["scan"]["errors"], 0, "{status}");
+    // A device that fails every read is taken out of service once the mirror can spare it.
+    assert_eq!(
+        st[0]["vdevs"][0]["leaves"][0]["state"], "FAULTED",
+        "{status}"
+    );
+    // Its faults removed, `pool clear` brings it back (and resilvers what it missed).
+    run(
+        zeta(&home).args(["inject", "tank", &m0, "--clear"]),
+        "clear reads",
+    );
+    run(zeta(&home).args(["pool", "clear", "tank"]), "pool clear");
+    let status = run(
+        zeta(&home).args(["pool", "status", "--json", "tank"]),
+        "status",
+    );
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        st[0]["vdevs"][0]["leaves"][0]["state"], "ONLINE",
+        "{status}"
+    );
 
     // m0 vanishes: writes and flushes go on with m1.
     run(
@@ -782,6 +802,8 @@ fn inject_faults_into_a_served_mirror() {
         zeta(&home).args(["inject", "tank", &m0, "--clear"]),
         "clear",
     );
+    // The writes it failed may have faulted it: `pool clear` returns it to service either way.
+    run(zeta(&home).args(["pool", "clear", "tank"]), "pool clear 2");
     // Cleared, m0 is resilvered with the txgs it missed while gone.
     let mut resilvered = false;
     for _ in 0..100 {

@@ -231,3 +231,75 @@ fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
         .to_string();
     assert!(err.contains("already part of"), "{err}");
 }
+
+/// A device failing every I/O is faulted once its vdev can spare it (no more I/O is sent to
+/// it, the txgs it misses are recorded); `clear` puts it back and resilvers it. A device the
+/// pool cannot spare is never faulted.
+#[test]
+fn a_failing_device_is_faulted_and_clear_brings_it_back() {
+    use zeta::vdev::mem::Faults;
+    let (devs, mut data) = filled(Layout::Mirror);
+    let pool = import(&devs);
+    devs[1].set_faults(Faults {
+        fail_reads: true,
+        fail_writes: true,
+        ..Faults::default()
+    });
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    for i in 0..8u64 {
+        let off = (i * MB) as usize;
+        rng.fill_bytes(&mut data[off..off + 65536]);
+        vol.write(i * MB, &data[off..off + 65536]).unwrap();
+        vol.flush().unwrap();
+    }
+    let st = pool.vdev_status();
+    assert_eq!(st[0].leaves[1].state, "FAULTED", "{st:?}");
+    assert_eq!(st[0].state, "DEGRADED");
+    // Faulted: no more I/O goes to it, so its error counts stop growing.
+    let errors = st[0].leaves[1].write_errors;
+    vol.write(0, &data[..65536]).unwrap();
+    vol.flush().unwrap();
+    assert_eq!(pool.vdev_status()[0].leaves[1].write_errors, errors);
+    assert!(read_all(&pool) == data);
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+
+    // The device heals (say, a cable reseated); it is still faulted after import, until
+    // clear returns it and resilvers it.
+    devs[1].set_faults(Faults::default());
+    let pool = import(&devs);
+    assert_eq!(pool.vdev_status()[0].leaves[1].state, "FAULTED");
+    pool.clear_errors().unwrap();
+    pool.wait_scrub();
+    let scan = pool.scan_status();
+    assert_eq!(
+        (scan.func, scan.state),
+        (ScanFunc::Resilver, ScanPhase::Finished)
+    );
+    assert_eq!(pool.vdev_status()[0].leaves[1].state, "ONLINE");
+    pool.set_offline("mem0", true).unwrap();
+    assert!(read_all(&pool) == data, "the cleared device lacks data");
+    drop(pool);
+
+    // A stripe's only device is never faulted: every error is reported instead.
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create("s", spec(Layout::Stripe, &devs), opts()).unwrap();
+    pool.create_volume("v", MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &[1u8; 65536]).unwrap();
+    vol.flush().unwrap();
+    devs[0].set_faults(Faults {
+        fail_reads: true,
+        ..Faults::default()
+    });
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    let err = Pool::import(as_leaves(&devs), None, opts());
+    assert!(
+        err.is_err(),
+        "a pool whose only device fails every read cannot import"
+    );
+}

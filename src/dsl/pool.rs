@@ -335,6 +335,7 @@ impl Pool {
                     path,
                     errors: Default::default(),
                     offline: false,
+                    faulted: false,
                     missed: Vec::new(),
                 });
                 leaves.push(Arc::new(leaf));
@@ -556,6 +557,7 @@ impl Pool {
                         leaf.counters
                             .set([e.read, e.write, e.cksum, e.repaired_bytes]);
                         leaf.set_offline(c.offline);
+                        leaf.set_faulted(c.faulted);
                         leaf.missed.lock().0 = c.missed.clone();
                         slots.push(Some(Arc::new(leaf)));
                     }
@@ -687,8 +689,9 @@ impl Pool {
                                 repaired_bytes: n(|l| &l.counters.repaired_bytes),
                                 state: match leaf {
                                     None => "UNAVAIL",
-                                    Some(l) if l.is_offline() => "OFFLINE",
                                     Some(l) if l.inject.lock().vanished => "REMOVED",
+                                    Some(l) if l.is_faulted() => "FAULTED",
+                                    Some(l) if l.is_offline() => "OFFLINE",
                                     Some(_) => "ONLINE",
                                 },
                             }
@@ -1149,6 +1152,7 @@ impl Pool {
             path: new_path,
             errors: Default::default(),
             offline: false,
+            faulted: false,
             missed: vec![[1, owed]],
         };
         // The new leaf's labels first: should the rest not follow, the old config still
@@ -1174,7 +1178,8 @@ impl Pool {
                         cksum,
                         repaired_bytes,
                     };
-                    c.offline = leaf.is_offline();
+                    c.offline = leaf.is_admin_offline();
+                    c.faulted = leaf.is_faulted();
                     c.missed = leaf.missed.lock().0.clone();
                 }
             }
@@ -1213,7 +1218,7 @@ impl Pool {
     /// be left without the redundancy to serve every block.
     pub fn set_offline(self: &Arc<Self>, dev: &str, offline: bool) -> Result<(), PoolError> {
         let (t, leaf) = self.find_leaf(dev)?;
-        if offline && !leaf.is_offline() {
+        if offline && !leaf.is_admin_offline() {
             let top = &self.io.zio.tops[t];
             let cfg = self.config.lock().clone();
             let tc = &cfg.tops[t];
@@ -1234,7 +1239,7 @@ impl Pool {
                 )));
             }
         }
-        if leaf.is_offline() == offline {
+        if leaf.is_admin_offline() == offline {
             return Ok(());
         }
         // Writes already in the open txg must not reach a leaf taken offline half-way: sync
@@ -1327,16 +1332,22 @@ impl Pool {
         Ok(sectors.len())
     }
 
-    /// Zeroes every leaf's error counters (`zeta pool clear`), in memory and in the labels.
-    pub fn clear_errors(&self) -> Result<(), PoolError> {
+    /// Zeroes every leaf's error counters and returns faulted leaves to service (`zeta pool
+    /// clear`), in memory and in the labels; those get a resilver of what they missed.
+    pub fn clear_errors(self: &Arc<Self>) -> Result<(), PoolError> {
         for top in &self.io.zio.tops {
             for leaf in &top.children {
                 leaf.counters.set([0; 4]);
+                leaf.set_faulted(false);
             }
         }
-        let _mos = self.mos.lock();
-        let state = self.config.lock().state;
-        self.write_config(state)
+        {
+            let _mos = self.mos.lock();
+            let state = self.config.lock().state;
+            self.write_config(state)?;
+        }
+        self.start_resilver();
+        Ok(())
     }
 
     /// Saves the scrub's progress in the config (serialized with syncs by the MOS lock).

@@ -68,6 +68,9 @@ pub struct LeafConfig {
     /// Taken offline by the administrator.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub offline: bool,
+    /// Taken out of service after a run of I/O failures, until `zeta pool clear`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub faulted: bool,
     /// Txgs whose writes the leaf missed, as inclusive ranges: what a resilver owes it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missed: Vec<[u64; 2]>,
@@ -386,6 +389,7 @@ mod tests {
                     path: "/dev/x".into(),
                     errors: LeafErrors::default(),
                     offline: false,
+                    faulted: false,
                     missed: Vec::new(),
                 }],
             }],

@@ -23,7 +23,8 @@ pub enum VdevError {
     },
     #[error("no healthy copy: every child failed ({0})")]
     AllCopiesFailed(String),
-    #[error("{path}: offline")]
+    /// The leaf is out of service (offline or faulted); `path` says which.
+    #[error("{path}: out of service")]
     Offline { path: String },
     /// More columns of a raidz stripe are lost than its parity can rebuild.
     #[error("{0}")]

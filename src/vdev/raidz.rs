@@ -290,6 +290,14 @@ impl Raidz {
         self.slots.iter().filter(|s| s.is_none()).count()
     }
 
+    /// Counts a failed I/O against a child and faults it after a run of failures, if the
+    /// other children out of service leave room in the parity.
+    fn fail(&self, leaf: &Leaf, e: &VdevError, counter: &std::sync::atomic::AtomicU64) {
+        if leaf.count_failure(e, counter) {
+            super::top::maybe_fault(leaf, self.slots.iter().map(Option::as_ref), self.nparity());
+        }
+    }
+
     fn missing_error(&self, child: usize) -> VdevError {
         VdevError::Missing {
             path: format!("raidz child {child}"),
@@ -318,7 +326,7 @@ impl Raidz {
             .map(|(c, buf)| match &self.slots[c.child] {
                 Some(leaf) => leaf
                     .write_data(buf, c.offset)
-                    .inspect_err(|e| leaf.count_failure(e, &leaf.counters.write_errors)),
+                    .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
                 None => Err(self.missing_error(c.child)),
             })
             .collect();
@@ -358,7 +366,7 @@ impl Raidz {
             match &self.slots[c.child] {
                 Some(leaf) => leaf
                     .read_data(buf, c.offset)
-                    .inspect_err(|e| leaf.count_failure(e, &leaf.counters.read_errors)),
+                    .inspect_err(|e| self.fail(leaf, e, &leaf.counters.read_errors)),
                 None => Err(self.missing_error(c.child)),
             }
         };
@@ -557,7 +565,7 @@ impl Raidz {
                         .fetch_add(c.len as u64, Ordering::Relaxed);
                     report.repaired_bytes += c.len as u64;
                 }
-                Err(e) => leaf.count_failure(&e, &leaf.counters.write_errors),
+                Err(e) => self.fail(leaf, &e, &leaf.counters.write_errors),
             }
         }
     }

@@ -46,6 +46,12 @@ pub struct Leaf {
     /// Taken offline by the administrator: no data I/O reaches it (labels neither) until it
     /// is brought online, and the txgs it misses go into `missed`.
     offline: AtomicBool,
+    /// Taken out of service after `FAULT_AFTER` failed I/Os in a row, where its vdev could
+    /// spare it; like offline until `zeta pool clear`.
+    faulted: AtomicBool,
+    /// Failed reads since the last read that succeeded, and the same for writes: a device
+    /// that takes writes but returns no reads (or the reverse) is failing all the same.
+    streak: [std::sync::atomic::AtomicU32; 2],
     /// Txgs whose writes this leaf missed (offline, or a failed write): what a resilver must
     /// bring it, as inclusive ranges (ZFS's dirty time log).
     pub missed: parking_lot::Mutex<TxgRanges>,
@@ -70,6 +76,27 @@ enum IoKind {
     Read,
     Write,
     Other,
+}
+
+/// Failed data I/Os in a row after which a leaf is faulted (if its vdev can spare it).
+pub const FAULT_AFTER: u32 = 16;
+
+/// Faults `leaf` after a run of failures if, counting it, no more of `siblings` are out of
+/// service than `tolerable`; the vdev then stops sending it I/O instead of failing on it.
+pub(super) fn maybe_fault<'a>(
+    leaf: &Leaf,
+    siblings: impl Iterator<Item = Option<&'a Arc<Leaf>>>,
+    tolerable: usize,
+) {
+    if leaf.is_offline() {
+        return;
+    }
+    let out = siblings
+        .filter(|s| s.is_none_or(|l| l.is_offline()))
+        .count();
+    if out < tolerable {
+        leaf.set_faulted(true);
+    }
 }
 
 /// A set of txgs as sorted, disjoint, inclusive ranges.
@@ -139,6 +166,8 @@ impl Leaf {
             guid,
             counters: LeafCounters::default(),
             offline: AtomicBool::new(false),
+            faulted: AtomicBool::new(false),
+            streak: Default::default(),
             missed: parking_lot::Mutex::new(TxgRanges::default()),
             inject: parking_lot::Mutex::new(Injection::default()),
         }
@@ -175,8 +204,32 @@ impl Leaf {
         self.dev.flush()
     }
 
+    /// Offline or faulted: out of service, no I/O reaches it.
     pub fn is_offline(&self) -> bool {
+        self.offline.load(Ordering::Acquire) || self.is_faulted()
+    }
+
+    /// Taken offline by the administrator (as opposed to faulted).
+    pub fn is_admin_offline(&self) -> bool {
         self.offline.load(Ordering::Acquire)
+    }
+
+    pub fn is_faulted(&self) -> bool {
+        self.faulted.load(Ordering::Acquire)
+    }
+
+    pub fn set_faulted(&self, faulted: bool) {
+        for s in &self.streak {
+            s.store(0, Ordering::Relaxed);
+        }
+        self.faulted.store(faulted, Ordering::Release);
+    }
+
+    /// `write`: 0 for a read, 1 for a write.
+    fn note_success(&self, write: usize) {
+        if self.streak[write].load(Ordering::Relaxed) != 0 {
+            self.streak[write].store(0, Ordering::Relaxed);
+        }
     }
 
     pub fn set_offline(&self, offline: bool) {
@@ -184,17 +237,26 @@ impl Leaf {
     }
 
     fn offline_error(&self) -> VdevError {
+        let what = if self.is_faulted() {
+            "faulted"
+        } else {
+            "offline"
+        };
         VdevError::Offline {
-            path: self.name().to_string(),
+            path: format!("{} ({what})", self.name()),
         }
     }
 
     /// Counts a failed I/O against this leaf, unless it failed only because the leaf is
     /// offline (that is no fault of the device).
-    pub fn count_failure(&self, e: &VdevError, counter: &AtomicU64) {
-        if !matches!(e, VdevError::Offline { .. }) {
-            counter.fetch_add(1, Ordering::Relaxed);
+    /// Returns whether the leaf has now failed `FAULT_AFTER` I/Os in a row.
+    pub fn count_failure(&self, e: &VdevError, counter: &AtomicU64) -> bool {
+        if matches!(e, VdevError::Offline { .. }) {
+            return false;
         }
+        counter.fetch_add(1, Ordering::Relaxed);
+        let write = usize::from(!std::ptr::eq(counter, &self.counters.read_errors));
+        self.streak[write].fetch_add(1, Ordering::Relaxed) + 1 >= FAULT_AFTER
     }
 
     pub fn name(&self) -> &str {
@@ -211,7 +273,9 @@ impl Leaf {
             return Err(self.offline_error());
         }
         self.injected(IoKind::Read)?;
-        self.dev.read_at(buf, RESERVE_BYTES + offset)
+        self.dev.read_at(buf, RESERVE_BYTES + offset)?;
+        self.note_success(0);
+        Ok(())
     }
 
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
@@ -219,7 +283,9 @@ impl Leaf {
             return Err(self.offline_error());
         }
         self.injected(IoKind::Write)?;
-        self.dev.write_at(buf, RESERVE_BYTES + offset)
+        self.dev.write_at(buf, RESERVE_BYTES + offset)?;
+        self.note_success(1);
+        Ok(())
     }
 
     pub fn read_label(
@@ -337,6 +403,18 @@ impl TopVdev {
         })
     }
 
+    /// Counts a failed I/O against a child and faults it after a run of failures, if the
+    /// mirror keeps another child in service.
+    fn fail(&self, child: &Leaf, e: &VdevError, counter: &AtomicU64) {
+        if child.count_failure(e, counter) && self.kind == TopKind::Mirror {
+            maybe_fault(
+                child,
+                self.children.iter().map(Some),
+                self.children.len() - 1,
+            );
+        }
+    }
+
     /// Bytes a block of `psize` bytes takes on this vdev (parity included).
     pub fn asize_of(&self, psize: u64) -> u64 {
         match &self.raidz {
@@ -374,7 +452,7 @@ impl TopVdev {
             match r {
                 Ok(()) => ok += 1,
                 Err(e) => {
-                    child.count_failure(&e, counter(child));
+                    self.fail(child, &e, counter(child));
                     first_err.get_or_insert(e);
                 }
             }
@@ -405,7 +483,7 @@ impl TopVdev {
             let mut copy = vec![0u8; buf.len()];
             match child.read_data(&mut copy, offset) {
                 Err(e) => {
-                    child.count_failure(&e, &child.counters.read_errors);
+                    self.fail(child, &e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
                     bad.push(i);
@@ -427,7 +505,7 @@ impl TopVdev {
         for &b in &bad {
             let victim = &self.children[b];
             if let Err(e) = victim.write_data(&good, offset) {
-                victim.count_failure(&e, &victim.counters.write_errors);
+                self.fail(victim, &e, &victim.counters.write_errors);
             } else {
                 victim
                     .counters
@@ -466,7 +544,7 @@ impl TopVdev {
             let child = &self.children[i];
             match child.read_data(buf, offset) {
                 Err(e) => {
-                    child.count_failure(&e, &child.counters.read_errors);
+                    self.fail(child, &e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
                     bad.push(i);
@@ -475,7 +553,7 @@ impl TopVdev {
                     for &b in &bad {
                         let victim = &self.children[b];
                         if let Err(e) = victim.write_data(buf, offset) {
-                            victim.count_failure(&e, &victim.counters.write_errors);
+                            self.fail(victim, &e, &victim.counters.write_errors);
                         } else {
                             victim
                                 .counters
