@@ -822,6 +822,47 @@ fn inject_faults_into_a_served_mirror() {
         resilvered,
         "no resilver after the vanished device came back"
     );
+
+    // Replace m1 by a new file while serving: the server rebuilds it in place.
+    let m2 = s.dir.path().join("m2").display().to_string();
+    let out = run(
+        zeta(&home).args(["pool", "replace", "tank", &m1, &m2]),
+        "replace",
+    );
+    assert!(out.contains("the server rebuilds it"), "{out}");
+    let mut rebuilt = None;
+    for _ in 0..200 {
+        let status = run(
+            zeta(&home).args(["pool", "status", "--json", "tank"]),
+            "status",
+        );
+        let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let leaf = &st[0]["vdevs"][0]["leaves"][1];
+        if leaf["path"].as_str().unwrap().ends_with("/m2")
+            && st[0]["scan"]["func"] == "resilver"
+            && st[0]["scan"]["state"] == "finished"
+        {
+            rebuilt = Some(st);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let st = rebuilt.expect("the replacement was not rebuilt");
+    assert_eq!(st[0]["state"], "ONLINE", "{st}");
+    let leaf = &st[0]["vdevs"][0]["leaves"][1];
+    assert!(leaf["repaired_bytes"].as_u64().unwrap() >= 4 << 20, "{st}");
+    // With m0 offline, m2 alone serves the volume.
+    run(
+        zeta(&home).args(["pool", "offline", "tank", &m0]),
+        "offline m0",
+    );
+    assert_eq!(c.read(0, 65536).unwrap(), vec![0x5a; 65536]);
+    let got = c.read(1 << 20, 1 << 20).unwrap();
+    assert!(got == data[1 << 20..2 << 20]);
+    run(
+        zeta(&home).args(["pool", "online", "tank", &m0]),
+        "online m0",
+    );
     drop(c);
     s.stop();
 

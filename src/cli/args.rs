@@ -165,9 +165,10 @@ pub enum PoolCmd {
     /// Replace a device (present or missing) by a new one, which is rebuilt in full from the
     /// redundancy. NEW is created as a file of the size of its siblings if it does not exist.
     #[command(
-        after_help = "The pool must not be served while a device is replaced; the \
-                            rebuild (a resilver) then runs here to its end, or resumes in \
-                            `zeta serve` if this command is interrupted."
+        after_help = "On a served pool the server replaces the device in place and \
+                            rebuilds it (a resilver) while it serves I/O; otherwise the \
+                            rebuild runs in this command (and resumes at the next import if \
+                            interrupted)."
     )]
     Replace {
         /// Use NEW even if it belongs to another pool.

@@ -14,6 +14,8 @@
 //! - `{"op": "inject", "device", "fail_reads", "fail_writes", "vanished"}` sets injected
 //!   faults; `{"op": "corrupt", "device", "count", "seed"}` corrupts allocated sectors →
 //!   `{"ok": true, "value": sectors}`
+//! - `{"op": "replace", "old": path, "new": path, "force": bool}` replaces a device in place
+//!   and starts its rebuild → `{"ok": true}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -139,6 +141,12 @@ pub fn remote_corrupt(
 ) -> Result<usize> {
     let req = json!({"op": "corrupt", "device": device, "count": n, "seed": seed});
     Ok(call(s, req, pool)?["value"].as_u64().unwrap_or(0) as usize)
+}
+
+/// Replaces device `old` of `pool` by `new` in its server, which rebuilds it while serving.
+pub fn remote_replace(s: UnixStream, pool: &str, old: &str, new: &Path, force: bool) -> Result<()> {
+    let req = json!({"op": "replace", "old": old, "new": new, "force": force});
+    call(s, req, pool).map(|_| ())
 }
 
 /// Zeroes the error counters of `pool` in its server.
@@ -296,6 +304,16 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             let n = req["count"].as_u64().unwrap_or(0) as usize;
             let done = pool.corrupt_sectors(dev, n, req["seed"].as_u64().unwrap_or(1))?;
             Ok(json!({"ok": true, "value": done}))
+        }
+        Some("replace") => {
+            let old = req["old"]
+                .as_str()
+                .ok_or_else(|| usage("request without old"))?;
+            let new = req["new"]
+                .as_str()
+                .ok_or_else(|| usage("request without new"))?;
+            super::pool_cmd::replace_in(&pool, old, Path::new(new), req["force"] == json!(true))?;
+            Ok(json!({"ok": true}))
         }
         Some("clear") => {
             pool.clear_errors()?;

@@ -458,64 +458,74 @@ pub fn inject(home: &Home, a: super::args::InjectArgs) -> Result<()> {
 }
 
 fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
-    if super::control::connect(home, name).is_some() {
-        return Err(usage(format!(
-            "pool '{name}' is being served: stop `zeta serve`, replace the device, and serve \
-             it again (the rebuild goes on in the server)"
-        )));
-    }
-    let p = home.open(name)?;
     let new_path = absolute(new);
-    let mut created = false;
-    let dev = if new.exists() {
-        FileDevice::open(new)
+    let created = !new.exists();
+    let served = super::control::connect(home, name);
+    let is_served = served.is_some();
+    let r = match served {
+        Some(conn) => {
+            // The server opens (or creates) the device itself and rebuilds it while serving.
+            super::control::remote_replace(conn, name, old, &new_path, force)
+        }
+        None => {
+            let p = home.open(name)?;
+            let r = replace_in(&p, old, &new_path, force);
+            if r.is_ok() {
+                println!(
+                    "replacing {old} with {} in '{name}': rebuilding",
+                    new_path.display()
+                );
+                let last = follow(&p);
+                Progress::finish(name, &last["scan"]);
+            }
+            p.close()?;
+            r
+        }
+    };
+    if let Err(e) = r {
+        if created {
+            let _ = std::fs::remove_file(&new_path);
+        }
+        return Err(e);
+    }
+    // The pool cache names its devices: the new one instead of the old.
+    let mut cache = home.load()?;
+    if let Some(entry) = cache.pools.get_mut(name) {
+        let old_abs = absolute(Path::new(old));
+        entry
+            .devices
+            .retain(|d| *d != old_abs && d.as_os_str() != old);
+        entry.devices.push(new_path.clone());
+        home.save(&cache)?;
+    }
+    if is_served {
+        println!(
+            "replacing {old} with {} in '{name}': the server rebuilds it (see `zeta pool status {name}`)",
+            new_path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Opens (creating it at the size of the pool's largest device if needed) the new device
+/// and replaces `old` by it in `p`.
+pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Result<()> {
+    let dev = if new_path.exists() {
+        FileDevice::open(new_path)?
     } else {
-        // As large as the largest device of the pool: enough for any vdev's share.
-        let size = device_paths(&p)
+        let size = device_paths(p)
             .iter()
             .filter_map(|d| std::fs::metadata(d).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
-        created = true;
-        FileDevice::create(new, size)
+        FileDevice::create(new_path, size)?
     };
-    let dev = match dev {
-        Ok(d) => d,
-        Err(e) => {
-            p.close()?;
-            return Err(e.into());
-        }
-    };
-    let r = p.replace(
+    p.replace(
         old,
         Arc::new(dev) as Arc<dyn BlockDevice>,
         new_path.display().to_string(),
         force,
-    );
-    let paths = device_paths(&p);
-    drop(p);
-    if let Err(e) = r {
-        if created {
-            let _ = std::fs::remove_file(new);
-        }
-        return Err(e.into());
-    }
-    // Open it again with the new device in place: the import starts the rebuild.
-    let cached = home.load()?.pools.get(name).cloned();
-    let mut cache = home.load()?;
-    if let Some(mut entry) = cached {
-        entry.devices = paths;
-        cache.pools.insert(name.to_string(), entry);
-        home.save(&cache)?;
-    }
-    let p = home.open(name)?;
-    println!(
-        "replacing {old} with {} in '{name}': rebuilding",
-        new_path.display()
-    );
-    let last = follow(&p);
-    p.close()?;
-    Progress::finish(name, &last["scan"]);
+    )?;
     Ok(())
 }
 

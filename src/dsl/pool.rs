@@ -331,7 +331,7 @@ impl Pool {
                     check_unused(&leaf, &path)?;
                 }
                 children.push(LeafConfig {
-                    guid: leaf.guid,
+                    guid: leaf.guid(),
                     path,
                     errors: Default::default(),
                     offline: false,
@@ -443,7 +443,7 @@ impl Pool {
         for phase in [[0usize, 2], [1, 3]] {
             update.step(|leaf| {
                 let mut c = cfg.clone();
-                c.leaf_guid = leaf.guid;
+                c.leaf_guid = leaf.guid();
                 write_config(leaf, &c, generation, &phase)
             })?;
             update.step(|leaf| leaf.flush())?;
@@ -562,8 +562,11 @@ impl Pool {
                         slots.push(Some(Arc::new(leaf)));
                     }
                     None => {
+                        // Its place is kept, out of service, until it returns or is replaced.
                         missing.push(c.path.clone());
-                        slots.push(None);
+                        let leaf = Leaf::missing(&c.path, 0, c.guid);
+                        leaf.missed.lock().0 = c.missed.clone();
+                        slots.push(Some(Arc::new(leaf)));
                     }
                 }
             }
@@ -657,7 +660,7 @@ impl Pool {
             .iter()
             .zip(&cfg.tops)
             .map(|(t, tc)| {
-                let missing = tc.children.len() - t.children.len();
+                let missing = t.children.iter().filter(|l| l.is_missing()).count();
                 let offline = t
                     .children
                     .iter()
@@ -676,7 +679,7 @@ impl Pool {
                         .children
                         .iter()
                         .map(|c| {
-                            let leaf = t.children.iter().find(|l| l.guid == c.guid);
+                            let leaf = t.children.iter().find(|l| l.guid() == c.guid);
                             let n = |f: fn(&Leaf) -> &AtomicU64| {
                                 leaf.map_or(0, |l| f(l).load(Ordering::Relaxed))
                             };
@@ -689,6 +692,7 @@ impl Pool {
                                 repaired_bytes: n(|l| &l.counters.repaired_bytes),
                                 state: match leaf {
                                     None => "UNAVAIL",
+                                    Some(l) if l.is_missing() => "UNAVAIL",
                                     Some(l) if l.inject.lock().vanished => "REMOVED",
                                     Some(l) if l.is_faulted() => "FAULTED",
                                     Some(l) if l.is_offline() => "OFFLINE",
@@ -1089,12 +1093,11 @@ impl Pool {
     }
 
     /// Replaces leaf `old` (present or missing; its path as status shows it, or its GUID) by
-    /// a new device, which takes its place in the vdev owing every txg so far, and closes the
-    /// pool: import it again with the new device (the CLI does) and a resilver rebuilds the
-    /// new leaf in full while the pool serves I/O. A stripe has nothing to rebuild from and
-    /// cannot be replaced this way.
+    /// a new device, in place while the pool runs: the new device takes the leaf's position
+    /// with a fresh GUID, owing every txg so far, and a resilver rebuilds it in full while
+    /// the pool serves I/O. A stripe has nothing to rebuild from and cannot be replaced.
     pub fn replace(
-        &self,
+        self: &Arc<Self>,
         old: &str,
         new_dev: Arc<dyn BlockDevice>,
         new_path: String,
@@ -1141,36 +1144,60 @@ impl Pool {
                 new_dev.len_bytes()
             )));
         }
-        let leaf = Leaf::new(new_dev, random_guid());
-        if !force {
-            check_unused(&leaf, &new_path)?;
-        }
-        self.sync_now()?;
-        let owed = self.synced_txg().max(1);
-        self.config.lock().tops[t].children[ci] = LeafConfig {
-            guid: leaf.guid,
-            path: new_path,
-            errors: Default::default(),
-            offline: false,
-            faulted: false,
-            missed: vec![[1, owed]],
+        let old_guid = tc.children[ci].guid;
+        let Some(leaf) = self.io.zio.tops[t]
+            .children
+            .iter()
+            .find(|l| l.guid() == old_guid)
+            .cloned()
+        else {
+            return Err(invalid(format!("{old}: not in the running vdev tree")));
         };
-        // The new leaf's labels first: should the rest not follow, the old config still
-        // names the old leaf and nothing is lost.
-        let generation = self.config_gen.load(Ordering::SeqCst) + 1;
-        let mut c = self.config_to_write(PoolState::Active);
-        c.leaf_guid = leaf.guid;
-        write_config(&leaf, &c, generation, &[0, 1, 2, 3])?;
-        leaf.flush()?;
-        self.close()?;
-        self.write_config(PoolState::Active)
+        let probe = Leaf::new(new_dev.clone(), random_guid());
+        if !force {
+            check_unused(&probe, &new_path)?;
+        }
+        let new_guid = probe.guid();
+        self.sync_now()?;
+        {
+            // No sync runs while the MOS lock is held: every txg up to the last synced one
+            // is owed to the new device, and every later one is written to it.
+            let _mos = self.mos.lock();
+            let owed = self.synced_txg().max(1);
+            let mut missed = crate::vdev::TxgRanges::default();
+            missed.add_range([1, owed]);
+            self.config.lock().tops[t].children[ci] = LeafConfig {
+                guid: new_guid,
+                path: new_path,
+                errors: Default::default(),
+                offline: false,
+                faulted: false,
+                missed: missed.0.clone(),
+            };
+            // The new device's labels first: should the rest not follow, the other leaves'
+            // labels still name the old device and nothing is lost.
+            let generation = self.config_gen.load(Ordering::SeqCst) + 1;
+            let mut c = self.config_to_write(PoolState::Active);
+            c.leaf_guid = new_guid;
+            write_config(&probe, &c, generation, &[0, 1, 2, 3])?;
+            probe.flush()?;
+            leaf.swap(new_dev, new_guid, missed);
+            let state = self.config.lock().state;
+            self.write_config(state)?;
+        }
+        self.start_resilver();
+        Ok(())
     }
 
     /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
     fn record_counters(&self, cfg: &mut PoolConfig) {
         for (top, tc) in self.io.zio.tops.iter().zip(cfg.tops.iter_mut()) {
             for c in tc.children.iter_mut() {
-                if let Some(leaf) = top.children.iter().find(|l| l.guid == c.guid) {
+                if let Some(leaf) = top
+                    .children
+                    .iter()
+                    .find(|l| l.guid() == c.guid && !l.is_missing())
+                {
                     let [read, write, cksum, repaired_bytes] = leaf.counters.snapshot();
                     c.errors = crate::spa::label::LeafErrors {
                         read,
@@ -1200,7 +1227,7 @@ impl Pool {
         for (t, (top, tc)) in self.io.zio.tops.iter().zip(&cfg.tops).enumerate() {
             for c in &tc.children {
                 if c.path == dev || c.guid.to_string() == dev {
-                    return match top.children.iter().find(|l| l.guid == c.guid) {
+                    return match top.children.iter().find(|l| l.guid() == c.guid) {
                         Some(l) => Ok((t, l.clone())),
                         None => Err(invalid(format!("{dev}: the device is missing"))),
                     };
@@ -1288,7 +1315,7 @@ impl Pool {
         let slot = top.raidz.as_ref().map(|rz| {
             rz.slots
                 .iter()
-                .position(|s| s.as_ref().is_some_and(|l| l.guid == leaf.guid))
+                .position(|s| s.as_ref().is_some_and(|l| l.guid() == leaf.guid()))
                 .expect("leaf of this vdev")
         });
         let sector = crate::vdev::SECTOR;
@@ -1326,9 +1353,10 @@ impl Pool {
         let mut junk = vec![0u8; sector as usize];
         for &off in &sectors {
             rng.fill_bytes(&mut junk);
-            leaf.dev.write_at(&junk, crate::vdev::RESERVE_BYTES + off)?;
+            leaf.dev()
+                .write_at(&junk, crate::vdev::RESERVE_BYTES + off)?;
         }
-        leaf.dev.flush()?;
+        leaf.dev().flush()?;
         Ok(sectors.len())
     }
 

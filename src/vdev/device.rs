@@ -68,3 +68,46 @@ pub fn check_range(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<(),
         }),
     }
 }
+
+/// The stand-in for a device the pool config names but import did not find: every I/O fails
+/// with `Missing`. It keeps the leaf's place in its vdev until the device is replaced.
+pub struct MissingDevice {
+    name: String,
+    len_bytes: u64,
+}
+
+impl MissingDevice {
+    pub fn new(name: &str, len_bytes: u64) -> MissingDevice {
+        MissingDevice {
+            name: name.to_string(),
+            len_bytes,
+        }
+    }
+
+    fn err(&self) -> VdevError {
+        VdevError::Missing {
+            path: self.name.clone(),
+        }
+    }
+}
+
+impl BlockDevice for MissingDevice {
+    fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), VdevError> {
+        Err(self.err())
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> Result<(), VdevError> {
+        Err(self.err())
+    }
+    fn flush(&self) -> Result<(), VdevError> {
+        Err(self.err())
+    }
+    fn discard(&self, _: u64, _: u64) -> Result<(), VdevError> {
+        Ok(())
+    }
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

@@ -287,7 +287,10 @@ impl Raidz {
 
     /// Children that are missing.
     pub fn missing(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_none()).count()
+        self.slots
+            .iter()
+            .filter(|s| s.as_ref().is_none_or(|l| l.is_missing()))
+            .count()
     }
 
     /// Counts a failed I/O against a child and faults it after a run of failures, if the

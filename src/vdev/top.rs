@@ -40,8 +40,12 @@ impl LeafCounters {
 }
 
 pub struct Leaf {
-    pub dev: Arc<dyn BlockDevice>,
-    pub guid: u64,
+    /// The device and the GUID it carries. Both change only when the leaf is replaced in
+    /// place (`Leaf::swap`): the leaf keeps its position in its vdev for the pool's life.
+    dev: parking_lot::RwLock<Arc<dyn BlockDevice>>,
+    guid: AtomicU64,
+    /// Named by the config but not found at import: every I/O fails, nothing is counted.
+    missing: AtomicBool,
     pub counters: LeafCounters,
     /// Taken offline by the administrator: no data I/O reaches it (labels neither) until it
     /// is brought online, and the txgs it misses go into `missed`.
@@ -162,8 +166,9 @@ impl TxgRanges {
 impl Leaf {
     pub fn new(dev: Arc<dyn BlockDevice>, guid: u64) -> Leaf {
         Leaf {
-            dev,
-            guid,
+            dev: parking_lot::RwLock::new(dev),
+            guid: AtomicU64::new(guid),
+            missing: AtomicBool::new(false),
             counters: LeafCounters::default(),
             offline: AtomicBool::new(false),
             faulted: AtomicBool::new(false),
@@ -201,12 +206,12 @@ impl Leaf {
     /// Flushes the device (unless an injected fault makes it vanish).
     pub fn flush(&self) -> Result<(), VdevError> {
         self.injected(IoKind::Other)?;
-        self.dev.flush()
+        self.dev().flush()
     }
 
     /// Offline or faulted: out of service, no I/O reaches it.
     pub fn is_offline(&self) -> bool {
-        self.offline.load(Ordering::Acquire) || self.is_faulted()
+        self.offline.load(Ordering::Acquire) || self.is_faulted() || self.is_missing()
     }
 
     /// Taken offline by the administrator (as opposed to faulted).
@@ -259,13 +264,49 @@ impl Leaf {
         self.streak[write].fetch_add(1, Ordering::Relaxed) + 1 >= FAULT_AFTER
     }
 
-    pub fn name(&self) -> &str {
-        self.dev.name()
+    /// The place of a device the config names but import did not find: it holds the slot
+    /// (out of service) until the device comes back or is replaced.
+    pub fn missing(path: &str, len_bytes: u64, guid: u64) -> Leaf {
+        let leaf = Leaf::new(
+            Arc::new(super::device::MissingDevice::new(path, len_bytes)),
+            guid,
+        );
+        leaf.missing.store(true, Ordering::Release);
+        leaf
+    }
+
+    pub fn is_missing(&self) -> bool {
+        self.missing.load(Ordering::Acquire)
+    }
+
+    pub fn dev(&self) -> Arc<dyn BlockDevice> {
+        self.dev.read().clone()
+    }
+
+    pub fn guid(&self) -> u64 {
+        self.guid.load(Ordering::Acquire)
+    }
+
+    pub fn name(&self) -> String {
+        self.dev.read().name().to_string()
+    }
+
+    /// Puts a new device in this leaf's place (`zeta pool replace`): a fresh GUID, no
+    /// errors, in service, owing `missed` to a resilver.
+    pub fn swap(&self, dev: Arc<dyn BlockDevice>, guid: u64, missed: TxgRanges) {
+        *self.dev.write() = dev;
+        self.guid.store(guid, Ordering::Release);
+        self.counters.set([0; 4]);
+        *self.missed.lock() = missed;
+        *self.inject.lock() = Injection::default();
+        self.offline.store(false, Ordering::Release);
+        self.set_faulted(false);
+        self.missing.store(false, Ordering::Release);
     }
 
     /// Allocatable bytes on this leaf, or None if it cannot even hold its labels.
     pub fn usable_bytes(&self) -> Option<u64> {
-        usable_bytes(self.dev.len_bytes())
+        usable_bytes(self.dev().len_bytes())
     }
 
     pub fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<(), VdevError> {
@@ -273,7 +314,7 @@ impl Leaf {
             return Err(self.offline_error());
         }
         self.injected(IoKind::Read)?;
-        self.dev.read_at(buf, RESERVE_BYTES + offset)?;
+        self.dev().read_at(buf, RESERVE_BYTES + offset)?;
         self.note_success(0);
         Ok(())
     }
@@ -283,7 +324,7 @@ impl Leaf {
             return Err(self.offline_error());
         }
         self.injected(IoKind::Write)?;
-        self.dev.write_at(buf, RESERVE_BYTES + offset)?;
+        self.dev().write_at(buf, RESERVE_BYTES + offset)?;
         self.note_success(1);
         Ok(())
     }
@@ -296,10 +337,8 @@ impl Leaf {
     ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
         self.injected(IoKind::Other)?;
-        self.dev.read_at(
-            buf,
-            label_offset(index, self.dev.len_bytes()) + offset_in_label,
-        )
+        let dev = self.dev();
+        dev.read_at(buf, label_offset(index, dev.len_bytes()) + offset_in_label)
     }
 
     pub fn write_label(
@@ -310,10 +349,8 @@ impl Leaf {
     ) -> Result<(), VdevError> {
         assert!(offset_in_label + buf.len() as u64 <= LABEL_SIZE);
         self.injected(IoKind::Other)?;
-        self.dev.write_at(
-            buf,
-            label_offset(index, self.dev.len_bytes()) + offset_in_label,
-        )
+        let dev = self.dev();
+        dev.write_at(buf, label_offset(index, dev.len_bytes()) + offset_in_label)
     }
 
     fn count(&self, counter: &AtomicU64) {
@@ -363,6 +400,7 @@ impl TopVdev {
         assert!(kind == TopKind::Mirror || children.len() == 1);
         let asize = children
             .iter()
+            .filter(|c| !c.is_missing())
             .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
             .min()
             .unwrap();
@@ -388,6 +426,7 @@ impl TopVdev {
         let children: Vec<Arc<Leaf>> = slots.iter().flatten().cloned().collect();
         let per_child = children
             .iter()
+            .filter(|c| !c.is_missing())
             .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
             .min()
             .ok_or("a raidz vdev with no devices present")?;
