@@ -9,5 +9,6 @@ pub mod math;
 pub mod nbd;
 pub mod spa;
 pub mod vdev;
+pub mod zil;
 pub mod zio;
 pub mod zvol;
