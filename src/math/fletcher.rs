@@ -253,47 +253,28 @@ pub fn selected() -> Result<Fletcher4Impl, String> {
     static CHOICE: std::sync::OnceLock<Result<Fletcher4Impl, String>> = std::sync::OnceLock::new();
     CHOICE
         .get_or_init(|| match std::env::var("ZETA_FLETCHER4_IMPL") {
-            Ok(name) => {
-                let Some(k) = Fletcher4Impl::ALL.into_iter().find(|k| k.name() == name) else {
-                    return Err(format!(
-                        "ZETA_FLETCHER4_IMPL={name}: not one of reference, unrolled, avx2, avx512, avx512x2"
-                    ));
-                };
-                if !k.supported() {
-                    return Err(format!(
-                        "ZETA_FLETCHER4_IMPL={name}: this CPU cannot run it"
-                    ));
-                }
-                Ok(k)
-            }
+            Ok(name) => super::select::resolve_override(
+                "ZETA_FLETCHER4_IMPL",
+                &name,
+                &Fletcher4Impl::ALL,
+                Fletcher4Impl::name,
+                Fletcher4Impl::supported,
+                &[],
+            ),
             Err(_) => Ok(fastest()),
         })
         .clone()
 }
 
-/// Times each supported kernel on a 64 KiB buffer (best of a few passes) and returns the
-/// quickest. Takes well under a millisecond. The reference competes too: on a CPU without
-/// AVX2 its one-add-per-sum loop can beat the closed-form unrolled kernel (it does on Zen 5).
+/// Times each supported kernel on a 64 KiB buffer and returns the quickest. The reference
+/// competes too: on a CPU without AVX2 its one-add-per-sum loop can beat the closed-form
+/// unrolled kernel (it does on Zen 5).
 fn fastest() -> Fletcher4Impl {
-    let buf: Vec<u8> = (0..65536u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
-        .collect();
-    let mut best = (Fletcher4Impl::Unrolled, std::time::Duration::MAX);
-    for k in Fletcher4Impl::ALL {
-        if !k.supported() {
-            continue;
-        }
-        let mut t = std::time::Duration::MAX;
-        for _ in 0..5 {
-            let start = std::time::Instant::now();
-            std::hint::black_box(k.run(std::hint::black_box(&buf)));
-            t = t.min(start.elapsed());
-        }
-        if t < best.1 {
-            best = (k, t);
-        }
-    }
-    best.0
+    let buf = super::select::timing_buffer();
+    let supported = Fletcher4Impl::ALL.into_iter().filter(|k| k.supported());
+    super::select::fastest(supported, Fletcher4Impl::Unrolled, |k| {
+        std::hint::black_box(k.run(std::hint::black_box(&buf)));
+    })
 }
 
 /// Fletcher-4 with the selected kernel. If `ZETA_FLETCHER4_IMPL` names a kernel that cannot

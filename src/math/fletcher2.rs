@@ -133,10 +133,6 @@ impl Fletcher2Impl {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Fletcher2Impl> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-
     /// Whether this CPU can run the kernel.
     pub fn supported(self) -> bool {
         match self {
@@ -190,15 +186,14 @@ impl Fletcher2Impl {
 /// Parses a `ZETA_FLETCHER2_IMPL` value. Unknown or unsupported names are errors, not silent
 /// fallbacks.
 pub fn parse_override(value: &str) -> Result<Fletcher2Impl, String> {
-    let Some(k) = Fletcher2Impl::from_name(value) else {
-        return Err(format!(
-            "{OVERRIDE_ENV}={value}: not one of reference, unrolled, avx2, avx512"
-        ));
-    };
-    if !k.supported() {
-        return Err(format!("{OVERRIDE_ENV}={value}: this CPU cannot run it"));
-    }
-    Ok(k)
+    super::select::resolve_override(
+        OVERRIDE_ENV,
+        value,
+        &Fletcher2Impl::ALL,
+        Fletcher2Impl::name,
+        Fletcher2Impl::supported,
+        &[],
+    )
 }
 
 /// The kernel this process uses: `ZETA_FLETCHER2_IMPL` if set, else the fastest supported one
@@ -214,25 +209,16 @@ pub fn selected() -> Result<Fletcher2Impl, String> {
         .clone()
 }
 
-/// Times each supported kernel on a 64 KiB buffer (best of a few passes) and returns the
-/// quickest. Takes well under a millisecond.
+/// Times each supported kernel on a 64 KiB buffer and returns the quickest.
 fn fastest() -> Fletcher2Impl {
-    let buf: Vec<u8> = (0..65536u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
-        .collect();
-    let mut best = (Fletcher2Impl::Unrolled, std::time::Duration::MAX);
-    for k in Fletcher2Impl::supported_list() {
-        let mut t = std::time::Duration::MAX;
-        for _ in 0..5 {
-            let start = std::time::Instant::now();
+    let buf = super::select::timing_buffer();
+    super::select::fastest(
+        Fletcher2Impl::supported_list(),
+        Fletcher2Impl::Unrolled,
+        |k| {
             std::hint::black_box(k.run(std::hint::black_box(&buf)));
-            t = t.min(start.elapsed());
-        }
-        if t < best.1 {
-            best = (k, t);
-        }
-    }
-    best.0
+        },
+    )
 }
 
 /// Fletcher-2 with the selected kernel. If `ZETA_FLETCHER2_IMPL` names a kernel that cannot

@@ -7,5 +7,6 @@ pub mod checksum;
 pub mod fletcher;
 pub mod fletcher2;
 pub mod parity;
+pub(crate) mod select;
 
 pub use checksum::{Checksum, ChecksumKind};

@@ -592,14 +592,14 @@ pub fn parse_override(value: &str) -> Result<Selection, String> {
     if value == "cycle" {
         return Ok(Selection::Cycle);
     }
-    let Some(k) = ParityImpl::from_name(value) else {
-        return Err(format!(
-            "{OVERRIDE_ENV}={value}: not one of scalar, avx2, avx512bw, gfni, cycle"
-        ));
-    };
-    if !k.supported() {
-        return Err(format!("{OVERRIDE_ENV}={value}: this CPU cannot run it"));
-    }
+    let k = crate::math::select::resolve_override(
+        OVERRIDE_ENV,
+        value,
+        &ParityImpl::ALL,
+        ParityImpl::name,
+        ParityImpl::supported,
+        &["cycle"],
+    )?;
     Ok(Selection::Fixed(k))
 }
 
@@ -657,19 +657,9 @@ pub fn fastest() -> ParityImpl {
         .collect();
     let data: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
     let (mut p, mut q) = (vec![0u8; COL], vec![0u8; COL]);
-    let mut best = (ParityImpl::Scalar, std::time::Duration::MAX);
-    for k in ParityImpl::supported_list() {
-        let mut t = std::time::Duration::MAX;
-        for _ in 0..5 {
-            let start = std::time::Instant::now();
-            codec.generate_with(k, std::hint::black_box(&data), &mut [&mut p, &mut q]);
-            t = t.min(start.elapsed());
-        }
-        if t < best.1 {
-            best = (k, t);
-        }
-    }
-    best.0
+    crate::math::select::fastest(ParityImpl::supported_list(), ParityImpl::Scalar, |k| {
+        codec.generate_with(k, std::hint::black_box(&data), &mut [&mut p, &mut q]);
+    })
 }
 
 /// # Safety
