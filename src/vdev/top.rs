@@ -511,50 +511,10 @@ impl TopVdev {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
-        if let Some(rz) = &self.raidz {
-            return rz.scrub(offset, buf, verify);
+        match &self.raidz {
+            Some(rz) => rz.scrub(offset, buf, verify),
+            None => self.mirror_read(offset, buf, verify, true),
         }
-        let mut report = ReadReport::default();
-        let mut bad: Vec<usize> = Vec::new();
-        let mut good: Option<Vec<u8>> = None;
-        let mut failures: Vec<String> = Vec::new();
-        for (i, child) in self.children.iter().enumerate() {
-            let mut copy = vec![0u8; buf.len()];
-            match child.read_data(&mut copy, offset) {
-                Err(e) => {
-                    self.fail(child, &e, &child.counters.read_errors);
-                    report.io_errors += 1;
-                    failures.push(e.to_string());
-                    bad.push(i);
-                }
-                Ok(()) if verify(&copy) => {
-                    good.get_or_insert(copy);
-                }
-                Ok(()) => {
-                    child.count(&child.counters.cksum_errors);
-                    report.cksum_errors += 1;
-                    failures.push(format!("{}: checksum mismatch", child.name()));
-                    bad.push(i);
-                }
-            }
-        }
-        let Some(good) = good else {
-            return Err(VdevError::AllCopiesFailed(failures.join("; ")));
-        };
-        for &b in &bad {
-            let victim = &self.children[b];
-            if let Err(e) = victim.write_data(&good, offset) {
-                self.fail(victim, &e, &victim.counters.write_errors);
-            } else {
-                victim
-                    .counters
-                    .repaired_bytes
-                    .fetch_add(good.len() as u64, Ordering::Relaxed);
-                report.repaired_bytes += good.len() as u64;
-            }
-        }
-        buf.copy_from_slice(&good);
-        Ok(report)
     }
 
     /// Reads `buf.len()` bytes at `offset`, accepting the first copy `verify` approves. Copies
@@ -566,11 +526,24 @@ impl TopVdev {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
-        if let Some(rz) = &self.raidz {
-            return rz.read_verified(offset, buf, verify);
+        match &self.raidz {
+            Some(rz) => rz.read_verified(offset, buf, verify),
+            None => self.mirror_read(offset, buf, verify, false),
         }
+    }
+
+    /// The read of a stripe or mirror: children in turn, from a rotating start, until one
+    /// verifies (or, for a scrub, `every_copy`, through all of them); then the children that
+    /// failed or held the wrong bytes are rewritten from the good copy.
+    fn mirror_read(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        every_copy: bool,
+    ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
-        let start = if n > 1 {
+        let start = if n > 1 && !every_copy {
             self.rotor.fetch_add(1, Ordering::Relaxed) % n
         } else {
             0
@@ -578,31 +551,29 @@ impl TopVdev {
         let mut report = ReadReport::default();
         let mut bad: Vec<usize> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
+        let mut good = false;
+        // Once `buf` holds the good copy, a scrub reads the other copies here.
+        let mut scratch: Vec<u8> = Vec::new();
         for k in 0..n {
+            if good && !every_copy {
+                break;
+            }
             let i = (start + k) % n;
             let child = &self.children[i];
-            match child.read_data(buf, offset) {
+            let dst: &mut [u8] = if good {
+                scratch.resize(buf.len(), 0);
+                &mut scratch
+            } else {
+                buf
+            };
+            match child.read_data(dst, offset) {
                 Err(e) => {
                     self.fail(child, &e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
                     bad.push(i);
                 }
-                Ok(()) if verify(buf) => {
-                    for &b in &bad {
-                        let victim = &self.children[b];
-                        if let Err(e) = victim.write_data(buf, offset) {
-                            self.fail(victim, &e, &victim.counters.write_errors);
-                        } else {
-                            victim
-                                .counters
-                                .repaired_bytes
-                                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                            report.repaired_bytes += buf.len() as u64;
-                        }
-                    }
-                    return Ok(report);
-                }
+                Ok(()) if verify(dst) => good = true,
                 Ok(()) => {
                     child.count(&child.counters.cksum_errors);
                     report.cksum_errors += 1;
@@ -611,7 +582,22 @@ impl TopVdev {
                 }
             }
         }
-        Err(VdevError::AllCopiesFailed(failures.join("; ")))
+        if !good {
+            return Err(VdevError::AllCopiesFailed(failures.join("; ")));
+        }
+        for &b in &bad {
+            let victim = &self.children[b];
+            if let Err(e) = victim.write_data(buf, offset) {
+                self.fail(victim, &e, &victim.counters.write_errors);
+            } else {
+                victim
+                    .counters
+                    .repaired_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                report.repaired_bytes += buf.len() as u64;
+            }
+        }
+        Ok(report)
     }
 }
 
