@@ -1307,57 +1307,16 @@ impl Pool {
     /// that hold volume blocks (data or indirect) on that leaf are chosen. Returns how many
     /// were corrupted (fewer if the leaf holds fewer).
     pub fn corrupt_sectors(&self, dev: &str, count: usize, seed: u64) -> Result<usize, PoolError> {
-        use rand::seq::SliceRandom;
-        use rand::{RngCore, SeedableRng};
-        let (t, leaf) = self.find_leaf(dev)?;
+        let (_, leaf) = self.find_leaf(dev)?;
         self.sync_now()?;
-        let top = &self.io.zio.tops[t];
-        let slot = top.raidz.as_ref().map(|rz| {
-            rz.slots
-                .iter()
-                .position(|s| s.as_ref().is_some_and(|l| l.guid() == leaf.guid()))
-                .expect("leaf of this vdev")
-        });
-        let sector = crate::vdev::SECTOR;
-        let mut sectors: Vec<u64> = Vec::new();
+        let mut bps = Vec::new();
         for ds in self.datasets() {
             walk(&self.io, &ds.object.dnode(), &mut |bp, _| {
-                let psize = bp.psize.get() as u64;
-                for d in bp.dvas().filter(|d| d.vdev.get() as usize == t) {
-                    let off = d.offset.get();
-                    match (&top.raidz, slot) {
-                        (Some(rz), Some(slot)) => {
-                            for c in rz
-                                .geom
-                                .map(off, psize)
-                                .cols
-                                .iter()
-                                .filter(|c| c.child == slot)
-                            {
-                                sectors.extend(
-                                    (0..c.len as u64 / sector).map(|k| c.offset + k * sector),
-                                );
-                            }
-                        }
-                        _ => sectors.extend((0..psize / sector).map(|k| off + k * sector)),
-                    }
-                }
+                bps.push(*bp);
                 Ok(())
             })?;
         }
-        sectors.sort_unstable();
-        sectors.dedup();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        sectors.shuffle(&mut rng);
-        sectors.truncate(count);
-        let mut junk = vec![0u8; sector as usize];
-        for &off in &sectors {
-            rng.fill_bytes(&mut junk);
-            leaf.dev()
-                .write_at(&junk, crate::vdev::RESERVE_BYTES + off)?;
-        }
-        leaf.dev().flush()?;
-        Ok(sectors.len())
+        Ok(self.io.zio.corrupt_on_leaf(&bps, &leaf, count, seed)?)
     }
 
     /// Zeroes every leaf's error counters and returns faulted leaves to service (`zeta pool

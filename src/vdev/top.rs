@@ -203,6 +203,12 @@ impl Leaf {
         }
     }
 
+    /// Writes `buf` at `offset` of the data area whatever the leaf's state and injected
+    /// faults: fault injection's way of corrupting what is on the device.
+    pub fn scribble(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
+        self.dev().write_at(buf, RESERVE_BYTES + offset)
+    }
+
     /// Flushes the device (unless an injected fault makes it vanish).
     pub fn flush(&self) -> Result<(), VdevError> {
         self.injected(IoKind::Other)?;
@@ -451,6 +457,35 @@ impl TopVdev {
                 self.children.iter().map(Some),
                 self.children.len() - 1,
             );
+        }
+    }
+
+    /// The data-area offsets of the sectors that leaf `guid` holds of a block of `psize`
+    /// bytes at `offset` of this vdev: all of them on a mirror child, its column on a raidz,
+    /// none if the leaf is not a child here.
+    pub fn sectors_on_leaf(&self, guid: u64, offset: u64, psize: u64) -> Vec<u64> {
+        let sectors = |start: u64, len: u64| (0..len / SECTOR).map(move |k| start + k * SECTOR);
+        match &self.raidz {
+            Some(rz) => {
+                let Some(slot) = rz
+                    .slots
+                    .iter()
+                    .position(|s| s.as_ref().is_some_and(|l| l.guid() == guid))
+                else {
+                    return Vec::new();
+                };
+                rz.geom
+                    .map(offset, psize)
+                    .cols
+                    .iter()
+                    .filter(|c| c.child == slot)
+                    .flat_map(|c| sectors(c.offset, c.len as u64))
+                    .collect()
+            }
+            None if self.children.iter().any(|l| l.guid() == guid) => {
+                sectors(offset, psize).collect()
+            }
+            None => Vec::new(),
         }
     }
 

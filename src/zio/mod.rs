@@ -254,6 +254,41 @@ impl Zio {
         Ok(total)
     }
 
+    /// Overwrites `count` random sectors of `leaf` that hold copies of the blocks `bps` with
+    /// random bytes, behind every check (fault injection: what silent corruption looks like).
+    /// Returns how many sectors were hit (fewer if the leaf holds fewer).
+    pub fn corrupt_on_leaf(
+        &self,
+        bps: &[BlkPtr],
+        leaf: &crate::vdev::Leaf,
+        count: usize,
+        seed: u64,
+    ) -> Result<usize, VdevError> {
+        use rand::seq::SliceRandom;
+        use rand::{RngCore, SeedableRng};
+        let mut sectors: Vec<u64> = Vec::new();
+        for bp in bps {
+            for d in bp.dvas() {
+                if let Some(top) = self.tops.get(d.vdev.get() as usize) {
+                    let psize = bp.psize.get() as u64;
+                    sectors.extend(top.sectors_on_leaf(leaf.guid(), d.offset.get(), psize));
+                }
+            }
+        }
+        sectors.sort_unstable();
+        sectors.dedup();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        sectors.shuffle(&mut rng);
+        sectors.truncate(count);
+        let mut junk = vec![0u8; SECTOR as usize];
+        for &off in &sectors {
+            rng.fill_bytes(&mut junk);
+            leaf.scribble(&junk, off)?;
+        }
+        leaf.flush()?;
+        Ok(sectors.len())
+    }
+
     /// The most a block can grow on its way to disk, as a factor: a raidz stores the smallest
     /// block with `nparity` parity sectors beside it; other vdevs store blocks as they are.
     pub fn max_inflation(&self) -> u64 {
