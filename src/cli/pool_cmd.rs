@@ -475,7 +475,7 @@ fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Resul
                     "replacing {old} with {} in '{name}': rebuilding",
                     new_path.display()
                 );
-                let last = follow(&p);
+                let last = follow(&p)?;
                 Progress::finish(name, &last["scan"]);
             }
             p.close()?;
@@ -560,17 +560,8 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
         }
         println!("scrubbing '{name}' in the server (see `zeta pool status {name}`)");
         if wait {
-            let mut progress = Progress::new();
-            loop {
-                let st = pool_status(home, name)?;
-                progress.show(&st["scan"]);
-                if st["scan"]["state"] != "scanning" {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(500));
-            }
-            progress.end_line();
-            Progress::finish(name, &pool_status(home, name)?["scan"]);
+            let last = follow_with(&mut || pool_status(home, name))?;
+            Progress::finish(name, &last["scan"]);
         }
         return Ok(());
     }
@@ -586,7 +577,7 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
     if p.scan_status().state != crate::spa::scan_state::ScanPhase::Scanning {
         p.start_scrub()?;
     }
-    let last = follow(&p);
+    let last = follow(&p)?;
     p.close()?;
     Progress::finish(name, &last["scan"]);
     Ok(())
@@ -594,19 +585,41 @@ fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
 
 /// Shows the progress of the scan running in `p` (this process) until it ends; returns the
 /// pool's status then.
-fn follow(p: &Pool) -> serde_json::Value {
+fn follow(p: &Pool) -> Result<serde_json::Value> {
+    let last = follow_with(&mut || Ok(status_json(p)))?;
+    p.wait_scrub();
+    Ok(last)
+}
+
+/// Shows the progress of the scan `status` reports (a pool status object) until it ends;
+/// returns the last status.
+fn follow_with(status: &mut dyn FnMut() -> Result<serde_json::Value>) -> Result<serde_json::Value> {
     let mut progress = Progress::new();
     loop {
-        let st = status_json(p);
+        let st = status()?;
         progress.show(&st["scan"]);
         if st["scan"]["state"] != "scanning" {
-            break;
+            progress.end_line();
+            return Ok(st);
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
-    p.wait_scrub();
-    progress.end_line();
-    status_json(p)
+}
+
+/// The byte ranges a scan found no copy of, one line each.
+fn print_damaged(scan: &serde_json::Value, with_error: bool) {
+    for d in scan["damaged"].as_array().into_iter().flatten() {
+        let why = match d["error"].as_str() {
+            Some(e) if with_error => format!(": {e}"),
+            _ => String::new(),
+        };
+        println!(
+            "  lost: {} bytes {}..{}{why}",
+            d["object"].as_str().unwrap_or("?"),
+            d["start"],
+            d["end"]
+        );
+    }
 }
 
 /// A scrub's progress: a line redrawn in place on a terminal, a plain line every few seconds
@@ -679,15 +692,7 @@ impl Progress {
             human(n("repaired_bytes")),
             n("errors")
         );
-        for d in scan["damaged"].as_array().into_iter().flatten() {
-            println!(
-                "  lost: {} bytes {}..{}: {}",
-                d["object"].as_str().unwrap_or("?"),
-                d["start"],
-                d["end"],
-                d["error"].as_str().unwrap_or("")
-            );
-        }
+        print_damaged(scan, true);
     }
 }
 
@@ -756,14 +761,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
                 human(n("repaired_bytes")),
                 n("errors")
             );
-            for d in scan["damaged"].as_array().into_iter().flatten() {
-                println!(
-                    "  lost: {} bytes {}..{}",
-                    d["object"].as_str().unwrap_or("?"),
-                    d["start"],
-                    d["end"]
-                );
-            }
+            print_damaged(scan, false);
         }
         println!(
             "    {:<40} {:>8} {:>6} {:>6} {:>6}",
