@@ -47,13 +47,6 @@ fn filled(layout: Layout, seed: u64) -> (Vec<Arc<MemDevice>>, Vec<u8>) {
     (devs, data)
 }
 
-fn read_all(pool: &Arc<Pool>) -> Vec<u8> {
-    let vol = Volume::open(pool, "v").unwrap();
-    let mut got = vec![0u8; VOL as usize];
-    vol.read(0, &mut got).unwrap();
-    got
-}
-
 fn cksum_errors(pool: &Pool) -> u64 {
     pool.vdev_status()
         .iter()
@@ -101,7 +94,7 @@ fn any_nparity_devices_may_be_missing_at_import() {
                 assert_eq!(st.leaves[g].state, "UNAVAIL", "{ctx}");
             }
             pool.verify().expect(&ctx);
-            assert!(read_all(&pool) == data, "{ctx}: data differs");
+            assert!(read_volume(&pool) == data, "{ctx}: data differs");
             drop(pool);
         }
         // One more than the parity covers: a clear refusal, not garbage.
@@ -141,7 +134,7 @@ fn degraded_pool_takes_writes_and_gives_them_back_when_whole_again() {
         let pool = Pool::import(as_leaves(&devs), None, opts()).expect(&ctx);
         pool.verify().expect(&ctx);
         assert!(
-            read_all(&pool) == data,
+            read_volume(&pool) == data,
             "{ctx}: data differs after the devices came back"
         );
     }
@@ -160,7 +153,7 @@ fn failing_devices_are_read_around() {
                     ..Faults::default()
                 });
             }
-            assert!(read_all(&pool) == data, "{ctx}: data differs");
+            assert!(read_volume(&pool) == data, "{ctx}: data differs");
             let st = &pool.vdev_status()[0];
             for &b in bad {
                 assert!(st.leaves[b].read_errors > 0, "{ctx}: no read error counted");
@@ -206,7 +199,7 @@ fn silent_corruption_within_parity_is_found_repaired_and_counted() {
         }
         let pool = Pool::import(as_leaves(&devs), None, opts()).expect(&ctx);
         pool.verify().expect(&ctx);
-        assert!(read_all(&pool) == data, "{ctx}: data differs");
+        assert!(read_volume(&pool) == data, "{ctx}: data differs");
         let found = cksum_errors(&pool);
         assert!(found > 0, "{ctx}: corruption went unnoticed");
         let repaired: u64 = pool.vdev_status()[0]
@@ -224,7 +217,10 @@ fn silent_corruption_within_parity_is_found_repaired_and_counted() {
         // Repairs reached the media: a fresh import finds nothing wrong.
         let pool = Pool::import(as_leaves(&devs), None, opts()).expect(&ctx);
         pool.verify().expect(&ctx);
-        assert!(read_all(&pool) == data, "{ctx}: data differs after repair");
+        assert!(
+            read_volume(&pool) == data,
+            "{ctx}: data differs after repair"
+        );
         assert_eq!(cksum_errors(&pool), 0, "{ctx}: repair did not stick");
         let leaf = &pool.io.zio.tops[0].children[0];
         assert_eq!(leaf.counters.read_errors.load(Ordering::Relaxed), 0);
@@ -496,7 +492,7 @@ fn a_pool_of_several_raidz_vdevs_degrades_per_vdev() {
     let st = pool.vdev_status();
     assert_eq!((st[0].state, st[1].state), ("DEGRADED", "DEGRADED"));
     pool.verify().unwrap();
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
     drop(pool);
 
     // All devices back, but three of the raidz2's five fail every read: reads that need that

@@ -17,27 +17,6 @@ use zeta::zvol::Volume;
 
 const VOL: u64 = 16 * MB;
 
-fn filled(layout: Layout) -> (Vec<Arc<MemDevice>>, Vec<u8>) {
-    let devs = mem_devs(devs_for(layout), 96 * MB);
-    let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
-    pool.create_volume("v", VOL, 16384, None).unwrap();
-    let mut data = vec![0u8; VOL as usize];
-    StdRng::seed_from_u64(1).fill_bytes(&mut data);
-    let vol = Volume::open(&pool, "v").unwrap();
-    vol.write(0, &data).unwrap();
-    vol.flush().unwrap();
-    drop(vol);
-    pool.close().unwrap();
-    (devs, data)
-}
-
-fn read_all(pool: &Arc<Pool>) -> Vec<u8> {
-    let vol = Volume::open(pool, "v").unwrap();
-    let mut got = vec![0u8; VOL as usize];
-    vol.read(0, &mut got).unwrap();
-    got
-}
-
 fn repaired_on(pool: &Pool, leaf: usize) -> u64 {
     pool.vdev_status()[0].leaves[leaf].repaired_bytes
 }
@@ -46,7 +25,7 @@ fn repaired_on(pool: &Pool, leaf: usize) -> u64 {
 /// resilver; checks the amount and that the resilvered leaves alone serve the data.
 fn offline_write_online(layout: Layout, leaves: &[usize], others: &[usize]) {
     let ctx = format!("{layout:?}");
-    let (devs, mut data) = filled(layout);
+    let (devs, mut data) = filled_pool(layout, 96 * MB, VOL, 16384, 1);
     let pool = import(&devs);
     for &l in leaves {
         pool.set_offline(devs[l].name(), true).expect(&ctx);
@@ -63,7 +42,7 @@ fn offline_write_online(layout: Layout, leaves: &[usize], others: &[usize]) {
     vol.write(4 * MB, &data[4 * MB as usize..4 * MB as usize + new_bytes])
         .unwrap();
     vol.flush().unwrap();
-    assert!(read_all(&pool) == data, "{ctx}: degraded read");
+    assert!(read_volume(&pool) == data, "{ctx}: degraded read");
     let before: Vec<u64> = leaves.iter().map(|&l| repaired_on(&pool, l)).collect();
 
     for &l in leaves {
@@ -107,7 +86,7 @@ fn offline_write_online(layout: Layout, leaves: &[usize], others: &[usize]) {
         pool.set_offline(devs[o].name(), true).expect(&ctx);
     }
     assert!(
-        read_all(&pool) == data,
+        read_volume(&pool) == data,
         "{ctx}: resilvered leaves miss data"
     );
     pool.verify().expect(&ctx); // every block from the media, past the cache
@@ -130,7 +109,7 @@ fn raidz2_two_leaves_offline_then_online_get_what_they_missed() {
 
 #[test]
 fn offline_is_refused_beyond_redundancy_and_remembered_across_import() {
-    let (devs, data) = filled(Layout::Raidz1);
+    let (devs, data) = filled_pool(Layout::Raidz1, 96 * MB, VOL, 16384, 1);
     let pool = import(&devs);
     pool.set_offline("mem0", true).unwrap();
     let err = pool.set_offline("mem1", true).unwrap_err().to_string();
@@ -149,14 +128,14 @@ fn offline_is_refused_beyond_redundancy_and_remembered_across_import() {
     assert_eq!(st.leaves[0].state, "OFFLINE");
     let mut expect = data.clone();
     expect[..65536].fill(7);
-    assert!(read_all(&pool) == expect);
+    assert!(read_volume(&pool) == expect);
     pool.set_offline("mem0", false).unwrap();
     pool.wait_scrub();
     assert_eq!(pool.scan_status().func, ScanFunc::Resilver);
     assert_eq!(pool.scan_status().state, ScanPhase::Finished);
     assert!(repaired_on(&pool, 0) >= 65536 / 2);
     pool.set_offline("mem2", true).unwrap();
-    assert!(read_all(&pool) == expect);
+    assert!(read_volume(&pool) == expect);
 }
 
 /// The case: a raidz2 loses two devices; both are replaced by new ones, which are
@@ -164,7 +143,7 @@ fn offline_is_refused_beyond_redundancy_and_remembered_across_import() {
 /// serve every byte.
 #[test]
 fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
-    let (devs, data) = filled(Layout::Raidz2);
+    let (devs, data) = filled_pool(Layout::Raidz2, 96 * MB, VOL, 16384, 1);
     // Two devices are gone: the pool imports degraded, and both are replaced while it runs
     // (and serves reads: the data is checked between the replacements).
     let present: Vec<Arc<MemDevice>> = [0, 2, 3, 5].iter().map(|&i| devs[i].clone()).collect();
@@ -184,7 +163,7 @@ fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
             false,
         )
         .unwrap();
-        assert!(read_all(&pool) == data);
+        assert!(read_volume(&pool) == data);
     }
     pool.wait_scrub();
     let scan = pool.scan_status();
@@ -203,11 +182,11 @@ fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
             st.leaves[i].repaired_bytes
         );
     }
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
     // Without two of the old devices, the new ones must carry their columns.
     pool.set_offline("mem0", true).unwrap();
     pool.set_offline("mem3", true).unwrap();
-    assert!(read_all(&pool) == data, "the new devices lack data");
+    assert!(read_volume(&pool) == data, "the new devices lack data");
     pool.verify().unwrap();
 
     // Refusals: unknown device, too small, already a member.
@@ -236,7 +215,7 @@ fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
 #[test]
 fn a_failing_device_is_faulted_and_clear_brings_it_back() {
     use zeta::vdev::mem::Faults;
-    let (devs, mut data) = filled(Layout::Mirror);
+    let (devs, mut data) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 1);
     let pool = import(&devs);
     devs[1].set_faults(Faults {
         fail_reads: true,
@@ -259,7 +238,7 @@ fn a_failing_device_is_faulted_and_clear_brings_it_back() {
     vol.write(0, &data[..65536]).unwrap();
     vol.flush().unwrap();
     assert_eq!(pool.vdev_status()[0].leaves[1].write_errors, errors);
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
     drop(vol);
     pool.close().unwrap();
     drop(pool);
@@ -278,7 +257,7 @@ fn a_failing_device_is_faulted_and_clear_brings_it_back() {
     );
     assert_eq!(pool.vdev_status()[0].leaves[1].state, "ONLINE");
     pool.set_offline("mem0", true).unwrap();
-    assert!(read_all(&pool) == data, "the cleared device lacks data");
+    assert!(read_volume(&pool) == data, "the cleared device lacks data");
     pool.verify().unwrap();
     drop(pool);
 

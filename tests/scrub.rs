@@ -18,33 +18,12 @@ use zeta::zvol::Volume;
 
 const VOL: u64 = 4 * MB;
 
-fn filled(layout: Layout, bs: u32, seed: u64) -> (Vec<Arc<MemDevice>>, Vec<u8>) {
-    let devs = mem_devs(devs_for(layout), 64 * MB);
-    let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
-    pool.create_volume("v", VOL, bs, None).unwrap();
-    let mut data = vec![0u8; VOL as usize];
-    StdRng::seed_from_u64(seed).fill_bytes(&mut data);
-    let vol = Volume::open(&pool, "v").unwrap();
-    vol.write(0, &data).unwrap();
-    vol.flush().unwrap();
-    drop(vol);
-    pool.close().unwrap();
-    (devs, data)
-}
-
 fn scrub(pool: &Arc<Pool>) -> ScanState {
     pool.start_scrub().unwrap();
     pool.wait_scrub();
     let st = pool.scan_status();
     assert_eq!(st.state, ScanPhase::Finished, "{st:?}");
     st
-}
-
-fn read_all(pool: &Arc<Pool>) -> Vec<u8> {
-    let vol = Volume::open(pool, "v").unwrap();
-    let mut got = vec![0u8; VOL as usize];
-    vol.read(0, &mut got).unwrap();
-    got
 }
 
 /// Rots `count` random sectors in `[from, to)` of the data area of each leaf in `which`;
@@ -76,7 +55,7 @@ fn rot(
 
 #[test]
 fn scrub_repairs_a_mirror_and_a_second_finds_nothing() {
-    let (devs, data) = filled(Layout::Mirror, 16384, 1);
+    let (devs, data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 16384, 1);
     // Different halves on each side: every block keeps one good copy.
     rot(&devs, &[0], 60, false, (0, 3 * MB / 2), 2);
     rot(&devs, &[1], 60, false, (3 * MB / 2, 3 * MB), 3);
@@ -88,13 +67,13 @@ fn scrub_repairs_a_mirror_and_a_second_finds_nothing() {
     let second = scrub(&pool);
     assert_eq!(second.repaired_bytes, 0, "{second:?}");
     assert_eq!(second.errors, 0);
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
 }
 
 #[test]
 fn scrub_repairs_raidz2_columns_and_parity() {
     for layout in [Layout::Raidz2, Layout::Raidz2Rdp] {
-        let (devs, data) = filled(layout, 131072, 4);
+        let (devs, data) = filled_pool(layout, 64 * MB, VOL, 131072, 4);
         // The same sectors on two leaves: up to two columns of a stripe, parity columns
         // among them (which plain reads never look at).
         rot(&devs, &[0, 3], 60, true, (0, 3 * MB), 5);
@@ -107,7 +86,7 @@ fn scrub_repairs_raidz2_columns_and_parity() {
             second.repaired_bytes, 0,
             "{layout:?}: parity left bad: {second:?}"
         );
-        assert!(read_all(&pool) == data);
+        assert!(read_volume(&pool) == data);
         drop(pool);
         let pool = import(&devs);
         assert_eq!(
@@ -120,7 +99,7 @@ fn scrub_repairs_raidz2_columns_and_parity() {
 
 #[test]
 fn scrub_beyond_redundancy_reports_the_lost_range() {
-    let (devs, _) = filled(Layout::Raidz1, 16384, 7);
+    let (devs, _) = filled_pool(Layout::Raidz1, 64 * MB, VOL, 16384, 7);
     rot(&devs, &[0, 1, 2], 30, true, (0, 3 * MB), 8);
     let pool = match Pool::import(as_leaves(&devs), None, opts()) {
         Ok(p) => p,
@@ -146,7 +125,7 @@ fn scrub_beyond_redundancy_reports_the_lost_range() {
 #[test]
 fn a_paused_scrub_resumes_after_export_and_import() {
     // 4K blocks: 1024 data blocks, several chunks of work.
-    let (devs, data) = filled(Layout::Raidz1, 4096, 9);
+    let (devs, data) = filled_pool(Layout::Raidz1, 64 * MB, VOL, 4096, 9);
     let pool = import(&devs);
     // The MOS, then two chunks of the volume, then stop there.
     for _ in 0..3 {
@@ -178,12 +157,12 @@ fn a_paused_scrub_resumes_after_export_and_import() {
         end.to_examine
     );
     assert!(end.examined_bytes >= end.to_examine / 2);
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
 }
 
 #[test]
 fn scrub_runs_beside_writes_without_harm() {
-    let (devs, mut data) = filled(Layout::Mirror, 4096, 10);
+    let (devs, mut data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 4096, 10);
     let pool = import(&devs);
     pool.start_scrub().unwrap();
     let vol = Volume::open(&pool, "v").unwrap();
@@ -203,7 +182,7 @@ fn scrub_runs_beside_writes_without_harm() {
     assert_eq!(st.state, ScanPhase::Finished);
     assert_eq!(st.errors, 0, "{st:?}");
     assert_eq!(st.repaired_bytes, 0, "a scrub 'repaired' good data: {st:?}");
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
     pool.verify().unwrap();
     // A raidz pool too (its scrub rewrites parity it finds wrong: none must be).
     let devs = mem_devs(4, 64 * MB);
@@ -234,7 +213,7 @@ fn scrub_runs_beside_writes_without_harm() {
 
 #[test]
 fn error_counters_outlive_the_process_until_cleared() {
-    let (devs, data) = filled(Layout::Mirror, 16384, 12);
+    let (devs, data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 16384, 12);
     rot(&devs, &[1], 20, false, (0, 3 * MB), 13);
     let pool = import(&devs);
     let found = scrub(&pool);
@@ -253,7 +232,7 @@ fn error_counters_outlive_the_process_until_cleared() {
     // A new process (an import) still shows them.
     let pool = import(&devs);
     assert_eq!(cksum(&pool), before);
-    assert!(read_all(&pool) == data);
+    assert!(read_volume(&pool) == data);
     pool.clear_errors().unwrap();
     assert_eq!(cksum(&pool), vec![0, 0]);
     pool.close().unwrap();

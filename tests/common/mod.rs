@@ -7,6 +7,7 @@ use std::time::Duration;
 use zeta::dsl::{Pool, PoolOptions, TopSpec};
 use zeta::vdev::mem::{MemDevice, PowerCut};
 use zeta::vdev::{BlockDevice, RaidzConfig};
+use zeta::zvol::Volume;
 
 pub mod nbd_client;
 
@@ -87,4 +88,36 @@ pub fn power_cut(devs: &[Arc<MemDevice>], mode: PowerCut) -> Vec<Arc<MemDevice>>
 
 pub fn import(devs: &[Arc<MemDevice>]) -> Arc<Pool> {
     Pool::import(as_leaves(devs), None, opts()).expect("import")
+}
+
+/// A pool `tank` of `layout` on devices of `dev_size` bytes, holding a volume `v` of
+/// `vol_size` bytes (blocks of `bs`) filled with random bytes from `seed` in one write,
+/// flushed and closed. Returns the devices and the volume's contents.
+pub fn filled_pool(
+    layout: Layout,
+    dev_size: u64,
+    vol_size: u64,
+    bs: u32,
+    seed: u64,
+) -> (Vec<Arc<MemDevice>>, Vec<u8>) {
+    use rand::{RngCore, SeedableRng};
+    let devs = mem_devs(devs_for(layout), dev_size);
+    let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
+    pool.create_volume("v", vol_size, bs, None).unwrap();
+    let mut data = vec![0u8; vol_size as usize];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &data).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    pool.close().unwrap();
+    (devs, data)
+}
+
+/// The whole contents of volume `v`.
+pub fn read_volume(pool: &Arc<Pool>) -> Vec<u8> {
+    let vol = Volume::open(pool, "v").unwrap();
+    let mut got = vec![0u8; vol.size() as usize];
+    vol.read(0, &mut got).unwrap();
+    got
 }
