@@ -165,7 +165,9 @@ impl Home {
                 if super::control::connect(self, name).is_some() =>
             {
                 return Err(usage(format!(
-                    "pool '{name}' is being served by `zeta serve`: `zeta vol` commands and                      `zeta pool status|list` reach it there; stop the server for anything else"
+                    "pool '{name}' is being served by `zeta serve`: `zeta vol` commands and \
+                     `zeta pool` status, list, scrub, clear, offline, online and replace \
+                     reach it there; stop the server to export or destroy it"
                 )))
             }
             r => r?,

@@ -1249,17 +1249,13 @@ impl Pool {
             let top = &self.io.zio.tops[t];
             let cfg = self.config.lock().clone();
             let tc = &cfg.tops[t];
-            let unavailable = tc.children.len() - top.children.len()
-                + top.children.iter().filter(|l| l.is_offline()).count()
-                + 1;
-            let tolerable = match (&top.raidz, top.kind) {
-                (Some(rz), _) => rz.nparity(),
-                (None, TopKind::Mirror) => tc.children.len() - 1,
-                _ => 0,
-            };
+            // Missing devices are leaves out of service too.
+            let unavailable = top.children.iter().filter(|l| l.is_offline()).count() + 1;
+            let tolerable = top.redundancy();
             if unavailable > tolerable {
                 return Err(invalid(format!(
-                    "cannot take {dev} offline: vdev {} ({}) would have {unavailable} of {}                      devices unavailable, more than it can lose ({tolerable})",
+                    "cannot take {dev} offline: vdev {} ({}) would have {unavailable} of {} \
+                     devices unavailable, more than it can lose ({tolerable})",
                     top.id,
                     tc.kind_name(),
                     tc.children.len()

@@ -45,16 +45,6 @@ pub enum RaidzCode {
     Rdp { p: u32 },
 }
 
-impl RaidzCode {
-    pub fn name(&self) -> &'static str {
-        match self {
-            RaidzCode::Xor => "xor",
-            RaidzCode::Rs => "rs",
-            RaidzCode::Rdp { .. } => "rdp",
-        }
-    }
-}
-
 /// What the label says about a raidz vdev beyond its children.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RaidzConfig {
@@ -283,14 +273,6 @@ impl Raidz {
 
     pub fn nparity(&self) -> usize {
         self.config.nparity as usize
-    }
-
-    /// Children that are missing.
-    pub fn missing(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| s.as_ref().is_none_or(|l| l.is_missing()))
-            .count()
     }
 
     /// Counts a failed I/O against a child and faults it after a run of failures, if the

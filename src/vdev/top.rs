@@ -451,12 +451,8 @@ impl TopVdev {
     /// Counts a failed I/O against a child and faults it after a run of failures, if the
     /// mirror keeps another child in service.
     fn fail(&self, child: &Leaf, e: &VdevError, counter: &AtomicU64) {
-        if child.count_failure(e, counter) && self.kind == TopKind::Mirror {
-            maybe_fault(
-                child,
-                self.children.iter().map(Some),
-                self.children.len() - 1,
-            );
+        if child.count_failure(e, counter) {
+            maybe_fault(child, self.children.iter().map(Some), self.redundancy());
         }
     }
 
@@ -486,6 +482,16 @@ impl TopVdev {
                 sectors(offset, psize).collect()
             }
             None => Vec::new(),
+        }
+    }
+
+    /// How many children this vdev can have out of service and still serve every block:
+    /// its parity for a raidz, all but one for a mirror, none for a stripe.
+    pub fn redundancy(&self) -> usize {
+        match (&self.raidz, self.kind) {
+            (Some(rz), _) => rz.nparity(),
+            (None, TopKind::Mirror) => self.children.len() - 1,
+            _ => 0,
         }
     }
 
