@@ -144,8 +144,11 @@ fn sigkill_during_writes_and_flushes() {
         let reader = std::thread::spawn(move || {
             let mut flushed = Vec::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(g) = line.strip_prefix("F ") {
-                    flushed.push(g.trim().parse::<u64>().unwrap());
+                // The first report shares its line with the harness's "test NAME ... ",
+                // which --nocapture prints without a newline before the test runs.
+                let mut words = line.split_whitespace().skip_while(|w| *w != "F");
+                if words.next().is_some() {
+                    flushed.push(words.next().unwrap().parse::<u64>().unwrap());
                 }
             }
             flushed
@@ -161,6 +164,7 @@ fn sigkill_during_writes_and_flushes() {
         c.wait().unwrap();
         let flushed = reader.join().unwrap();
         let last_flushed = flushed.last().copied().unwrap_or(next_gen - 1);
+        let flushed_seen = flushed.len();
         let in_flight = last_flushed + 1;
         for g in next_gen..=last_flushed {
             for blk in gen_blocks(g) {
@@ -180,7 +184,7 @@ fn sigkill_during_writes_and_flushes() {
                 .unwrap_or_else(|| panic!("seed {seed} cycle {cycle}: block {blk} torn"));
             let want = model[blk as usize];
             let ok = got == want || (got == in_flight && maybe.contains(&blk));
-            assert!(ok, "seed {seed} cycle {cycle}: block {blk} holds generation {got}, expected {want} (last flushed {last_flushed})");
+            assert!(ok, "seed {seed} cycle {cycle}: block {blk} holds generation {got}, expected {want} (last flushed {last_flushed}, started at {next_gen}, flushed {flushed_seen} gens)");
             model[blk as usize] = got;
         }
         pool.close().unwrap();

@@ -788,6 +788,8 @@ fn inject_faults_into_a_served_mirror() {
     c.send(CMD_FLUSH, 0, 100, 0, 0, &[]).unwrap();
     assert_eq!(c.recv().unwrap().error, 0);
     assert_eq!(c.read(0, 65536).unwrap(), vec![0x5a; 65536]);
+    // The flush went to the intent log; a txg while m0 is gone is what it misses.
+    run(zeta(&home).args(["pool", "sync", "tank"]), "sync");
     let status = run(
         zeta(&home).args(["pool", "status", "--json", "tank"]),
         "status",

@@ -78,11 +78,12 @@ fn a_bad_newest_uberblock_falls_back_to_an_older_one() {
     let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
     pool.create_volume("v", 4 * MB, 4096, None).unwrap();
     let vol = Volume::open(&pool, "v").unwrap();
+    // Each write committed in a txg of its own (a flush would only reach the intent log).
     vol.write(0, &[7u8; 4096]).unwrap();
-    vol.flush().unwrap();
+    pool.sync_now().unwrap();
     let good_txg = pool.synced_txg();
     vol.write(0, &[9u8; 4096]).unwrap();
-    vol.flush().unwrap();
+    pool.sync_now().unwrap();
     let newest = pool.synced_txg();
     assert!(newest > good_txg);
     pool.close().unwrap();

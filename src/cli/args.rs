@@ -94,13 +94,19 @@ pub enum PoolCmd {
                             Properties (-o): size=SIZE creates missing file vdevs of that size; \
                             checksum=fletcher2|fletcher4|sha256|blake3 (default fletcher4); \
                             raidz2-code=rs|rdp: the double-parity code of raidz2 vdevs, \
-                            Reed-Solomon P+Q or row-diagonal parity (default rs)."
+                            Reed-Solomon P+Q or row-diagonal parity (default rs); \
+                            zil.commit=group|per-request: a FLUSH or FUA write joins one \
+                            group commit of everything queued, or writes and flushes its own \
+                            log block, one at a time (default group); \
+                            zil.placement=global|per-volume: one rotor spreads every volume's \
+                            log blocks over the devices, or each volume has its own rotor \
+                            (default global)."
     )]
     Create {
         /// Use devices even if they belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Property KEY=VALUE (size=, checksum=, raidz2-code=).
+        /// Property KEY=VALUE (size=, checksum=, raidz2-code=, zil.commit=, zil.placement=).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
         pool: String,
@@ -116,6 +122,10 @@ pub enum PoolCmd {
         /// Print as JSON (when listing).
         #[arg(long)]
         json: bool,
+        /// Import even if a volume's intent log cannot be read (its device is missing),
+        /// losing the synchronous writes it held since the last txg; says what is lost.
+        #[arg(long)]
+        discard_log: bool,
     },
     /// Sync a pool, mark it exported and forget it.
     Export { pool: String },
@@ -127,6 +137,17 @@ pub enum PoolCmd {
     /// Show the health and layout of pools.
     Status {
         pool: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Commit a transaction group now: everything written so far goes into the pool's
+    /// block tree (not only into the intent log), as `zpool sync` does.
+    Sync { pool: String },
+    /// Show the intent log's counters since the pool was opened: log blocks and bytes per
+    /// vdev, sync requests, records per commit batch and per block, mean batch latency,
+    /// device flushes and fallbacks to a txg sync.
+    Iostat {
+        pool: String,
         #[arg(long)]
         json: bool,
     },

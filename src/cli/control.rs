@@ -6,6 +6,8 @@
 //! line and reads one JSON line back:
 //!
 //! - `{"op": "status"}` → `{"ok": true, "value": <pool status --json object>}`
+//! - `{"op": "sync"}` commits a txg → `{"ok": true}`
+//! - `{"op": "iostat"}` → `{"ok": true, "value": <pool iostat --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
 //! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
@@ -96,6 +98,16 @@ fn call(mut s: UnixStream, req: Value, pool: &str) -> Result<Value> {
 /// Asks the server of `pool` for its `pool status --json` object.
 pub fn remote_status(s: UnixStream, pool: &str) -> Result<Value> {
     Ok(call(s, json!({"op": "status"}), pool)?["value"].take())
+}
+
+/// Asks the server of `pool` for its `pool iostat --json` object.
+pub fn remote_iostat(s: UnixStream, pool: &str) -> Result<Value> {
+    Ok(call(s, json!({"op": "iostat"}), pool)?["value"].take())
+}
+
+/// Has the server of `pool` commit a txg.
+pub fn remote_sync(s: UnixStream, pool: &str) -> Result<()> {
+    call(s, json!({"op": "sync"}), pool).map(|_| ())
 }
 
 /// Asks the server of `pool` for its volume rows.
@@ -270,6 +282,11 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
     let pool = home.served_pools()[0].clone();
     match req["op"].as_str() {
         Some("status") => Ok(json!({"ok": true, "value": super::pool_cmd::status_json(&pool)})),
+        Some("sync") => {
+            pool.sync_now()?;
+            Ok(json!({"ok": true}))
+        }
+        Some("iostat") => Ok(json!({"ok": true, "value": super::pool_cmd::iostat_json(&pool)})),
         Some("scrub") => {
             if req["stop"] == json!(true) {
                 pool.stop_scrub()?;

@@ -12,6 +12,7 @@ use super::state::{device_paths, open_devices, Home};
 use super::{usage, CliError, Result};
 use crate::dsl::{probe, Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
+use crate::spa::props::{CommitPolicy, Placement};
 use crate::vdev::{BlockDevice, FileDevice, RaidzConfig, TopKind};
 
 pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
@@ -22,7 +23,12 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
             pool,
             vdevs,
         } => create(home, force, &props, &pool, &vdevs),
-        PoolCmd::Import { dirs, pool, json } => import(home, &dirs, pool.as_deref(), json),
+        PoolCmd::Import {
+            dirs,
+            pool,
+            json,
+            discard_log,
+        } => import(home, &dirs, pool.as_deref(), json, discard_log),
         PoolCmd::Export { pool } => {
             let p = home.open(&pool)?;
             p.export()?;
@@ -54,6 +60,19 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
             Ok(())
         }
         PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
+        PoolCmd::Iostat { pool, json } => iostat(home, &pool, json),
+        PoolCmd::Sync { pool } => {
+            match super::control::connect(home, &pool) {
+                Some(conn) => super::control::remote_sync(conn, &pool)?,
+                None => {
+                    let p = home.open(&pool)?;
+                    p.sync_now()?;
+                    p.close()?;
+                }
+            }
+            println!("synced '{pool}'");
+            Ok(())
+        }
         PoolCmd::Destroy { force, pool } => {
             if !force {
                 return Err(usage(format!(
@@ -75,6 +94,8 @@ pub struct CreateProps {
     pub checksum: ChecksumKind,
     /// raidz2 vdevs use RDP instead of Reed-Solomon.
     pub raidz2_rdp: bool,
+    pub zil_commit: CommitPolicy,
+    pub zil_placement: Placement,
 }
 
 pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
@@ -82,6 +103,8 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
         size: None,
         checksum: ChecksumKind::Fletcher4,
         raidz2_rdp: false,
+        zil_commit: CommitPolicy::default(),
+        zil_placement: Placement::default(),
     };
     for p in props {
         let (k, v) = p
@@ -104,9 +127,22 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
                     _ => return Err(usage(format!("raidz2-code '{v}' is not one of rs, rdp"))),
                 }
             }
+            "zil.commit" => {
+                out.zil_commit = CommitPolicy::parse(v).ok_or_else(|| {
+                    usage(format!("zil.commit '{v}' is not one of group, per-request"))
+                })?
+            }
+            "zil.placement" => {
+                out.zil_placement = Placement::parse(v).ok_or_else(|| {
+                    usage(format!(
+                        "zil.placement '{v}' is not one of global, per-volume"
+                    ))
+                })?
+            }
             _ => {
                 return Err(usage(format!(
-                    "unknown property '{k}' (pool properties: size, checksum, raidz2-code)"
+                    "unknown property '{k}' (pool properties: size, checksum, raidz2-code, \
+                     zil.commit, zil.placement)"
                 )))
             }
         }
@@ -253,6 +289,8 @@ pub fn create_pool(
         let opts = PoolOptions {
             checksum: props.checksum,
             force,
+            zil_commit: props.zil_commit,
+            zil_placement: props.zil_placement,
             ..Default::default()
         };
         Ok(Pool::create(name, spec, opts)?)
@@ -291,7 +329,13 @@ fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn import(home: &Home, dirs: &[PathBuf], name: Option<&str>, json: bool) -> Result<()> {
+fn import(
+    home: &Home,
+    dirs: &[PathBuf],
+    name: Option<&str>,
+    json: bool,
+    discard_log: bool,
+) -> Result<()> {
     let dirs = if dirs.is_empty() {
         vec![PathBuf::from("/dev")]
     } else {
@@ -369,7 +413,16 @@ fn import(home: &Home, dirs: &[PathBuf], name: Option<&str>, json: bool) -> Resu
         )));
     }
     let devs = open_devices(&members)?;
-    let pool = Pool::import(devs, Some(&target), PoolOptions::default())?;
+    let opts = PoolOptions {
+        discard_log,
+        ..Default::default()
+    };
+    let pool = Pool::import(devs, Some(&target), opts)?;
+    for note in pool.import_notes.lock().iter() {
+        eprintln!("warning: {note}");
+    }
+    // Replaying now also moves every log off a device that was given up on.
+    crate::zvol::replay_logs(&pool)?;
     home.remember(&pool, device_paths(&pool))?;
     pool.close()?;
     println!("imported '{target}'");
@@ -705,6 +758,94 @@ fn pool_status(home: &Home, name: &str) -> Result<serde_json::Value> {
     let st = status_json(&p);
     p.close()?;
     Ok(st)
+}
+
+/// The intent log's counters since the pool was opened (`zeta pool iostat --json`).
+pub fn iostat_json(p: &Pool) -> serde_json::Value {
+    let cfg = p.config();
+    let z = p.zil.stats();
+    let vdevs: Vec<_> = cfg
+        .tops
+        .iter()
+        .map(|t| {
+            let i = t.id as usize;
+            let name = match t.children.as_slice() {
+                [one] => one.path.clone(),
+                _ => format!("{}-{}", t.kind_name(), t.id),
+            };
+            json!({"vdev": t.id, "name": name, "blocks": z.blocks[i], "bytes": z.bytes[i]})
+        })
+        .collect();
+    let (mut queued, mut requests) = (0, 0);
+    for ds in p.datasets() {
+        let (a, r) = ds.log.counts();
+        queued += a;
+        requests += r;
+    }
+    let blocks: u64 = z.blocks.iter().sum();
+    let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    json!({"pool": p.name, "txg": p.synced_txg(), "log": {
+        "commit": cfg.zil_commit.name(), "placement": cfg.zil_placement.name(),
+        "vdevs": vdevs, "records": z.records, "batches": z.batches, "flushes": z.flushes,
+        "batch_latency_mean_us": per(z.batch_nanos, z.batches) / 1000.0,
+        "records_per_block": per(z.records, blocks), "records_per_batch": per(z.records, z.batches),
+        "fallback_syncs": z.fallback_syncs, "sync_requests": requests, "records_queued": queued,
+        "space_used": z.space_used, "space_total": z.space_total}})
+}
+
+fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
+    let st = match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_iostat(conn, name)?,
+        None => {
+            let p = home.open(name)?;
+            let st = iostat_json(&p);
+            p.close()?;
+            st
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st).unwrap());
+        return Ok(());
+    }
+    let l = &st["log"];
+    let n = |k: &str| l[k].as_u64().unwrap_or(0);
+    let f = |k: &str| l[k].as_f64().unwrap_or(0.0);
+    println!(
+        "pool {}: intent log zil.commit={} zil.placement={}, log space {} of {} in use",
+        st["pool"].as_str().unwrap_or("?"),
+        l["commit"].as_str().unwrap_or("?"),
+        l["placement"].as_str().unwrap_or("?"),
+        human(n("space_used")),
+        human(n("space_total"))
+    );
+    println!(
+        "  {:<5} {:<40} {:>12} {:>10}",
+        "vdev", "device", "log blocks", "log bytes"
+    );
+    for v in l["vdevs"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<5} {:<40} {:>12} {:>10}",
+            v["vdev"],
+            v["name"].as_str().unwrap_or("?"),
+            v["blocks"],
+            human(v["bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    println!(
+        "  {} sync requests, {} records queued; {} records in {} commit batches \
+         ({:.1} per batch, {:.1} per block), mean batch {:.0} us, {} device flushes, \
+         {} fell back to a txg sync",
+        n("sync_requests"),
+        n("records_queued"),
+        n("records"),
+        n("batches"),
+        f("records_per_batch"),
+        f("records_per_block"),
+        f("batch_latency_mean_us"),
+        n("flushes"),
+        n("fallback_syncs")
+    );
+    Ok(())
 }
 
 pub fn status_json(p: &Pool) -> serde_json::Value {

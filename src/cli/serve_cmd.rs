@@ -134,6 +134,13 @@ fn run(
     pools: Vec<Arc<Pool>>,
     default: Option<String>,
 ) -> Result<()> {
+    // Acknowledged writes from before a crash come back before any client connects.
+    for p in &pools {
+        if let Err(e) = crate::zvol::replay_logs(p) {
+            close_all(&pools);
+            return Err(e.into());
+        }
+    }
     // Register for the signals before serving, so an early SIGTERM is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::Io {
         path: "signal handler".into(),

@@ -24,11 +24,15 @@ use crate::spa::label::{
     read_labels, txg_above_skipped, write_config, write_uberblock, LabelError, LeafConfig,
     PoolConfig, PoolState, TopConfig, Uberblock, FORMAT_VERSION,
 };
-use crate::spa::metaslab::ms_shift_for;
+use crate::spa::metaslab::{log_reserve_for, ms_shift_for};
+use crate::spa::props::{CommitPolicy, Placement};
 use crate::spa::scan_state::{ScanPhase, ScanState};
 use crate::spa::space_map::{decode_all, encode_all, RECORD_BYTES};
 use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
+use crate::zil::block::{is_intact, walk_chain, EndOfChain};
+use crate::zil::log::MAX_BLOCK;
+use crate::zil::{BlockAddr, Done, Log, Record, TxgHooks, Zil, ZilHeader};
 use crate::zio::{WriteProps, Zio, ZioError};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -90,6 +94,12 @@ pub struct PoolOptions {
     pub cache_bytes: u64,
     /// Overwrite devices that belong to another pool.
     pub force: bool,
+    /// At create: how the intent log commits and places its blocks.
+    pub zil_commit: CommitPolicy,
+    pub zil_placement: Placement,
+    /// At import: go on when a volume's intent log cannot be read (a missing log device),
+    /// dropping what it held.
+    pub discard_log: bool,
 }
 
 impl Default for PoolOptions {
@@ -100,6 +110,9 @@ impl Default for PoolOptions {
             dirty_max_bytes: 128 << 20,
             cache_bytes: 256 << 20,
             force: false,
+            zil_commit: CommitPolicy::default(),
+            zil_placement: Placement::default(),
+            discard_log: false,
         }
     }
 }
@@ -185,6 +198,10 @@ pub struct Dataset {
     volsize: AtomicU64,
     pub object: Object,
     objset_bp: Mutex<BlkPtr>,
+    /// The volume's intent log.
+    pub log: Log,
+    /// Held while the log is replayed, so a volume opened twice at once replays once.
+    pub replay_lock: Mutex<()>,
 }
 
 impl Dataset {
@@ -251,6 +268,28 @@ pub struct Pool {
     /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
     last_io_nanos: AtomicU64,
     born: std::time::Instant,
+    /// The intent log's pool-wide part: log space, rotor, counters.
+    pub zil: Zil,
+    /// What import had to give up (a volume's unreadable log, with --discard-log).
+    pub import_notes: Mutex<Vec<String>>,
+}
+
+/// The txg machinery as the log sees it.
+struct PoolHooks(Weak<Pool>);
+
+impl TxgHooks for PoolHooks {
+    fn sync_now(&self) -> Result<(), String> {
+        match self.0.upgrade() {
+            Some(p) => p.sync_now().map_err(|e| e.to_string()),
+            None => Err("the pool is closed".into()),
+        }
+    }
+
+    fn request_sync(&self) {
+        if let Some(p) = self.0.upgrade() {
+            p.request_sync();
+        }
+    }
 }
 
 fn random_guid() -> u64 {
@@ -351,15 +390,17 @@ impl Pool {
                 None => TopVdev::new(id as u32, random_guid(), top.kind, leaves),
             };
             let shift = ms_shift_for(vdev.asize_bytes);
+            let log_bytes = log_reserve_for(vdev.asize_bytes, shift);
             tops_cfg.push(TopConfig {
                 id: id as u32,
                 guid: vdev.guid,
                 kind: top.kind,
                 asize: vdev.asize_bytes,
                 ms_shift: shift,
-                ms_count: vdev.asize_bytes.div_ceil(1 << shift) as u32,
+                ms_count: (vdev.asize_bytes - log_bytes).div_ceil(1 << shift) as u32,
                 children,
                 raidz: top.raidz,
+                log_bytes,
             });
             tops.push(Arc::new(vdev));
         }
@@ -372,6 +413,8 @@ impl Pool {
             leaf_guid: 0,
             tops: tops_cfg,
             scan: None,
+            zil_commit: opts.zil_commit,
+            zil_placement: opts.zil_placement,
         };
         let alloc = Allocator::new(&alloc_geometry(&config));
         let mut mos = empty_mos(
@@ -397,6 +440,17 @@ impl Pool {
         synced_txg: u64,
         config_gen: u64,
     ) -> Arc<Pool> {
+        let regions: Vec<Option<(u64, u64)>> = config
+            .tops
+            .iter()
+            .map(|t| Some((t.data_bytes(), t.log_bytes)))
+            .collect();
+        let zil = Zil::new(
+            tops.clone(),
+            &regions,
+            config.zil_commit,
+            config.zil_placement,
+        );
         let zio = Arc::new(Zio::new(tops, alloc));
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
         let pool = Arc::new(Pool {
@@ -423,7 +477,11 @@ impl Pool {
             scanner: Mutex::new(None),
             last_io_nanos: AtomicU64::new(0),
             born: std::time::Instant::now(),
+            zil,
+            import_notes: Mutex::new(Vec::new()),
         });
+        pool.zil
+            .set_hooks(Box::new(PoolHooks(Arc::downgrade(&pool))));
         let weak = Arc::downgrade(&pool);
         let handle = std::thread::Builder::new()
             .name(format!("txg-sync-{}", pool.name))
@@ -618,10 +676,16 @@ impl Pool {
                     // New txgs must outrank every uberblock skipped on the way here.
                     let txg = commit_above_skipped(&tops_arc, guid, ub, newest_seen)?;
                     let scan = config.scan.clone().unwrap_or_default();
+                    let discard_log = opts.discard_log;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
+                    let mut opened = Vec::new();
+                    for (mut ds, header) in datasets {
+                        ds.log = pool.open_log(&ds.name, header, ub.txg.get(), discard_log)?;
+                        opened.push(ds);
+                    }
                     {
                         let mut map = pool.datasets.write();
-                        for ds in datasets {
+                        for ds in opened {
                             map.insert(ds.name.clone(), Arc::new(ds));
                         }
                     }
@@ -778,6 +842,9 @@ impl Pool {
             volsize: AtomicU64::new(volsize),
             object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
             objset_bp: Mutex::new(BlkPtr::HOLE),
+            // Its header goes to disk with the volume, in the sync below.
+            log: Log::new_chain(&self.zil),
+            replay_lock: Mutex::new(()),
         });
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
@@ -830,7 +897,8 @@ impl Pool {
 
     /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
     /// dirty, and refusing with `NoSpace` if the pool could not hold it.
-    pub fn dirty_block(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Result<(), PoolError> {
+    /// Returns the txg the change went into.
+    pub fn dirty_block(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Result<u64, PoolError> {
         self.check_healthy()?;
         let len = ds.volblocksize as u64;
         if matches!(change, Dirty::Data(_)) {
@@ -838,13 +906,19 @@ impl Pool {
             self.reserve_space(len)?;
         }
         let hold = self.open_txg.read();
+        let txg = *hold;
         let delta = ds.object.dirty(blkid, change);
         let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
         drop(hold);
         if now as u64 > self.opts.dirty_max_bytes / 4 {
             self.request_sync();
         }
-        Ok(())
+        Ok(txg)
+    }
+
+    /// The txg that writes go into now.
+    pub fn open_txg(&self) -> u64 {
+        *self.open_txg.read()
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
@@ -881,6 +955,101 @@ impl Pool {
             self.sync_now()?;
         }
         Err(PoolError::NoSpace(self.name.clone()))
+    }
+
+    // ----- intent log ---------------------------------------------------------------------
+
+    /// Makes every write to the volume so far durable, then calls `done` (maybe on another
+    /// thread, maybe before returning).
+    pub fn commit_log(&self, ds: &Dataset, done: Done) {
+        ds.log.commit(&self.zil, done)
+    }
+
+    /// The volume's log records left from before the last crash, if it has not been
+    /// replayed yet. The caller applies them (in order) and then calls `finish_replay`.
+    pub fn pending_replay(&self, ds: &Dataset) -> Option<Vec<Record>> {
+        ds.log.pending_replay()
+    }
+
+    /// After the replayed records are applied: starts a new chain and commits both in one
+    /// txg. A crash before that commit replays the old chain again, to the same result.
+    pub fn finish_replay(&self, ds: &Dataset) -> Result<(), PoolError> {
+        ds.log.start_chain(&self.zil);
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
+    /// Loads a volume's log at import: walks its chain from the header, claims the blocks in
+    /// log space, and keeps the records newer than `synced_txg` for replay.
+    fn open_log(
+        &self,
+        vol: &str,
+        header: ZilHeader,
+        synced_txg: u64,
+        discard: bool,
+    ) -> Result<Log, PoolError> {
+        if header.chain == 0 {
+            return Ok(Log::new_chain(&self.zil));
+        }
+        let tops = &self.io.zio.tops;
+        let mut read = |a: BlockAddr| -> Result<Vec<u8>, String> {
+            // An address no log block can have (a damaged chain): no block there.
+            let Some(top) = tops.get(a.vdev as usize).filter(|t| {
+                a.len <= MAX_BLOCK
+                    && a.offset.checked_add(t.asize_of(a.len as u64)) <= Some(t.asize_bytes)
+            }) else {
+                return Ok(Vec::new());
+            };
+            let out = top.children.iter().filter(|c| c.is_offline()).count();
+            if out > top.redundancy() {
+                return Err(format!(
+                    "vdev {} has {out} of {} devices missing or offline",
+                    a.vdev,
+                    top.children.len()
+                ));
+            }
+            let mut buf = vec![0u8; a.len as usize];
+            // A block that does not read back intact is where the chain ends (never
+            // written, or torn).
+            match top.read_maybe_absent(a.offset, &mut buf, &is_intact) {
+                Ok(_) => Ok(buf),
+                Err(_) => Ok(Vec::new()),
+            }
+        };
+        let (blocks, end) = walk_chain(header.chain, header.head, header.head_seq, &mut read);
+        let mut addrs = Vec::new();
+        let mut at = header.head;
+        let mut records = Vec::new();
+        for b in &blocks {
+            if let Err(why) = self.zil.claim_slot(at) {
+                return Err(PoolError::CannotImport {
+                    pool: self.name.clone(),
+                    why: format!("volume {vol}: intent log: {why}"),
+                });
+            }
+            addrs.push(at);
+            at = b.next;
+            records.extend(b.records.iter().filter(|r| r.txg() > synced_txg).cloned());
+        }
+        if let EndOfChain::Unreadable(why) = end {
+            if !discard {
+                return Err(PoolError::CannotImport {
+                    pool: self.name.clone(),
+                    why: format!(
+                        "volume {vol}: its intent log cannot be read ({why}); it may hold \
+                         acknowledged writes. Bring the device back, or import with \
+                         --discard-log to lose them"
+                    ),
+                });
+            }
+            self.import_notes.lock().push(format!(
+                "{}/{vol}: intent log unreadable after {} blocks ({why}): writes acknowledged \
+                 after txg {synced_txg} and not in those blocks are lost",
+                self.name,
+                blocks.len()
+            ));
+        }
+        Ok(Log::imported(&self.zil, header, addrs, records))
     }
 
     // ----- sync ---------------------------------------------------------------------------
@@ -964,7 +1133,8 @@ impl Pool {
             mos.dir_dirty = true;
         }
         let mut syncing_bytes = syncing_bytes;
-        for ds in std::mem::take(&mut mos.destroyed) {
+        let destroyed = std::mem::take(&mut mos.destroyed);
+        for ds in &destroyed {
             // Its unsynced writes die with it; they no longer count as dirty.
             syncing_bytes += ds.object.begin_sync();
             ds.object.free_all(io, txg)?;
@@ -974,7 +1144,13 @@ impl Pool {
             }
         }
 
-        // 2. The directory (MOS).
+        // 2. The directory (MOS), with each volume's log header moved past the log blocks
+        // this txg makes obsolete.
+        for ds in &datasets {
+            if ds.log.prepare_sync(txg).1 {
+                mos.dir_dirty = true;
+            }
+        }
         if mos.dir_dirty {
             let map = self.datasets.read();
             let mut bytes = Vec::with_capacity(map.len() * ENTRY_BYTES);
@@ -987,6 +1163,7 @@ impl Pool {
                 e.checksum = ds.checksum as u8;
                 e.created_txg = ds.created_txg.into();
                 e.objset = *ds.objset_bp.lock();
+                e.reserved[..ZilHeader::BYTES].copy_from_slice(&ds.log.header().encode());
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
@@ -1053,6 +1230,14 @@ impl Pool {
         io.zio.alloc.lock().txg_synced(txg);
         self.dirty_bytes
             .fetch_sub(syncing_bytes as i64, Ordering::AcqRel);
+        drop(mos);
+        // The log blocks this txg covers are free; sync requests it covers are answered.
+        for ds in &datasets {
+            ds.log.txg_committed(&self.zil, txg);
+        }
+        for ds in &destroyed {
+            ds.log.discard(&self.zil);
+        }
         Ok(Some(txg))
     }
 
@@ -1675,7 +1860,7 @@ fn check_volsize(volsize: u64, volblocksize: u32) -> Result<(), PoolError> {
 fn alloc_geometry(cfg: &PoolConfig) -> Vec<(u32, u64, u32)> {
     cfg.tops
         .iter()
-        .map(|t| (t.id, t.asize, t.ms_shift))
+        .map(|t| (t.id, t.data_bytes(), t.ms_shift))
         .collect()
 }
 
@@ -1783,7 +1968,7 @@ fn load_mos(
     io: &ObjectIo,
     config: &PoolConfig,
     ub: &Uberblock,
-) -> Result<(Mos, Vec<Dataset>), PoolError> {
+) -> Result<(Mos, Vec<(Dataset, ZilHeader)>), PoolError> {
     let root = ub.root;
     if root.is_hole() {
         return Err(invalid("uberblock has no MOS"));
@@ -1890,16 +2075,21 @@ fn load_mos(
             }
             os.dnodes[0]
         };
-        datasets.push(Dataset {
-            name,
-            guid: e.guid.get(),
-            volblocksize,
-            checksum,
-            created_txg: e.created_txg.get(),
-            volsize: AtomicU64::new(e.volsize.get()),
-            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-            objset_bp: Mutex::new(e.objset),
-        });
+        datasets.push((
+            Dataset {
+                name,
+                guid: e.guid.get(),
+                volblocksize,
+                checksum,
+                created_txg: e.created_txg.get(),
+                volsize: AtomicU64::new(e.volsize.get()),
+                object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+                objset_bp: Mutex::new(e.objset),
+                log: Log::off(),
+                replay_lock: Mutex::new(()),
+            },
+            ZilHeader::decode(&e.reserved[..ZilHeader::BYTES]),
+        ));
     }
     let _ = (config, OBJSET_BYTES);
     Ok((mos, datasets))

@@ -167,10 +167,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         };
         *shared.inflight.lock() += 1;
         let sh = shared.clone();
-        workers.spawn(move || {
-            execute(&sh, &req, payload, grant);
-            sh.finish_one();
-        });
+        workers.spawn(move || execute(sh, req, payload, grant));
     }
     shared.wait_drained();
     let _ = shared.send.lock().shutdown(std::net::Shutdown::Both);
@@ -272,53 +269,79 @@ fn error_code(e: &VolError) -> u32 {
     }
 }
 
-fn execute(sh: &Shared, req: &Request, payload: Option<Vec<u8>>, grant: Grant) {
+/// Runs one request and replies; the request counts as in flight until its reply is sent,
+/// which for a FLUSH or FUA write may be after this returns (see `reply_when_durable`).
+fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, grant: Grant) {
     let vol = sh.volume();
     let fua = req.flags & CMD_FLAG_FUA != 0;
-    let done = |r: Result<(), VolError>| match r {
-        Ok(()) => sh.reply_ok(req),
-        Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
-    };
-    match req.kind {
+    let applied = match req.kind {
         CMD_READ => {
             let mut buf = vec![0u8; req.length as usize];
             match vol.read(req.offset, &mut buf) {
-                Ok(()) => sh.reply_data(req, &buf),
-                Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
+                Ok(()) => sh.reply_data(&req, &buf),
+                Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
             }
+            None
         }
-        CMD_WRITE => {
-            let data = payload.unwrap_or_default();
-            done(vol.write(req.offset, &data).and_then(|_| durable(vol, fua)));
-        }
-        CMD_FLUSH => done(vol.flush()),
-        CMD_TRIM => done(
-            vol.trim(req.offset, req.length as u64)
-                .and_then(|_| durable(vol, fua)),
-        ),
+        CMD_WRITE => Some((vol.write(req.offset, &payload.unwrap_or_default()), fua)),
+        CMD_FLUSH => Some((Ok(()), true)),
+        CMD_TRIM => Some((vol.trim(req.offset, req.length as u64), fua)),
         CMD_WRITE_ZEROES => {
             let punch = req.flags & CMD_FLAG_NO_HOLE == 0;
-            done(
-                vol.write_zeroes(req.offset, req.length as u64, punch)
-                    .and_then(|_| durable(vol, fua)),
-            )
+            Some((vol.write_zeroes(req.offset, req.length as u64, punch), fua))
         }
         CMD_CACHE => {
             let len = (req.length as u64).min(MAX_CACHE_SPAN);
-            done(vol.prefetch(req.offset, len))
+            match vol.prefetch(req.offset, len) {
+                Ok(()) => sh.reply_ok(&req),
+                Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
+            }
+            None
         }
-        CMD_BLOCK_STATUS => block_status(sh, req),
+        CMD_BLOCK_STATUS => {
+            block_status(&sh, &req);
+            None
+        }
         _ => unreachable!("admit() refuses unknown commands"),
+    };
+    match applied {
+        Some((result, durable)) => reply_when_durable(sh, req, grant, result, durable),
+        None => {
+            drop(grant);
+            sh.finish_one();
+        }
     }
-    drop(grant);
 }
 
-fn durable(vol: &Volume, fua: bool) -> Result<(), VolError> {
-    if fua {
-        vol.flush()
-    } else {
-        Ok(())
+/// Replies to a change: at once if it failed or needs no durability, else once the volume's
+/// log has made it durable. The worker does not wait for that: the log calls back (from its
+/// committer, which may be this thread or another), so workers stay free for other requests
+/// while a flush is on its way to the disk, and the log can gather them into one commit.
+fn reply_when_durable(
+    sh: Arc<Shared>,
+    req: Request,
+    grant: Grant,
+    applied: Result<(), VolError>,
+    durable: bool,
+) {
+    match applied {
+        Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
+        Ok(()) if !durable => sh.reply_ok(&req),
+        Ok(()) => {
+            let sh2 = sh.clone();
+            sh.volume().flush_then(Box::new(move |r| {
+                match r {
+                    Ok(()) => sh2.reply_ok(&req),
+                    Err(e) => sh2.reply_err(&req, EIO, &e.to_string()),
+                }
+                drop(grant);
+                sh2.finish_one();
+            }));
+            return;
+        }
     }
+    drop(grant);
+    sh.finish_one();
 }
 
 fn block_status(sh: &Shared, req: &Request) {

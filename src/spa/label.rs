@@ -103,6 +103,21 @@ pub struct TopConfig {
     /// Parity level and code of a raidz vdev (children in column order).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raidz: Option<RaidzConfig>,
+    /// Bytes at the end of the vdev kept for intent-log blocks, out of the data allocator's
+    /// reach (whole metaslabs; 0 on pools made before the log existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub log_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl TopConfig {
+    /// The part of the vdev the data allocator manages.
+    pub fn data_bytes(&self) -> u64 {
+        self.asize - self.log_bytes
+    }
 }
 
 impl TopConfig {
@@ -133,6 +148,11 @@ pub struct PoolConfig {
     /// The last scrub: its progress, bookmark and findings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scan: Option<super::scan_state::ScanState>,
+    /// Intent-log behaviour (pool properties `zil.commit` and `zil.placement`).
+    #[serde(default)]
+    pub zil_commit: super::props::CommitPolicy,
+    #[serde(default)]
+    pub zil_placement: super::props::Placement,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -376,8 +396,11 @@ mod tests {
             checksum: ChecksumKind::Fletcher4,
             leaf_guid: 7,
             scan: None,
+            zil_commit: Default::default(),
+            zil_placement: Default::default(),
             tops: vec![TopConfig {
                 raidz: None,
+                log_bytes: 0,
                 id: 0,
                 guid: 9,
                 kind: TopKind::Stripe,

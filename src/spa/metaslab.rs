@@ -26,6 +26,22 @@ pub fn ms_shift_for(asize: u64) -> u32 {
     64 - (target - 1).leading_zeros()
 }
 
+/// Bytes at the end of a vdev of `asize` bytes (metaslabs of 2^shift) to keep for the intent
+/// log: about 1/32 of it, at most 1 GiB, in whole metaslabs, leaving the data at least
+/// seven eighths of the metaslabs. The log only holds what the next txg or two will commit,
+/// so this bounds how much sync-written data can wait for a txg; when it fills, a txg is
+/// synced early.
+pub fn log_reserve_for(asize: u64, shift: u32) -> u64 {
+    let ms_size = 1u64 << shift;
+    let count = asize / ms_size;
+    let want = (asize / 32).min(1 << 30).div_ceil(ms_size).max(1);
+    if count < 8 {
+        return 0;
+    }
+    let keep = want.min(count / 8);
+    asize - (count - keep) * ms_size
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocClass {
     Recorded,
@@ -447,6 +463,21 @@ mod tests {
     use super::*;
 
     const MB: u64 = 1 << 20;
+
+    #[test]
+    fn the_log_reserve_is_whole_metaslabs_at_the_end() {
+        for asize in [64u64 << 20, 256 << 20, (4 << 30) + 12345 * 512, 1 << 40] {
+            let shift = ms_shift_for(asize);
+            let r = log_reserve_for(asize, shift);
+            let data = asize - r;
+            assert!(data.is_multiple_of(1 << shift), "{asize}");
+            assert!(r >= (asize / 64).min(1 << 30), "{asize}: {r}");
+            assert!(r <= asize / 8 + (1 << shift), "{asize}: {r}");
+            assert!(r <= (1 << 30) + (2 << shift));
+        }
+        // Too few metaslabs to spare one: no reserve.
+        assert_eq!(log_reserve_for(6 << 20, 20), 0);
+    }
 
     #[test]
     fn sizing_aims_for_about_200_metaslabs() {

@@ -7,6 +7,7 @@
 pub mod bp;
 pub mod label;
 pub mod metaslab;
+pub mod props;
 pub mod range_tree;
 pub mod scan_state;
 pub mod space_map;

@@ -554,7 +554,7 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.scrub(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, true),
+            None => self.mirror_read(offset, buf, verify, true, false),
         }
     }
 
@@ -569,19 +569,38 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, false),
+            None => self.mirror_read(offset, buf, verify, false, false),
+        }
+    }
+
+    /// A verified read where finding no valid block is normal (the end of an intent-log
+    /// chain: space never written, or a torn block). Copies that fail to verify count as
+    /// checksum errors (and are repaired) only if another copy does verify; I/O errors
+    /// always count.
+    pub fn read_maybe_absent(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ReadReport, VdevError> {
+        match &self.raidz {
+            // A raidz counts checksum errors only once a reconstruction verifies.
+            Some(rz) => rz.read_verified(offset, buf, verify),
+            None => self.mirror_read(offset, buf, verify, false, true),
         }
     }
 
     /// The read of a stripe or mirror: children in turn, from a rotating start, until one
     /// verifies (or, for a scrub, `every_copy`, through all of them); then the children that
-    /// failed or held the wrong bytes are rewritten from the good copy.
+    /// failed or held the wrong bytes are rewritten from the good copy. With `maybe_absent`,
+    /// wrong bytes count as checksum errors only once some copy verified.
     fn mirror_read(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
         every_copy: bool,
+        maybe_absent: bool,
     ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
         let start = if n > 1 && !every_copy {
@@ -591,6 +610,7 @@ impl TopVdev {
         };
         let mut report = ReadReport::default();
         let mut bad: Vec<usize> = Vec::new();
+        let mut mismatched: Vec<usize> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
         let mut good = false;
         // Once `buf` holds the good copy, a scrub reads the other copies here.
@@ -616,11 +636,17 @@ impl TopVdev {
                 }
                 Ok(()) if verify(dst) => good = true,
                 Ok(()) => {
-                    child.count(&child.counters.cksum_errors);
-                    report.cksum_errors += 1;
+                    mismatched.push(i);
                     failures.push(format!("{}: checksum mismatch", child.name()));
                     bad.push(i);
                 }
+            }
+        }
+        if good || !maybe_absent {
+            for &i in &mismatched {
+                let child = &self.children[i];
+                child.count(&child.counters.cksum_errors);
+                report.cksum_errors += 1;
             }
         }
         if !good {

@@ -25,6 +25,8 @@
 //! A record: kind (u8: 1 write, 2 zero/trim), 7 reserved bytes, txg (u64), offset (u64),
 //! length (u64), then for a write `length` bytes of data padded to 8.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL1");
@@ -45,6 +47,52 @@ impl BlockAddr {
     }
 }
 
+/// A record's bytes: a slice of a buffer that may be shared with the dirty block it was
+/// written into, so logging a whole-block write costs no copy.
+#[derive(Clone)]
+pub struct Payload {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl Payload {
+    pub fn owned(data: Vec<u8>) -> Payload {
+        let len = data.len();
+        Payload {
+            buf: Arc::new(data),
+            start: 0,
+            len,
+        }
+    }
+
+    /// `buf[start..start + len]`, without copying.
+    pub fn shared(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Payload {
+        assert!(start + len <= buf.len());
+        Payload { buf, start, len }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+impl Eq for Payload {}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.len)
+    }
+}
+
 /// One logged operation on a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -52,7 +100,7 @@ pub enum Record {
     Write {
         txg: u64,
         offset: u64,
-        data: Vec<u8>,
+        data: Payload,
     },
     /// `len` bytes at `offset` were zeroed (or trimmed).
     Zero { txg: u64, offset: u64, len: u64 },
@@ -114,6 +162,9 @@ pub enum EndOfChain {
     OutOfSequence { expected: u64, found: u64 },
     #[error("malformed log block: {0}")]
     Malformed(&'static str),
+    /// The device holding the block could not be read: whether the chain goes on is unknown.
+    #[error("log block unreadable: {0}")]
+    Unreadable(String),
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -216,7 +267,7 @@ impl LogBlock {
                         .ok()
                         .filter(|&n| at + n <= body.len())
                         .ok_or(EndOfChain::Malformed("record data past the end"))?;
-                    let data = body[at..at + n].to_vec();
+                    let data = Payload::owned(body[at..at + n].to_vec());
                     at += n.next_multiple_of(8);
                     Record::Write { txg, offset, data }
                 }
@@ -238,14 +289,26 @@ impl LogBlock {
     }
 }
 
-/// Follows a chain from `first` (block `first_seq`), reading blocks with `read` (None: the
-/// block cannot be read), and returns the blocks that continue it, in order, with the reason
-/// it ends.
+/// Whether `bytes` hold a whole log block whose checksum matches (of any chain): what a
+/// verified read of a log block accepts.
+pub fn is_intact(bytes: &[u8]) -> bool {
+    if bytes.len() < HEADER_BYTES || u64_at(bytes, 0) != MAGIC {
+        return false;
+    }
+    let body_len = u32_at(bytes, 48) as usize;
+    HEADER_BYTES + body_len <= bytes.len()
+        && LogBlock::checksum(&bytes[..64], &bytes[HEADER_BYTES..HEADER_BYTES + body_len])
+            == bytes[64..96]
+}
+
+/// Follows a chain from `first` (block `first_seq`), reading blocks with `read` (an error:
+/// the device cannot be read at all, so whether the chain goes on is unknown), and returns
+/// the blocks that continue it, in order, with the reason it ends.
 pub fn walk_chain(
     chain: u64,
     first: BlockAddr,
     first_seq: u64,
-    read: &mut dyn FnMut(BlockAddr) -> Option<Vec<u8>>,
+    read: &mut dyn FnMut(BlockAddr) -> Result<Vec<u8>, String>,
 ) -> (Vec<LogBlock>, EndOfChain) {
     let mut out = Vec::new();
     let (mut at, mut seq) = (first, first_seq);
@@ -253,8 +316,9 @@ pub fn walk_chain(
         if at.is_none() {
             return (out, EndOfChain::NoBlock);
         }
-        let Some(bytes) = read(at) else {
-            return (out, EndOfChain::NoBlock);
+        let bytes = match read(at) {
+            Ok(b) => b,
+            Err(why) => return (out, EndOfChain::Unreadable(why)),
         };
         match LogBlock::decode(&bytes, chain, seq) {
             Ok(b) => {
@@ -276,7 +340,7 @@ mod tests {
         Record::Write {
             txg,
             offset,
-            data: vec![byte; n],
+            data: Payload::owned(vec![byte; n]),
         }
     }
 
@@ -286,6 +350,13 @@ mod tests {
             len: 8192,
             offset: i * 8192,
         }
+    }
+
+    /// Reads a simulated disk: space never written reads as zeros.
+    fn read_from(
+        disk: &HashMap<BlockAddr, Vec<u8>>,
+    ) -> impl FnMut(BlockAddr) -> Result<Vec<u8>, String> + '_ {
+        |a| Ok(disk.get(&a).cloned().unwrap_or(vec![0; a.len as usize]))
     }
 
     /// A chain of `n` blocks on a simulated disk: block i at addr(i), naming addr(i + 1).
@@ -326,14 +397,22 @@ mod tests {
     #[test]
     fn the_chain_ends_at_the_first_block_never_written() {
         let (disk, blocks) = chain_on_disk(7, 5);
-        let (got, end) = walk_chain(7, addr(0), 1, &mut |a| disk.get(&a).cloned());
+        let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
         assert_eq!(got, blocks);
         assert_eq!(end, EndOfChain::NoBlock);
         // Nothing ever written there (zeros): also the end.
+        // A device that cannot be read: the walk says so rather than claiming an end.
         let (got, end) = walk_chain(7, addr(0), 1, &mut |a| {
-            Some(disk.get(&a).cloned().unwrap_or(vec![0; 8192]))
+            if a == addr(3) {
+                Err("vdev 0 is missing".into())
+            } else {
+                read_from(&disk)(a)
+            }
         });
-        assert_eq!((got.len(), end), (5, EndOfChain::NoBlock));
+        assert_eq!(
+            (got.len(), end),
+            (3, EndOfChain::Unreadable("vdev 0 is missing".into()))
+        );
     }
 
     #[test]
@@ -342,13 +421,13 @@ mod tests {
         // Block 3 torn: its second sector never reached the disk.
         let b = disk.get_mut(&addr(2)).unwrap();
         b[4096..].fill(0);
-        let (got, end) = walk_chain(7, addr(0), 1, &mut |a| disk.get(&a).cloned());
+        let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
         assert_eq!(got, blocks[..2]);
         assert_eq!(end, EndOfChain::BadChecksum);
         // One flipped bit in a header field.
         let (mut disk, _) = chain_on_disk(7, 5);
         disk.get_mut(&addr(1)).unwrap()[30] ^= 1;
-        let (got, end) = walk_chain(7, addr(0), 1, &mut |a| disk.get(&a).cloned());
+        let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
         assert_eq!((got.len(), end), (1, EndOfChain::BadChecksum));
     }
 
@@ -359,14 +438,14 @@ mod tests {
         let (mut disk, blocks) = chain_on_disk(8, 2);
         let (old, _) = chain_on_disk(7, 5);
         disk.insert(addr(2), old[&addr(2)].clone());
-        let (got, end) = walk_chain(8, addr(0), 1, &mut |a| disk.get(&a).cloned());
+        let (got, end) = walk_chain(8, addr(0), 1, &mut read_from(&disk));
         assert_eq!(got, blocks);
         assert_eq!(end, EndOfChain::OtherChain);
         // Same chain id, but a block from an earlier pass of the chain: out of sequence.
         let (mut disk, _) = chain_on_disk(9, 2);
         let (older, _) = chain_on_disk(9, 1);
         disk.insert(addr(2), older[&addr(0)].clone());
-        let (got, end) = walk_chain(9, addr(0), 1, &mut |a| disk.get(&a).cloned());
+        let (got, end) = walk_chain(9, addr(0), 1, &mut read_from(&disk));
         assert_eq!(got.len(), 2);
         assert_eq!(
             end,

@@ -2,6 +2,11 @@
 //! (read-modify-write) under a range lock, so concurrent requests touching the same block
 //! cannot lose each other's bytes.
 //!
+//! Every change is also queued as a record in the volume's intent log (under the same range
+//! lock, so records of overlapping writes queue in the order they were applied); `flush`
+//! makes the queue durable. Opening a volume first replays what its log holds from before a
+//! crash.
+//!
 //! Architecture invariant: `zvol` sees blocks only through `dsl`/`dmu`; it never learns where
 //! a block lives on disk.
 
@@ -12,7 +17,22 @@ use std::sync::Arc;
 use crate::dmu::object::spans;
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
+use crate::zil::{Done, LogError, Payload, Record};
 pub use range_lock::RangeLocks;
+
+/// Replays every volume's intent log (what `Volume::open` does for one): run after an
+/// import by whoever will write to the pool, so no volume is served or copied before its
+/// acknowledged writes are back. Returns how many volumes had records to replay.
+pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
+    let mut n = 0;
+    for ds in pool.datasets() {
+        if pool.pending_replay(&ds).is_some() {
+            Volume::open(pool, &ds.name)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
@@ -53,15 +73,47 @@ pub struct Volume {
 }
 
 impl Volume {
+    /// Opens a volume, replaying its intent log first if it holds writes from before a crash.
     pub fn open(pool: &Arc<Pool>, name: &str) -> Result<Volume, PoolError> {
         let ds = pool.dataset(name)?;
-        Ok(Volume {
+        let vol = Volume {
             full_name: format!("{}/{}", pool.name, name),
             vol_name: name.to_string(),
             pool: pool.clone(),
             ds,
             locks: RangeLocks::new(),
-        })
+        };
+        vol.replay()?;
+        Ok(vol)
+    }
+
+    /// Applies the records the log kept from before a crash, in order, then commits them
+    /// with a new log chain in one txg. Replaying again (a crash before that commit) gives
+    /// the same volume: each record sets bytes to fixed contents.
+    fn replay(&self) -> Result<(), PoolError> {
+        let _once = self.ds.replay_lock.lock();
+        let Some(records) = self.pool.pending_replay(&self.ds) else {
+            return Ok(());
+        };
+        let size = self.size();
+        let in_range = |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= size);
+        for r in &records {
+            let applied = match r {
+                Record::Write { offset, data, .. } if in_range(*offset, data.len() as u64) => {
+                    self.write_logged(*offset, data, false)
+                }
+                Record::Zero { offset, len, .. } if in_range(*offset, *len) => {
+                    self.trim_logged(*offset, *len, false)
+                }
+                // Past the end: cannot come from this volume's history; skipped.
+                _ => Ok(()),
+            };
+            applied.map_err(|e| match e {
+                VolError::Pool { source, .. } => source,
+                other => PoolError::Invalid(format!("replaying the intent log: {other}")),
+            })?;
+        }
+        self.pool.finish_replay(&self.ds)
     }
 
     /// Whether the pool still holds this volume (not destroyed, nor destroyed and
@@ -135,6 +187,11 @@ impl Volume {
     }
 
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VolError> {
+        self.write_logged(offset, data, true)
+    }
+
+    /// A write, queued in the intent log if `log` (not when it is a replayed record).
+    fn write_logged(&self, offset: u64, data: &[u8], log: bool) -> Result<(), VolError> {
         self.check("write", offset, data.len() as u64)?;
         self.pool.note_foreground_io();
         if data.is_empty() {
@@ -146,7 +203,8 @@ impl Volume {
         let _guard = self.locks.lock(first, last);
         for sp in spans(offset, data.len(), bs) {
             let src = &data[sp.in_buf..sp.in_buf + sp.len];
-            let block = if sp.is_whole_block(bs) {
+            let whole = sp.is_whole_block(bs);
+            let block = Arc::new(if whole {
                 src.to_vec()
             } else {
                 let mut b = match self.read_block(sp.blkid)? {
@@ -155,10 +213,25 @@ impl Volume {
                 };
                 b[sp.in_block..sp.in_block + sp.len].copy_from_slice(src);
                 b
+            });
+            // A whole block's record shares its buffer; a partial one copies its bytes,
+            // rather than keep a whole block alive for a few.
+            let payload = if whole {
+                Payload::shared(block.clone(), 0, sp.len)
+            } else {
+                Payload::owned(src.to_vec())
             };
-            self.pool
-                .dirty_block(&self.ds, sp.blkid, Dirty::Data(Arc::new(block)))
+            let txg = self
+                .pool
+                .dirty_block(&self.ds, sp.blkid, Dirty::Data(block))
                 .map_err(|e| self.err(e))?;
+            if log {
+                self.ds.log.append(Record::Write {
+                    txg,
+                    offset: sp.blkid * bs + sp.in_block as u64,
+                    data: payload,
+                });
+            }
         }
         Ok(())
     }
@@ -166,6 +239,10 @@ impl Volume {
     /// Frees the whole blocks inside the range and zeroes the partial ones at its edges, so the
     /// range reads as zeros afterwards.
     pub fn trim(&self, offset: u64, len: u64) -> Result<(), VolError> {
+        self.trim_logged(offset, len, true)
+    }
+
+    fn trim_logged(&self, offset: u64, len: u64, log: bool) -> Result<(), VolError> {
         self.check("trim", offset, len)?;
         if len == 0 {
             return Ok(());
@@ -176,11 +253,11 @@ impl Volume {
         let end_whole = end / bs;
         let head_end = end.min(first_whole * bs);
         if !offset.is_multiple_of(bs) {
-            self.write(offset, &vec![0u8; (head_end - offset) as usize])?;
+            self.write_logged(offset, &vec![0u8; (head_end - offset) as usize], log)?;
         }
         let tail_start = head_end.max(end_whole * bs);
         if tail_start < end {
-            self.write(tail_start, &vec![0u8; (end - tail_start) as usize])?;
+            self.write_logged(tail_start, &vec![0u8; (end - tail_start) as usize], log)?;
         }
         if end_whole > first_whole {
             let _guard = self.locks.lock(first_whole, end_whole - 1);
@@ -189,10 +266,21 @@ impl Volume {
                 .object
                 .allocated_blocks(&self.pool.io, first_whole, end_whole)
                 .map_err(|e| self.err(e.into()))?;
+            // With nothing to free, the record still goes in the open txg's queue: harmless,
+            // and it keeps "every change is queued" simple.
+            let mut txg = self.pool.open_txg();
             for blkid in present {
-                self.pool
+                txg = self
+                    .pool
                     .dirty_block(&self.ds, blkid, Dirty::Free)
                     .map_err(|e| self.err(e))?;
+            }
+            if log {
+                self.ds.log.append(Record::Zero {
+                    txg,
+                    offset: first_whole * bs,
+                    len: (end_whole - first_whole) * bs,
+                });
             }
         }
         Ok(())
@@ -270,6 +358,18 @@ impl Volume {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), VolError> {
-        self.pool.sync_now().map_err(|e| self.err(e))
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.flush_then(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        rx.recv()
+            .unwrap_or_else(|_| Err(LogError::Failed("the log committer went away".into())))
+            .map_err(|e| self.err(PoolError::Invalid(e.to_string())))
+    }
+
+    /// Makes every write completed before this call durable, then calls `done` (possibly on
+    /// another thread: the caller's thread is not parked while the log commits).
+    pub fn flush_then(&self, done: Done) {
+        self.pool.commit_log(&self.ds, done)
     }
 }
