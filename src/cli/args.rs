@@ -296,6 +296,57 @@ pub enum BenchCmd {
     /// A scrub of a pool on file vdevs against `cat` reading the same files to /dev/null:
     /// GB/s and the ratio (median of --runs).
     Scrub(BenchScrubArgs),
+    /// The group-commit paper's sync-write experiment: 3 volumes on a pool of 3 file vdevs,
+    /// served over NBD, one client per volume with 100 random writes in flight and a flush
+    /// every N writes. Per-request commits with a log per volume (the baseline) against group
+    /// commit with one global log, driven by fio's nbd engine and by zeta's own NBD load
+    /// generator, next to raw files and nbdkit: IOPS, mean and p99 latency, writes per flush,
+    /// log blocks per device, and ratios.
+    #[command(
+        after_help = "Points: 4K writes with a flush every 1, 5, 10 and 20 writes, and \
+                            8K, 16K and 32K writes with a flush every 5; each at every \
+                            --volblocksize. --quick: 4K writes, a flush every 5, volblocksize \
+                            128K, 10 s per measurement.\n\n\
+                            Each measurement runs on fresh targets in a temporary directory \
+                            under --dir: `zeta pool create -o zil.commit=C -o zil.placement=P` \
+                            of three files, three volumes, `zeta serve`; three sparse files \
+                            for the raw rows (fio, libaio, fdatasync every N writes) and for \
+                            `nbdkit file`. fio's nbd engine flushes far more often than \
+                            --fsync asks at depth 100: the w/flush column shows what was sent. \
+                            Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\
+                            --json prints one JSON object per line and measurement: bs, fsync \
+                            (writes per flush asked), volblocksize (null for raw and nbdkit), \
+                            generator, commit, placement, iops, lat_mean_us, lat_p99_us, \
+                            writes_per_flush, log_blocks_per_device (null where not measured)."
+    )]
+    Sync(BenchSyncArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchSyncArgs {
+    /// Print one JSON object per line (a row per measurement) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Only 4K writes with a flush every 5, volblocksize 128K, 10 s per measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for the temporary pools and files (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Seconds per measurement [default: 30, or 10 with --quick].
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u64>,
+    /// Size of each volume, and of each raw and nbdkit file.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Volume block sizes, comma-separated [default: 128K,16K, or 128K with --quick].
+    #[arg(long, value_name = "LIST")]
+    pub volblocksize: Option<String>,
+    /// Debugging only: create the pools without the zil.* properties and do without `zeta pool
+    /// iostat` where it is missing, for builds that predate them. Both configurations are then
+    /// the same default pool.
+    #[arg(long, hide = true)]
+    pub no_zil_props: bool,
 }
 
 #[derive(Args, Debug)]

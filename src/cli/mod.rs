@@ -9,8 +9,10 @@ pub mod bench_cmd;
 pub mod bench_parity;
 pub mod bench_raidz;
 pub mod bench_scrub;
+pub mod bench_sync;
 pub mod control;
 pub mod fmt;
+pub mod nbd_load;
 pub mod pool_cmd;
 pub mod serve_cmd;
 pub mod state;
@@ -36,6 +38,7 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),
         args::Command::Bench(args::BenchCmd::Scrub(a)) => bench_scrub::scrub_bench(a),
         args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
+        args::Command::Bench(args::BenchCmd::Sync(a)) => bench_sync::sync_bench(a),
     };
     match result {
         Ok(()) => 0,

@@ -1,0 +1,1008 @@
+//! `zeta bench sync`: the sync-write experiment of the group-commit paper. Three volumes on a
+//! pool of three file vdevs, served by `zeta serve`; one client per volume keeps 100 random
+//! writes in flight with a flush every N writes. Two pool configurations, per-request commits
+//! with a log per volume (the baseline) and group commit with one global log, are measured with
+//! two load generators (fio's nbd engine and `zeta-load`, `nbd_load.rs`), next to the same
+//! jobs on three plain files (fio, libaio: the device's fsync-bound figure) and on `nbdkit file`
+//! serving three plain files (a peer NBD server).
+//!
+//! Every measurement starts from fresh targets (a new pool, new sparse files), so no result
+//! depends on what ran before it. Everything runs in a temporary directory under `--dir`; the
+//! child processes and that directory are removed on every way out, Ctrl-C included.
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::args::BenchSyncArgs;
+use super::fmt::{human, parse_size};
+use super::nbd_load::{self, LoadSpec};
+use super::{usage, CliError, Result};
+
+/// Volumes, vdevs and client jobs (one job per volume).
+const VOLUMES: usize = 3;
+/// Requests in flight per volume, flushes included.
+const DEPTH: u32 = 100;
+const POOL: &str = "sync";
+/// How long a server may take to start accepting connections.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server may take to exit after SIGTERM (zeta syncs and closes its pool) before it
+/// is killed.
+const STOP_GRACE: Duration = Duration::from_secs(60);
+/// How long fio may run past its run time (it drains what is in flight) before it is killed.
+const FIO_OVERRUN: Duration = Duration::from_secs(120);
+/// Seed of `zeta-load`'s offsets and data: the same for every target.
+const LOAD_SEED: u64 = 0x5eed;
+
+/// A pool configuration: the values of the `zil.commit` and `zil.placement` pool properties.
+#[derive(Clone, Copy)]
+struct Zil {
+    commit: &'static str,
+    placement: &'static str,
+}
+
+const BASELINE: Zil = Zil {
+    commit: "per-request",
+    placement: "per-volume",
+};
+const OPTIMIZED: Zil = Zil {
+    commit: "group",
+    placement: "global",
+};
+const RAW: Zil = Zil {
+    commit: "raw",
+    placement: "raw",
+};
+const NBDKIT: Zil = Zil {
+    commit: "nbdkit",
+    placement: "nbdkit",
+};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gen {
+    Fio,
+    ZetaLoad,
+}
+
+impl Gen {
+    fn name(self) -> &'static str {
+        match self {
+            Gen::Fio => "fio",
+            Gen::ZetaLoad => "zeta-load",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Point {
+    bs_bytes: u32,
+    writes_per_flush: u32,
+}
+
+struct Plan {
+    size_bytes: u64,
+    runtime: Duration,
+    volblocksizes: Vec<u32>,
+    points: Vec<Point>,
+    zil_props: bool,
+}
+
+/// One measurement's figures. `None` is a figure the source did not provide (printed as `-`,
+/// null in JSON), never a guess.
+struct Measured {
+    iops: f64,
+    lat_mean_us: Option<f64>,
+    lat_p99_us: Option<f64>,
+    writes_per_flush: Option<f64>,
+    log_blocks_per_device: Option<Vec<u64>>,
+}
+
+struct Row {
+    point: Point,
+    /// `None` for raw files and nbdkit, which have no volumes.
+    volblocksize: Option<u32>,
+    gen: Gen,
+    zil: Zil,
+    m: Measured,
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        json!({
+            "bs": self.point.bs_bytes,
+            "fsync": self.point.writes_per_flush,
+            "volblocksize": self.volblocksize,
+            "generator": self.gen.name(),
+            "commit": self.zil.commit,
+            "placement": self.zil.placement,
+            "iops": self.m.iops,
+            "lat_mean_us": self.m.lat_mean_us,
+            "lat_p99_us": self.m.lat_p99_us,
+            "writes_per_flush": self.m.writes_per_flush,
+            "log_blocks_per_device": self.m.log_blocks_per_device,
+        })
+    }
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> CliError {
+    CliError::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
+}
+
+fn interrupted() -> CliError {
+    usage("interrupted; child processes stopped and temporary files removed")
+}
+
+fn check_stop(stop: &AtomicBool) -> Result<()> {
+    if stop.load(Ordering::SeqCst) {
+        return Err(interrupted());
+    }
+    Ok(())
+}
+
+pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
+    let plan = plan(&args)?;
+    check_tools()?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
+    // Ctrl-C reaches the whole process group: the servers and fio stop by themselves, and this
+    // process notices the flag, stops what is left and removes its files. A second signal
+    // exits at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let reg = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
+        reg.map_err(|e| io_err(Path::new("signal handler"), e))?;
+    }
+    let work = WorkDir::create(
+        &args
+            .dir
+            .join(format!("zeta-bench-sync-{}", std::process::id())),
+    )?;
+    if !plan.zil_props {
+        eprintln!(
+            "zeta bench sync: --no-zil-props: both configurations are the same default pool \
+             (the labels name the intended configuration only); log counters are read only \
+             if `zeta pool iostat` exists"
+        );
+    }
+    if !args.json {
+        print_header(&plan);
+    }
+    let total = plan.points.len() * (2 * (plan.volblocksizes.len() * 2 + 1) + 1);
+    let mut done = 0usize;
+    for &point in &plan.points {
+        let mut rows = Vec::new();
+        for gen in [Gen::Fio, Gen::ZetaLoad] {
+            let mut targets: Vec<(Option<u32>, Zil)> = Vec::new();
+            for &vb in &plan.volblocksizes {
+                targets.push((Some(vb), BASELINE));
+                targets.push((Some(vb), OPTIMIZED));
+            }
+            if gen == Gen::Fio {
+                // fio alone drives the raw files: they are not an NBD export.
+                targets.push((None, RAW));
+            }
+            targets.push((None, NBDKIT));
+            for (vb, zil) in targets {
+                check_stop(&stop)?;
+                done += 1;
+                progress(done, total, point, vb, gen, zil);
+                let dir = work.sub(done)?;
+                let m = match (vb, zil.commit) {
+                    (Some(vb), _) => measure_zeta(&dir, &plan, point, vb, zil, gen, &stop),
+                    (None, "raw") => measure_raw(&dir, &plan, point, &stop),
+                    (None, _) => measure_nbdkit(&dir, &plan, point, gen, &stop),
+                };
+                drop(dir);
+                // A failure caused by Ctrl-C (a server that went away) is reported as such.
+                check_stop(&stop)?;
+                let row = Row {
+                    point,
+                    volblocksize: vb,
+                    gen,
+                    zil,
+                    m: m?,
+                };
+                if args.json {
+                    println!("{}", row.json());
+                    let _ = std::io::stdout().flush();
+                }
+                rows.push(row);
+            }
+        }
+        if !args.json {
+            for &vb in &plan.volblocksizes {
+                print_table(&plan, point, vb, &rows);
+            }
+        }
+    }
+    drop(work);
+    Ok(())
+}
+
+fn plan(args: &BenchSyncArgs) -> Result<Plan> {
+    let size_bytes = parse_size(&args.size)?;
+    if size_bytes < 16 << 20 || !size_bytes.is_multiple_of(1 << 20) {
+        return Err(usage("--size must be a whole number of MiB, at least 16M"));
+    }
+    let runtime_s = args.runtime.unwrap_or(if args.quick { 10 } else { 30 });
+    if !(1..=3600).contains(&runtime_s) {
+        return Err(usage("--runtime must be from 1 to 3600 seconds"));
+    }
+    let list = args
+        .volblocksize
+        .clone()
+        .unwrap_or_else(|| if args.quick { "128K" } else { "128K,16K" }.into());
+    let volblocksizes = parse_volblocksizes(&list)?;
+    let points = if args.quick {
+        vec![Point {
+            bs_bytes: 4096,
+            writes_per_flush: 5,
+        }]
+    } else {
+        // 4K writes at four flush intervals, then four write sizes at a flush every 5 (whose
+        // 4K point is already in the first set).
+        let mut p: Vec<Point> = [1, 5, 10, 20]
+            .map(|n| Point {
+                bs_bytes: 4096,
+                writes_per_flush: n,
+            })
+            .to_vec();
+        p.extend([8192, 16384, 32768].map(|bs| Point {
+            bs_bytes: bs,
+            writes_per_flush: 5,
+        }));
+        p
+    };
+    Ok(Plan {
+        size_bytes,
+        runtime: Duration::from_secs(runtime_s),
+        volblocksizes,
+        points,
+        zil_props: !args.no_zil_props,
+    })
+}
+
+fn parse_volblocksizes(list: &str) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for item in list.split(',') {
+        let bytes = parse_size(item)?;
+        if !(4096..=131072).contains(&bytes) || !bytes.is_power_of_two() {
+            return Err(usage(format!(
+                "--volblocksize '{item}': a volume block size is a power of two from 4K to 128K"
+            )));
+        }
+        if out.contains(&(bytes as u32)) {
+            return Err(usage(format!("--volblocksize '{item}' is named twice")));
+        }
+        out.push(bytes as u32);
+    }
+    Ok(out)
+}
+
+/// fio (with its nbd engine) and nbdkit (with its file plugin) are needed; say which package.
+fn check_tools() -> Result<()> {
+    let engines = Command::new("fio")
+        .arg("--enghelp")
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|_| usage("fio is not installed (apt-get install fio)"))?;
+    if !String::from_utf8_lossy(&engines.stdout)
+        .lines()
+        .any(|l| l.trim() == "nbd")
+    {
+        return Err(usage(
+            "this fio has no nbd engine (Debian's fio package has it: apt-get install fio)",
+        ));
+    }
+    let plugin = Command::new("nbdkit")
+        .args(["file", "--dump-plugin"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|_| usage("nbdkit is not installed (apt-get install nbdkit)"))?;
+    if !plugin.success() {
+        return Err(usage("nbdkit has no file plugin (apt-get install nbdkit)"));
+    }
+    Ok(())
+}
+
+fn progress(done: usize, total: usize, p: Point, vb: Option<u32>, gen: Gen, zil: Zil) {
+    if !std::io::stderr().is_terminal() {
+        return;
+    }
+    let vb = vb.map_or(String::new(), |v| format!(" volblocksize {}", kib(v)));
+    eprintln!(
+        "[{done}/{total}] {} writes, flush every {}{vb}: {} on {}/{}",
+        kib(p.bs_bytes),
+        p.writes_per_flush,
+        gen.name(),
+        zil.commit,
+        zil.placement
+    );
+}
+
+/// The temporary directory of the run; removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create(path: &Path) -> Result<WorkDir> {
+        std::fs::create_dir(path).map_err(|e| io_err(path, e))?;
+        Ok(WorkDir(path.to_path_buf()))
+    }
+
+    /// A fresh directory for one measurement (short names: a pool's control socket lives
+    /// under it, and Unix socket paths are limited to 108 bytes).
+    fn sub(&self, seq: usize) -> Result<WorkDir> {
+        WorkDir::create(&self.0.join(format!("m{seq}")))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process that is stopped (SIGTERM, then SIGKILL after `STOP_GRACE`) and reaped
+/// whenever this is dropped, so no way out of the bench leaves one running.
+struct ChildGuard {
+    child: Option<Child>,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl ChildGuard {
+    /// Starts `cmd` with stdout and stderr going to `log`.
+    fn spawn(cmd: &mut Command, name: &'static str, log: PathBuf) -> Result<ChildGuard> {
+        let out = File::create(&log).map_err(|e| io_err(&log, e))?;
+        let err = out.try_clone().map_err(|e| io_err(&log, e))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| io_err(Path::new(name), e))?;
+        Ok(ChildGuard {
+            child: Some(child),
+            name,
+            log,
+        })
+    }
+
+    fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        let c = self.child.as_mut().expect("child present until stopped");
+        c.try_wait().map_err(|e| io_err(Path::new(self.name), e))
+    }
+
+    /// The last line the child wrote, for error messages.
+    fn last_words(&self) -> String {
+        last_line(&std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+
+    fn stop(mut self) -> Result<ExitStatus> {
+        let mut c = self.child.take().expect("child present until stopped");
+        terminate(&mut c).map_err(|e| io_err(Path::new(self.name), e))
+    }
+
+    /// Waits for the child to exit by itself, up to `limit`; then stops it and fails.
+    fn wait(mut self, limit: Duration, stop: &AtomicBool) -> Result<(ExitStatus, String)> {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.exited()? {
+                self.child = None;
+                return Ok((st, self.last_words()));
+            }
+            check_stop(stop)?;
+            if t.elapsed() > limit {
+                return Err(usage(format!(
+                    "{} did not finish within {} s",
+                    self.name,
+                    limit.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = terminate(&mut c);
+        }
+    }
+}
+
+fn terminate(child: &mut Child) -> std::io::Result<ExitStatus> {
+    if let Some(st) = child.try_wait()? {
+        return Ok(st);
+    }
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
+    // SAFETY: kill(2) takes two integers and touches no memory of this process. The pid is
+    // that of our own child, not yet reaped (only `wait`/`try_wait` reap it, and try_wait just
+    // reported it running), so even if it exits now it stays a zombie holding its pid and the
+    // signal cannot reach a recycled process.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let t = Instant::now();
+    while t.elapsed() < STOP_GRACE {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill()?;
+    child.wait()
+}
+
+fn last_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("(no output)")
+        .to_string()
+}
+
+/// Polls until `addr` accepts a TCP connection, failing if the server exits first.
+fn wait_accepting(server: &mut ChildGuard, addr: SocketAddr, stop: &AtomicBool) -> Result<()> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = server.exited()? {
+            return Err(usage(format!(
+                "{} exited ({st}) before accepting connections: {}",
+                server.name,
+                server.last_words()
+            )));
+        }
+        if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+            return Ok(());
+        }
+        check_stop(stop)?;
+        if t.elapsed() > START_TIMEOUT {
+            return Err(usage(format!(
+                "{} did not accept connections on {addr} within {} s",
+                server.name,
+                START_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `zeta` itself (this executable), with its state in `home`.
+fn zeta(home: &Path) -> Result<Command> {
+    let exe = std::env::current_exe().map_err(|e| io_err(Path::new("current executable"), e))?;
+    let mut c = Command::new(exe);
+    c.env("ZETA_HOME", home);
+    Ok(c)
+}
+
+/// Runs a short `zeta` command; its stdout, or its one-line error.
+fn run_zeta(home: &Path, args: &[String], what: &str) -> Result<String> {
+    let out = zeta(home)?
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| io_err(Path::new("zeta"), e))?;
+    if !out.status.success() {
+        let err = last_line(&String::from_utf8_lossy(&out.stderr));
+        return Err(usage(format!(
+            "{what} failed: {}",
+            err.strip_prefix("zeta: ").unwrap_or(&err)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The address in `zeta serve`'s first line, "serving on 127.0.0.1:PORT: ..." (or
+/// "serving on ADDR, read-only: ...").
+fn served_addr(log: &str) -> Option<SocketAddr> {
+    let rest = log.lines().find_map(|l| l.strip_prefix("serving on "))?;
+    rest.split([',', ' '])
+        .next()?
+        .trim_end_matches(':')
+        .parse()
+        .ok()
+}
+
+/// A served pool of three file vdevs with volumes v0..v2.
+struct ZetaServer {
+    server: ChildGuard,
+    addr: SocketAddr,
+    home: PathBuf,
+}
+
+fn start_zeta(dir: &Path, plan: &Plan, vb: u32, zil: Zil, stop: &AtomicBool) -> Result<ZetaServer> {
+    let home = dir.join("h");
+    // Each file holds a third of the three volumes with half again for copy-on-write and the
+    // log, plus room for metadata.
+    let leaf_bytes = plan.size_bytes + plan.size_bytes / 2 + (256 << 20);
+    let mut create = vec!["pool".into(), "create".into(), "-o".into()];
+    create.push(format!("size={leaf_bytes}"));
+    if plan.zil_props {
+        create.extend([
+            "-o".into(),
+            format!("zil.commit={}", zil.commit),
+            "-o".into(),
+            format!("zil.placement={}", zil.placement),
+        ]);
+    }
+    create.push(POOL.into());
+    create.extend((0..VOLUMES).map(|i| dir.join(format!("f{i}")).display().to_string()));
+    let what = if plan.zil_props {
+        format!(
+            "zeta pool create -o zil.commit={} -o zil.placement={}",
+            zil.commit, zil.placement
+        )
+    } else {
+        "zeta pool create".to_string()
+    };
+    run_zeta(&home, &create, &what)?;
+    for i in 0..VOLUMES {
+        let args = [
+            "vol".into(),
+            "create".into(),
+            "-b".into(),
+            vb.to_string(),
+            format!("{POOL}/v{i}"),
+            plan.size_bytes.to_string(),
+        ];
+        run_zeta(&home, &args, "zeta vol create")?;
+    }
+    // Port 0: the kernel picks a free port and the server prints it, so runs never collide.
+    let mut server = ChildGuard::spawn(
+        zeta(&home)?.args(["serve", "--listen", "127.0.0.1:0", POOL]),
+        "zeta serve",
+        dir.join("serve.log"),
+    )?;
+    let t = Instant::now();
+    let addr = loop {
+        if let Some(a) = served_addr(&std::fs::read_to_string(&server.log).unwrap_or_default()) {
+            break a;
+        }
+        if let Some(st) = server.exited()? {
+            return Err(usage(format!(
+                "zeta serve exited ({st}): {}",
+                server.last_words()
+            )));
+        }
+        check_stop(stop)?;
+        if t.elapsed() > START_TIMEOUT {
+            return Err(usage("zeta serve did not start listening"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    wait_accepting(&mut server, addr, stop)?;
+    Ok(ZetaServer { server, addr, home })
+}
+
+/// `zeta pool iostat POOL --json` of the served pool (through its control socket). `None`
+/// where `tolerate` allows its absence (builds without it, under --no-zil-props).
+fn iostat(home: &Path, tolerate: bool) -> Result<Option<Value>> {
+    let args = ["pool", "iostat", POOL, "--json"].map(String::from);
+    match run_zeta(home, &args, "zeta pool iostat") {
+        Ok(out) => serde_json::from_str(&out)
+            .map(Some)
+            .map_err(|e| usage(format!("zeta pool iostat --json printed no JSON: {e}"))),
+        Err(_) if tolerate => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Log blocks written per device between two iostat snapshots, in vdev order; `None` if either
+/// lacks the counters or the devices differ.
+fn log_blocks_delta(before: &Value, after: &Value) -> Option<Vec<u64>> {
+    let blocks = |v: &Value| -> Option<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        for (i, d) in v["log"]["vdevs"].as_array()?.iter().enumerate() {
+            out.push((
+                d["vdev"].as_u64().unwrap_or(i as u64),
+                d["blocks"].as_u64()?,
+            ));
+        }
+        out.sort_unstable();
+        Some(out)
+    };
+    let (b, a) = (blocks(before)?, blocks(after)?);
+    if b.len() != a.len() || b.iter().zip(&a).any(|(x, y)| x.0 != y.0 || y.1 < x.1) {
+        return None;
+    }
+    Some(b.iter().zip(&a).map(|(x, y)| y.1 - x.1).collect())
+}
+
+/// Writes per flush the server counted between two iostat snapshots.
+fn server_writes_per_flush(before: &Value, after: &Value) -> Option<f64> {
+    let d = |k: &str| after[k].as_u64()?.checked_sub(before[k].as_u64()?);
+    let (w, f) = (d("nbd_writes")?, d("nbd_flushes")?);
+    (f > 0).then(|| w as f64 / f as f64)
+}
+
+fn measure_zeta(
+    dir: &WorkDir,
+    plan: &Plan,
+    point: Point,
+    vb: u32,
+    zil: Zil,
+    gen: Gen,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let srv = start_zeta(&dir.0, plan, vb, zil, stop)?;
+    let tolerate = !plan.zil_props;
+    let before = iostat(&srv.home, tolerate)?;
+    let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
+    let mut m = drive(gen, srv.addr, &exports, plan, point, &dir.0, stop)?;
+    let after = iostat(&srv.home, tolerate)?;
+    let status = srv.server.stop()?;
+    if !status.success() {
+        return Err(usage(format!(
+            "zeta serve exited with {status}: {}",
+            last_line(&std::fs::read_to_string(dir.0.join("serve.log")).unwrap_or_default())
+        )));
+    }
+    if let (Some(b), Some(a)) = (&before, &after) {
+        m.log_blocks_per_device = log_blocks_delta(b, a);
+        if m.writes_per_flush.is_none() {
+            m.writes_per_flush = server_writes_per_flush(b, a);
+        }
+    }
+    Ok(m)
+}
+
+/// Three sparse files of a volume's size, as zeta's own file vdevs start out.
+fn make_files(dir: &Path, size: u64) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    (0..VOLUMES)
+        .map(|i| {
+            let p = dir.join(format!("f{i}"));
+            let f = File::create_new(&p).map_err(|e| io_err(&p, e))?;
+            f.set_len(size).map_err(|e| io_err(&p, e))?;
+            Ok(p)
+        })
+        .collect()
+}
+
+fn measure_raw(dir: &WorkDir, plan: &Plan, point: Point, stop: &AtomicBool) -> Result<Measured> {
+    let files = make_files(&dir.0.join("x"), plan.size_bytes)?;
+    // libaio on buffered files keeps up to 100 writes queued; fio calls fdatasync after every
+    // N (its sync section counts them).
+    let mut args = fio_common(plan, point);
+    args.extend(["--ioengine=libaio".into(), "--direct=0".into()]);
+    for (i, f) in files.iter().enumerate() {
+        args.push(format!("--name=v{i}"));
+        args.push(format!("--filename={}", f.display()));
+    }
+    let s = run_fio(&args, &dir.0, plan, stop)?;
+    Ok(s.measured())
+}
+
+fn measure_nbdkit(
+    dir: &WorkDir,
+    plan: &Plan,
+    point: Point,
+    gen: Gen,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let data = dir.0.join("x");
+    make_files(&data, plan.size_bytes)?;
+    // nbdkit prints no port it picked, so take a free one from the kernel and hand it over.
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io_err(Path::new("127.0.0.1"), e))?;
+        l.local_addr()
+            .map_err(|e| io_err(Path::new("127.0.0.1"), e))?
+            .port()
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    // One server with one export per file (`dir=`), as zeta serves all three volumes.
+    // --exit-with-parent: it dies with this process even if this process is SIGKILLed.
+    let mut server = ChildGuard::spawn(
+        Command::new("nbdkit")
+            .args(["--exit-with-parent", "-f", "-i", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .arg("file")
+            .arg(format!("dir={}", data.display())),
+        "nbdkit",
+        dir.0.join("nbdkit.log"),
+    )?;
+    wait_accepting(&mut server, addr, stop)?;
+    let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
+    let m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
+    server.stop()?;
+    Ok(m)
+}
+
+/// Runs one generator against the NBD exports at `addr`.
+fn drive(
+    gen: Gen,
+    addr: SocketAddr,
+    exports: &[String],
+    plan: &Plan,
+    point: Point,
+    scratch: &Path,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    match gen {
+        Gen::Fio => {
+            let mut args = fio_common(plan, point);
+            args.push("--ioengine=nbd".into());
+            for (i, e) in exports.iter().enumerate() {
+                args.push(format!("--name=v{i}"));
+                // libnbd takes everything after the authority as the export name, slash included
+                // (as scripts/bench-nbd.sh does).
+                args.push(format!("--uri=nbd://{addr}/{e}"));
+            }
+            Ok(run_fio(&args, scratch, plan, stop)?.measured())
+        }
+        Gen::ZetaLoad => {
+            let spec = LoadSpec {
+                bs_bytes: point.bs_bytes,
+                writes_per_flush: point.writes_per_flush,
+                depth: DEPTH,
+                runtime: plan.runtime,
+                seed: LOAD_SEED,
+            };
+            let r = nbd_load::run(addr, exports, &spec, stop).map_err(|e| CliError::Io {
+                path: format!("zeta-load nbd://{addr}"),
+                source: e,
+            })?;
+            Ok(Measured {
+                iops: r.writes_per_sec,
+                lat_mean_us: r.lat_mean_us,
+                lat_p99_us: r.lat_p99_us,
+                writes_per_flush: r.writes_per_flush(),
+                log_blocks_per_device: None,
+            })
+        }
+    }
+}
+
+/// The job options every fio run shares; the jobs (one per volume or file) follow.
+/// `--group_reporting` makes fio merge the three jobs: summed IOPS, and latency percentiles
+/// over all writes (percentiles of separate jobs cannot be combined afterwards).
+/// `--lat_percentiles` gives percentiles of `lat` (submission to completion, what zeta-load
+/// measures as sent to reply) rather than of `clat`.
+fn fio_common(plan: &Plan, p: Point) -> Vec<String> {
+    vec![
+        "--rw=randwrite".into(),
+        format!("--bs={}", p.bs_bytes),
+        format!("--iodepth={DEPTH}"),
+        format!("--fsync={}", p.writes_per_flush),
+        "--time_based".into(),
+        format!("--runtime={}", plan.runtime.as_secs()),
+        format!("--size={}", plan.size_bytes),
+        "--output-format=json".into(),
+        "--lat_percentiles=1".into(),
+        "--group_reporting".into(),
+    ]
+}
+
+struct FioStats {
+    iops: f64,
+    lat_mean_us: Option<f64>,
+    lat_p99_us: Option<f64>,
+    writes: Option<u64>,
+    /// Flushes (fsyncs) issued, from fio's `sync` section where it has one.
+    syncs: Option<u64>,
+}
+
+impl FioStats {
+    fn measured(&self) -> Measured {
+        let wpf = match (self.writes, self.syncs) {
+            (Some(w), Some(s)) if s > 0 => Some(w as f64 / s as f64),
+            _ => None,
+        };
+        Measured {
+            iops: self.iops,
+            lat_mean_us: self.lat_mean_us,
+            lat_p99_us: self.lat_p99_us,
+            writes_per_flush: wpf,
+            log_blocks_per_device: None,
+        }
+    }
+}
+
+fn run_fio(args: &[String], scratch: &Path, plan: &Plan, stop: &AtomicBool) -> Result<FioStats> {
+    let log = scratch.join("fio.json");
+    // fio writes any state files into its working directory: the scratch directory.
+    let child = ChildGuard::spawn(
+        Command::new("fio").args(args).current_dir(scratch),
+        "fio",
+        log.clone(),
+    )?;
+    let (status, last) = child.wait(plan.runtime + FIO_OVERRUN, stop)?;
+    if !status.success() {
+        return Err(usage(format!("fio exited with {status}: {last}")));
+    }
+    let text = std::fs::read_to_string(&log).map_err(|e| io_err(&log, e))?;
+    parse_fio(&text)
+}
+
+/// fio's JSON result (the nbd engine prints a line before it; anything after it is ignored).
+fn parse_fio(text: &str) -> Result<FioStats> {
+    let start = text
+        .find('{')
+        .ok_or_else(|| usage(format!("fio printed no JSON: {}", last_line(text))))?;
+    let v: Value = serde_json::Deserializer::from_str(&text[start..])
+        .into_iter::<Value>()
+        .next()
+        .ok_or_else(|| usage("fio printed no JSON"))?
+        .map_err(|e| usage(format!("fio's JSON does not parse: {e}")))?;
+    let job = &v["jobs"][0];
+    if job["error"].as_u64() != Some(0) {
+        return Err(usage(format!("fio reported error {}", job["error"])));
+    }
+    let w = &job["write"];
+    let iops = w["iops"]
+        .as_f64()
+        .ok_or_else(|| usage("fio's JSON has no write IOPS"))?;
+    let us = |v: &Value| v.as_f64().map(|ns| ns / 1e3);
+    Ok(FioStats {
+        iops,
+        lat_mean_us: us(&w["lat_ns"]["mean"]),
+        lat_p99_us: us(&w["lat_ns"]["percentile"]["99.000000"]),
+        writes: w["total_ios"].as_u64(),
+        syncs: job["sync"]["total_ios"].as_u64(),
+    })
+}
+
+fn print_header(plan: &Plan) {
+    println!(
+        "zeta bench sync: random writes with a flush every N, {VOLUMES} volumes of {} on a pool \
+         of {VOLUMES} file vdevs, one client per volume with {DEPTH} I/Os in flight, {} s per \
+         measurement, each on fresh targets",
+        human(plan.size_bytes),
+        plan.runtime.as_secs()
+    );
+    println!(
+        "latency: fio = write lat (submission to completion), zeta-load = request sent to reply \
+         read. w/flush: writes per flush actually sent. log blk/dev: log blocks written per \
+         device."
+    );
+    println!(
+        "xbase, xraw, xnbdkit: IOPS of group/global over per-request/per-volume, over the raw \
+         files (fio, libaio, fdatasync every N; fio is raw's only generator) and over nbdkit \
+         file, with the same generator"
+    );
+}
+
+/// Block and write sizes, all whole KiB here: "4K", "128K".
+fn kib(bytes: u32) -> String {
+    format!("{}K", bytes / 1024)
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[Row]) {
+    let same = |r: &&Row| {
+        r.point.bs_bytes == p.bs_bytes
+            && r.point.writes_per_flush == p.writes_per_flush
+            && r.volblocksize.is_none_or(|v| v == vb)
+    };
+    let find = |gen: Gen, commit: &str| {
+        rows.iter()
+            .filter(same)
+            .find(|r| r.gen == gen && r.zil.commit == commit)
+    };
+    println!();
+    println!(
+        "{} random writes, a flush every {}, volblocksize {}{}",
+        kib(p.bs_bytes),
+        p.writes_per_flush,
+        kib(vb),
+        if plan.zil_props {
+            ""
+        } else {
+            " (--no-zil-props: both configurations are the default pool)"
+        }
+    );
+    println!(
+        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+        "generator",
+        "commit",
+        "placement",
+        "IOPS",
+        "mean us",
+        "p99 us",
+        "w/flush",
+        "log blk/dev",
+        "xbase",
+        "xraw",
+        "xnbdkit"
+    );
+    for r in rows.iter().filter(same) {
+        let ratio = |other: Option<&Row>| match (r.zil.commit, other) {
+            ("group", Some(o)) if o.m.iops > 0.0 => format!("{:.2}", r.m.iops / o.m.iops),
+            _ => String::new(),
+        };
+        let blocks = r.m.log_blocks_per_device.as_ref().map_or("-".into(), |b| {
+            b.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
+        });
+        let line = format!(
+            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+            r.gen.name(),
+            r.zil.commit,
+            r.zil.placement,
+            r.m.iops,
+            opt(r.m.lat_mean_us, 0),
+            opt(r.m.lat_p99_us, 0),
+            opt(r.m.writes_per_flush, 2),
+            if r.volblocksize.is_some() {
+                blocks
+            } else {
+                String::new()
+            },
+            ratio(find(r.gen, BASELINE.commit)),
+            ratio(find(Gen::Fio, RAW.commit)),
+            ratio(find(r.gen, NBDKIT.commit)),
+        );
+        println!("{}", line.trim_end());
+    }
+    let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fio_json_after_a_banner() {
+        let text = "fio: connected to NBD server\n{\"jobs\":[{\"error\":0,\
+            \"write\":{\"iops\":1500.5,\"total_ios\":3001,\"lat_ns\":{\"mean\":2500.0,\
+            \"percentile\":{\"99.000000\":9000}}},\"sync\":{\"total_ios\":600}}]}\ntrailing";
+        let s = parse_fio(text).unwrap();
+        assert_eq!(s.iops, 1500.5);
+        assert_eq!((s.lat_mean_us, s.lat_p99_us), (Some(2.5), Some(9.0)));
+        assert!((s.measured().writes_per_flush.unwrap() - 3001.0 / 600.0).abs() < 1e-12);
+        let no_sync = parse_fio("{\"jobs\":[{\"error\":0,\"write\":{\"iops\":1}}]}").unwrap();
+        assert_eq!(no_sync.measured().writes_per_flush, None);
+        assert_eq!(no_sync.lat_p99_us, None);
+        assert!(parse_fio("{\"jobs\":[{\"error\":5,\"write\":{\"iops\":1}}]}").is_err());
+        assert!(parse_fio("fio: engine nbd not loadable").is_err());
+    }
+
+    #[test]
+    fn served_address_from_the_first_line() {
+        let log = "serving on 127.0.0.1:39613: (max 64 connections)\n  nbd://...";
+        assert_eq!(served_addr(log), Some("127.0.0.1:39613".parse().unwrap()));
+        let ro = "serving on 127.0.0.1:5, read-only: (max 1 connections)";
+        assert_eq!(served_addr(ro), Some("127.0.0.1:5".parse().unwrap()));
+        assert_eq!(served_addr("zeta: cannot listen"), None);
+    }
+
+    #[test]
+    fn iostat_deltas() {
+        let before = json!({"log": {"vdevs": [{"vdev": 1, "blocks": 5}, {"vdev": 0, "blocks": 2}]},
+                            "nbd_writes": 10, "nbd_flushes": 2});
+        let after = json!({"log": {"vdevs": [{"vdev": 0, "blocks": 7}, {"vdev": 1, "blocks": 9}]},
+                           "nbd_writes": 110, "nbd_flushes": 22});
+        assert_eq!(log_blocks_delta(&before, &after), Some(vec![5, 4]));
+        assert_eq!(server_writes_per_flush(&before, &after), Some(5.0));
+        assert_eq!(log_blocks_delta(&json!({}), &after), None);
+        assert_eq!(server_writes_per_flush(&json!({}), &after), None);
+    }
+
+    #[test]
+    fn volblocksize_lists() {
+        assert_eq!(
+            parse_volblocksizes("128K,16K").unwrap(),
+            vec![131072, 16384]
+        );
+        assert!(parse_volblocksizes("3K").is_err());
+        assert!(parse_volblocksizes("256K").is_err());
+        assert!(parse_volblocksizes("16K,16K").is_err());
+        assert!(parse_volblocksizes("").is_err());
+    }
+}
