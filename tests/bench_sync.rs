@@ -11,7 +11,7 @@ use serde_json::Value;
 
 /// Whether the zil.* pool properties and `zeta pool iostat` are in this build. Until they are,
 /// the bench runs with its hidden --no-zil-props and log counters are null.
-const ZIL_MERGED: bool = false;
+const ZIL_MERGED: bool = true;
 
 fn zeta(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_zeta"))

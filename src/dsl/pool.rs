@@ -922,16 +922,23 @@ impl Pool {
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
+        if self.dirty_bytes() < self.opts.dirty_max_bytes {
+            return Ok(());
+        }
+        let mut st = self.sync.lock();
         while self.dirty_bytes() >= self.opts.dirty_max_bytes {
-            let mut st = self.sync.lock();
             if let Some(why) = &st.error {
                 return Err(PoolError::Suspended {
                     pool: self.name.clone(),
                     why: why.clone(),
                 });
             }
-            st.request_seq += 1;
-            self.sync_cv.notify_all();
+            // Ask for a sync only if none is pending: every waiter shares the condvar, and
+            // waking them all to ask again turned each txg into a storm of futex wakeups.
+            if st.completed_seq >= st.request_seq {
+                st.request_seq += 1;
+                self.sync_cv.notify_all();
+            }
             self.sync_cv.wait_for(&mut st, Duration::from_millis(100));
         }
         Ok(())

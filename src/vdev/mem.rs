@@ -65,7 +65,28 @@ impl MemDevice {
 
     /// The bytes a fresh device would hold after a power cut now.
     pub fn power_cut(&self, mode: PowerCut) -> Vec<u8> {
-        let st = self.state.lock();
+        Self::image(&self.state.lock(), mode)
+    }
+
+    /// A power cut of several devices at one instant (no write or flush reaches any of them
+    /// while the images are taken), as a real outage is; cutting them one after another while
+    /// I/O goes on could pair one device's state before a txg commit with another's after.
+    pub fn power_cut_together(devs: &[&MemDevice], mode: PowerCut) -> Vec<Vec<u8>> {
+        let guards: Vec<_> = devs.iter().map(|d| d.state.lock()).collect();
+        guards
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let mode = match mode {
+                    PowerCut::Tear(seed) => PowerCut::Tear(seed.wrapping_add(i as u64)),
+                    m => m,
+                };
+                Self::image(st, mode)
+            })
+            .collect()
+    }
+
+    fn image(st: &State, mode: PowerCut) -> Vec<u8> {
         let mut image = st.durable.clone();
         let mut rng = rand::rngs::StdRng::seed_from_u64(match mode {
             PowerCut::Tear(seed) => seed,

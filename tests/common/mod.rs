@@ -79,10 +79,14 @@ pub fn devs_for(layout: Layout) -> usize {
     }
 }
 
-/// Cuts the power of every device and returns fresh devices holding what survived.
+/// Cuts the power of every device at one instant and returns fresh devices holding what
+/// survived.
 pub fn power_cut(devs: &[Arc<MemDevice>], mode: PowerCut) -> Vec<Arc<MemDevice>> {
-    devs.iter()
-        .map(|d| Arc::new(MemDevice::from_image(d.name(), d.power_cut(mode))))
+    let refs: Vec<&MemDevice> = devs.iter().map(|d| d.as_ref()).collect();
+    MemDevice::power_cut_together(&refs, mode)
+        .into_iter()
+        .zip(devs)
+        .map(|(image, d)| Arc::new(MemDevice::from_image(d.name(), image)))
         .collect()
 }
 
