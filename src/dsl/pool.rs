@@ -972,6 +972,11 @@ impl Pool {
         ds.log.commit(&self.zil, done)
     }
 
+    /// The blocking form of [`commit_log`](Self::commit_log).
+    pub fn commit_log_wait(&self, ds: &Dataset) -> Result<(), crate::zil::LogError> {
+        ds.log.commit_wait(&self.zil)
+    }
+
     /// The volume's log records left from before the last crash, if it has not been
     /// replayed yet. The caller applies them (in order) and then calls `finish_replay`.
     pub fn pending_replay(&self, ds: &Dataset) -> Option<Vec<Record>> {

@@ -275,13 +275,7 @@ impl Allocator {
 
     /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them.
     fn take_from(ms: &mut Metaslab, asize: u64) -> Option<u64> {
-        if ms.free.largest() < asize {
-            return None;
-        }
-        let off = ms.free.find(asize, ms.cursor)?;
-        ms.free.remove(off, asize);
-        ms.cursor = off + asize;
-        Some(off)
+        ms.free.take(asize, &mut ms.cursor)
     }
 
     fn unalloc(&mut self, d: &Dva) {

@@ -120,6 +120,18 @@ impl RangeTree {
             .expect("range tree: removing a range that is not present")
     }
 
+    /// Takes `len` bytes found by [`find`](Self::find) from `cursor`, and moves the cursor past
+    /// them (next fit: successive allocations land in order). `None` if nothing fits.
+    pub fn take(&mut self, len: u64, cursor: &mut u64) -> Option<u64> {
+        if self.largest() < len {
+            return None;
+        }
+        let off = self.find(len, *cursor)?;
+        self.remove(off, len);
+        *cursor = off + len;
+        Some(off)
+    }
+
     /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
     /// segments (keeps sequential writes sequential), else the smallest segment that fits.
     pub fn find(&self, len: u64, cursor: u64) -> Option<u64> {

@@ -219,15 +219,11 @@ impl Log {
         blocks: Vec<BlockAddr>,
         records: Vec<Record>,
     ) -> Log {
+        let nothing = records.is_empty();
         let log = Log::with_mode(Mode::NeedsReplay(records), header);
-        {
-            let mut st = log.state.lock();
-            st.retired = blocks;
-            let nothing = matches!(&st.mode, Mode::NeedsReplay(r) if r.is_empty());
-            drop(st);
-            if nothing {
-                log.start_chain(zil);
-            }
+        log.state.lock().retired = blocks;
+        if nothing {
+            log.start_chain(zil);
         }
         log
     }
@@ -370,7 +366,7 @@ impl Log {
             st.inflight_first = None;
             if let Some(p) = &plan {
                 let addrs: Vec<BlockAddr> = p.blocks.iter().map(|(a, _)| *a).collect();
-                if wrote && written_ok(&p.blocks, &st) {
+                if wrote {
                     for b in st.blocks.iter_mut() {
                         if addrs.contains(&b.addr) {
                             b.inflight = false;
@@ -553,14 +549,6 @@ impl Log {
     pub fn header(&self) -> ZilHeader {
         self.state.lock().header
     }
-}
-
-/// Whether the plan's blocks are still registered (a txg sync does not drop in-flight blocks,
-/// so this holds; kept as a guard for the bookkeeping).
-fn written_ok(blocks: &[(BlockAddr, LogBlock)], st: &State) -> bool {
-    blocks
-        .iter()
-        .all(|(a, _)| st.blocks.iter().any(|b| b.addr == *a))
 }
 
 /// A block size for `bytes` of header and records: whole 4 KiB sectors, at most MAX_BLOCK.

@@ -203,39 +203,15 @@ impl Zil {
     /// Writes encoded log blocks (in parallel when there are several), then flushes every
     /// vdev they touched, once each.
     fn write_blocks(&self, blocks: &[(BlockAddr, Vec<u8>)], records: u64) -> Result<(), String> {
-        let write = |(a, bytes): &(BlockAddr, Vec<u8>)| {
+        every(blocks, |(a, bytes)| {
             self.tops[a.vdev as usize]
                 .write(a.offset, bytes)
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))
-        };
-        if blocks.len() == 1 {
-            write(&blocks[0])?;
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = blocks.iter().map(|b| s.spawn(move || write(b))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("log writer panicked"))
-                    .collect::<Result<Vec<()>, String>>()
-            })?;
-        }
+        })?;
         let mut touched: Vec<u32> = blocks.iter().map(|(a, _)| a.vdev).collect();
         touched.sort_unstable();
         touched.dedup();
-        if touched.len() == 1 {
-            self.flush_vdev(touched[0])?;
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = touched
-                    .iter()
-                    .map(|&v| s.spawn(move || self.flush_vdev(v)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("log flusher panicked"))
-                    .collect::<Result<Vec<()>, String>>()
-            })?;
-        }
+        every(&touched, |&v| self.flush_vdev(v))?;
         for (a, bytes) in blocks {
             self.stats.blocks[a.vdev as usize].fetch_add(1, Ordering::Relaxed);
             self.stats.bytes[a.vdev as usize].fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -269,4 +245,21 @@ impl Zil {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batch_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
+}
+
+/// Runs `f` on every item, on threads of their own when there are several (log blocks go to
+/// different devices, whose writes and flushes should overlap); the first error wins.
+fn every<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<(), String> + Sync) -> Result<(), String> {
+    if let [one] = items {
+        return f(one);
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("log I/O thread panicked"))
+            .collect::<Result<Vec<()>, String>>()
+    })?;
+    Ok(())
 }

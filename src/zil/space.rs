@@ -57,13 +57,8 @@ impl LogSpace {
     /// blocks of a chain land in order, which keeps a device's log writes sequential).
     pub fn alloc(&self, v: u32, asize: u64) -> Option<u64> {
         let mut r = self.regions.get(v as usize)?.as_ref()?.lock();
-        if r.free.largest() < asize {
-            return None;
-        }
-        let off = r.free.find(asize, r.cursor)?;
-        r.free.remove(off, asize);
-        r.cursor = off + asize;
-        Some(off)
+        let Region { free, cursor, .. } = &mut *r;
+        free.take(asize, cursor)
     }
 
     pub fn free(&self, v: u32, off: u64, asize: u64) {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::dmu::object::spans;
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
-use crate::zil::{Done, LogError, Payload, Record};
+use crate::zil::{Done, Payload, Record};
 pub use range_lock::RangeLocks;
 
 /// Replays every volume's intent log (what `Volume::open` does for one): run after an
@@ -358,12 +358,8 @@ impl Volume {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), VolError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.flush_then(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
-        rx.recv()
-            .unwrap_or_else(|_| Err(LogError::Failed("the log committer went away".into())))
+        self.pool
+            .commit_log_wait(&self.ds)
             .map_err(|e| self.err(PoolError::Invalid(e.to_string())))
     }
 
