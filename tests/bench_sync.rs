@@ -7,6 +7,9 @@
 
 use std::process::{Command, Output};
 
+mod common;
+use common::procs::have;
+
 use serde_json::Value;
 
 fn zeta(args: &[&str]) -> Output {
@@ -14,22 +17,6 @@ fn zeta(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("ZETA_REQUIRE_CLIENTS").is_none(),
-            "{tool} is not installed (see .ci/run)"
-        );
-        eprintln!("SKIPPED: {tool} is not installed (install it as .ci/run does)");
-    }
-    found
 }
 
 #[test]

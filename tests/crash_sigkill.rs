@@ -17,6 +17,9 @@ use zeta::dsl::{Pool, PoolOptions, TopSpec};
 use zeta::vdev::{BlockDevice, FileDevice};
 use zeta::zvol::Volume;
 
+mod common;
+use common::procs::{import_files, seed_from_env};
+
 const BS: usize = 16384;
 const BLOCKS: u64 = 256;
 const PER_GEN: usize = 24;
@@ -59,16 +62,7 @@ fn devices(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn open(dir: &Path) -> Arc<Pool> {
-    let devs = devices(dir)
-        .iter()
-        .map(|p| {
-            (
-                Arc::new(FileDevice::open(p).unwrap()) as Arc<dyn BlockDevice>,
-                p.display().to_string(),
-            )
-        })
-        .collect();
-    Pool::import(devs, Some("crash"), opts()).expect("import after crash")
+    import_files(&devices(dir), "crash", opts())
 }
 
 /// The child: runs generations from `start` until killed.
@@ -93,10 +87,7 @@ fn sigkill_during_writes_and_flushes() {
         child(Path::new(dir), start.parse().unwrap());
         return;
     }
-    let seed: u64 = std::env::var("ZETA_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = seed_from_env("ZETA_CRASH_SEED");
     let cycles: u64 = std::env::var("ZETA_CRASH_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::nbd_client::Client;
+use common::procs::{have, spawn_server};
 use zeta::nbd::proto::*;
 
 fn zeta(home: &Path) -> Command {
@@ -29,23 +29,6 @@ fn ok(out: Output, what: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Whether `tool` is on PATH; if not, either skip (returns false) or fail under CI.
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("ZETA_REQUIRE_CLIENTS").is_none(),
-            "{tool} is not installed (see .ci/run)"
-        );
-        eprintln!("SKIPPED: {tool} is not installed (install it as .ci/run does)");
-    }
-    found
 }
 
 /// A pool `tank` of one 256M file with volumes `tank/a` and `tank/b` (64M each), served by a
@@ -98,28 +81,10 @@ impl Served {
     }
 
     fn start(&mut self) {
-        let mut child = zeta(&self.home())
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("server output").unwrap();
-        // "serving on 127.0.0.1:PORT: ..."
-        let addr = first
-            .strip_prefix("serving on ")
-            .and_then(|r| {
-                r.split(':')
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join(":")
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let mut cmd = zeta(&self.home());
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::inherit());
+        let (child, addr, _) = spawn_server(cmd);
         self.addr = addr;
         self.child = Some(child);
     }
@@ -501,28 +466,10 @@ fn zeta_up_creates_serves_and_comes_back() {
     let home = dir.path().join("home");
     let data = dir.path().join("data");
     let start = || {
-        let mut child = zeta(&home)
-            .args(["up", "--listen", "127.0.0.1:0", "--dir"])
-            .arg(&data)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut seen = Vec::new();
-        let addr: SocketAddr = loop {
-            let l = lines.next().expect("zeta up output").unwrap();
-            if let Some(rest) = l.strip_prefix("serving on ") {
-                break rest
-                    .split(':')
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join(":")
-                    .parse()
-                    .unwrap();
-            }
-            seen.push(l);
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let mut cmd = zeta(&home);
+        cmd.args(["up", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(&data);
+        let (child, addr, seen) = spawn_server(cmd);
         (child, addr, seen)
     };
     let (mut child, addr, seen) = start();

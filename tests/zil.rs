@@ -277,10 +277,7 @@ fn log_blocks_spread_evenly_over_the_devices() {
 
 #[test]
 fn many_threads_committing_never_lose_an_acknowledged_write() {
-    let seed: u64 = std::env::var("ZETA_ZIL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = common::procs::seed_from_env("ZETA_ZIL_SEED");
     eprintln!("zil stress seed {seed} (ZETA_ZIL_SEED to repeat)");
     const THREADS: u64 = 8;
     const SLOT: u64 = 16384;

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -13,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::nbd_client::Client;
+use common::procs::{import_files, seed_from_env, spawn_server};
 use rand::{Rng, SeedableRng};
 use zeta::dsl::{Pool, PoolOptions};
-use zeta::vdev::{BlockDevice, FileDevice};
 use zeta::zil::Record;
 use zeta::zvol::Volume;
 
@@ -42,26 +41,10 @@ fn stamp(slot: u64, version: u64) -> Vec<u8> {
 
 /// Starts `zeta serve` on a free port; returns the child and its address.
 fn serve(home: &Path) -> (std::process::Child, SocketAddr) {
-    let mut child = zeta(home)
-        .args(["serve", "--listen", "127.0.0.1:0", "tank"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("server output").unwrap();
-    let addr = first
-        .strip_prefix("serving on ")
-        .and_then(|r| {
-            r.split(':')
-                .take(2)
-                .collect::<Vec<_>>()
-                .join(":")
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-    std::thread::spawn(move || for _ in lines {});
+    let mut cmd = zeta(home);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .stderr(Stdio::null());
+    let (child, addr, _) = spawn_server(cmd);
     (child, addr)
 }
 
@@ -70,16 +53,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn import(dir: &Path) -> Arc<Pool> {
-    let devs = files(dir)
-        .iter()
-        .map(|p| {
-            (
-                Arc::new(FileDevice::open(p).unwrap()) as Arc<dyn BlockDevice>,
-                p.display().to_string(),
-            )
-        })
-        .collect();
-    Pool::import(devs, Some("tank"), PoolOptions::default()).expect("import after SIGKILL")
+    import_files(&files(dir), "tank", PoolOptions::default())
 }
 
 fn version_of(got: &[u8], slot: u64) -> Option<u64> {
@@ -92,10 +66,7 @@ fn version_of(got: &[u8], slot: u64) -> Option<u64> {
 
 #[test]
 fn sigkill_of_the_server_under_fua_and_flush() {
-    let seed: u64 = std::env::var("ZETA_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = seed_from_env("ZETA_CRASH_SEED");
     let cycles: u64 = std::env::var("ZETA_CRASH_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -10,6 +10,7 @@ use zeta::vdev::{BlockDevice, RaidzConfig};
 use zeta::zvol::Volume;
 
 pub mod nbd_client;
+pub mod procs;
 
 pub const MB: u64 = 1 << 20;
 

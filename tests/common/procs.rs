@@ -1,0 +1,73 @@
+//! Helpers for tests that run real processes: client tools, `zeta serve`, file-vdev pools.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use zeta::dsl::{Pool, PoolOptions};
+use zeta::vdev::{BlockDevice, FileDevice};
+
+/// Whether `tool` is on PATH; if not, either skip (returns false) or fail under CI.
+pub fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("ZETA_REQUIRE_CLIENTS").is_none(),
+            "{tool} is not installed (see .ci/run)"
+        );
+        eprintln!("SKIPPED: {tool} is not installed (install it as .ci/run does)");
+    }
+    found
+}
+
+/// Spawns `cmd` (a `zeta serve` or `zeta up` with `--listen 127.0.0.1:0`) and returns the
+/// child, the address from its line "serving on 127.0.0.1:PORT: ...", and the lines printed
+/// before it. Its stdout is drained from then on, so the server never blocks on a full pipe.
+pub fn spawn_server(mut cmd: Command) -> (Child, SocketAddr, Vec<String>) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut before = Vec::new();
+    let addr = loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(rest) = l.strip_prefix("serving on ") {
+            break rest
+                .split(':')
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(":")
+                .parse()
+                .unwrap_or_else(|e| panic!("unexpected line {l:?}: {e}"));
+        }
+        before.push(l);
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, addr, before)
+}
+
+/// Imports pool `name` from file vdevs.
+pub fn import_files(paths: &[PathBuf], name: &str, opts: PoolOptions) -> Arc<Pool> {
+    let devs = paths
+        .iter()
+        .map(|p| {
+            (
+                Arc::new(FileDevice::open(p).unwrap()) as Arc<dyn BlockDevice>,
+                p.display().to_string(),
+            )
+        })
+        .collect();
+    Pool::import(devs, Some(name), opts).expect("import")
+}
+
+/// A seed from environment variable `var`, or a random one.
+pub fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
+}
