@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use zeta::dsl::{Pool, PoolOptions, TopSpec};
 use zeta::spa::props::{CommitPolicy, Placement};
 use zeta::vdev::mem::{Faults, MemDevice, PowerCut};
@@ -51,18 +51,6 @@ fn reimport(devs: &[Arc<MemDevice>]) -> Arc<Pool> {
         log_opts(CommitPolicy::Group, Placement::Global),
     )
     .expect("import")
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
-}
-
-fn read(vol: &Volume, off: u64, len: usize) -> Vec<u8> {
-    let mut b = vec![0u8; len];
-    vol.read(off, &mut b).unwrap();
-    b
 }
 
 #[test]

@@ -86,11 +86,16 @@ pub struct InjectArgs {
 #[derive(Subcommand, Debug)]
 pub enum PoolCmd {
     /// Create a pool. VDEV is a path (file or block device), `mirror PATH PATH...`, or
-    /// `raidz1|raidz2|raidz3 PATH...` (3 to 24 devices, 1 to 3 of which may fail).
+    /// `raidz1|raidz2|raidz3 PATH...` (3 to 24 devices, 1 to 3 of which may fail); `log`
+    /// starts the separate log devices (`log PATH`, `log mirror PATH PATH`).
     #[command(
         after_help = "Examples:\n  zeta pool create -o size=1G tank /var/zeta/a\n  \
                             zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b\n  \
-                            zeta pool create -o size=1G tank raidz2 /var/zeta/d{1,2,3,4,5,6}\n\n\
+                            zeta pool create -o size=1G tank raidz2 /var/zeta/d{1,2,3,4,5,6}\n  \
+                            zeta pool create -o size=1G tank mirror /var/zeta/a /var/zeta/b log /var/zeta/l\n\n\
+                            After `log`, every device is a separate log device (or `log mirror \
+                            PATH PATH...`): the intent log writes there instead of the data \
+                            devices' log reserve. \
                             Properties (-o): size=SIZE creates missing file vdevs of that size; \
                             checksum=fletcher2|fletcher4|sha256|blake3 (default fletcher4); \
                             raidz2-code=rs|rdp: the double-parity code of raidz2 vdevs, \
@@ -200,6 +205,31 @@ pub enum PoolCmd {
         old: String,
         new: PathBuf,
     },
+    /// Add separate log devices to a pool, while it runs: `log PATH...` (each device a log
+    /// vdev of its own) or `log mirror PATH PATH...`. From then on the intent log's blocks go
+    /// there instead of the data devices' log reserve.
+    #[command(after_help = "Examples:\n  zeta pool add tank log /dev/nvme0n1\n  \
+                            zeta pool add --size 1G tank log mirror /var/zeta/l1 /var/zeta/l2\n\n\
+                            A pool may also get its log devices at creation: \
+                            zeta pool create tank mirror A B log C. On a served pool the \
+                            server adds them (paths are taken from this directory).")]
+    Add {
+        /// Use devices even if they belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Create missing files of this size (e.g. 512M, 1G).
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
+        pool: String,
+        /// `log` followed by the devices (see above).
+        #[arg(required = true, num_args = 1.., value_name = "VDEV")]
+        vdevs: Vec<String>,
+    },
+    /// Remove a log device while the pool runs (DEVICE: one of its paths, as `zeta pool
+    /// status` shows it; a log mirror goes as a whole). The volumes' logs move to the other
+    /// log devices, or to the data devices' log reserve; nothing they hold is lost. Data
+    /// devices cannot be removed.
+    Remove { pool: String, device: String },
     /// Zero the READ/WRITE/CKSUM error counters of every device of a pool.
     Clear { pool: String },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.

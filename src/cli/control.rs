@@ -18,6 +18,9 @@
 //!   `{"ok": true, "value": sectors}`
 //! - `{"op": "replace", "old": path, "new": path, "force": bool}` replaces a device in place
 //!   and starts its rebuild → `{"ok": true}`
+//! - `{"op": "add_log", "vdevs": ["log", path | "mirror", ...], "size": bytes|null, "force":
+//!   bool}` adds log devices → `{"ok": true, "value": [vdev ids]}`; `{"op": "remove",
+//!   "device": path}` removes a log device → `{"ok": true, "value": [paths removed]}`
 //! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
@@ -159,6 +162,41 @@ pub fn remote_corrupt(
 pub fn remote_replace(s: UnixStream, pool: &str, old: &str, new: &Path, force: bool) -> Result<()> {
     let req = json!({"op": "replace", "old": old, "new": new, "force": force});
     call(s, req, pool).map(|_| ())
+}
+
+/// Adds log devices (`words`: `log ...` with absolute paths) to `pool` in its server.
+pub fn remote_add_log(
+    s: UnixStream,
+    pool: &str,
+    words: &[String],
+    size: Option<u64>,
+    force: bool,
+) -> Result<Vec<u32>> {
+    let req = json!({"op": "add_log", "vdevs": words, "size": size, "force": force});
+    let v = call(s, req, pool)?;
+    Ok(v["value"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Removes a log device of `pool` in its server; returns the paths removed.
+pub fn remote_remove(s: UnixStream, pool: &str, device: &str) -> Result<Vec<String>> {
+    let v = call(s, json!({"op": "remove", "device": device}), pool)?;
+    Ok(v["value"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 /// Zeroes the error counters of `pool` in its server.
@@ -331,6 +369,31 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
                 .ok_or_else(|| usage("request without new"))?;
             super::pool_cmd::replace_in(&pool, old, Path::new(new), req["force"] == json!(true))?;
             Ok(json!({"ok": true}))
+        }
+        Some("add_log") => {
+            let words: Vec<String> = req["vdevs"]
+                .as_array()
+                .ok_or_else(|| usage("request without vdevs"))?
+                .iter()
+                .map(|a| {
+                    a.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| usage("vdevs holds a non-string"))
+                })
+                .collect::<Result<_>>()?;
+            let ids = super::pool_cmd::add_log_in(
+                &pool,
+                &words,
+                req["size"].as_u64(),
+                req["force"] == json!(true),
+            )?;
+            Ok(json!({"ok": true, "value": ids}))
+        }
+        Some("remove") => {
+            let dev = req["device"]
+                .as_str()
+                .ok_or_else(|| usage("request without device"))?;
+            Ok(json!({"ok": true, "value": pool.remove_log(dev)?}))
         }
         Some("clear") => {
             pool.clear_errors()?;

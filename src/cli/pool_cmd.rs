@@ -46,6 +46,13 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         } => replace(home, force, &pool, &old, &new),
         PoolCmd::Offline { pool, device } => set_offline(home, &pool, &device, true),
         PoolCmd::Online { pool, device } => set_offline(home, &pool, &device, false),
+        PoolCmd::Add {
+            force,
+            size,
+            pool,
+            vdevs,
+        } => add(home, force, size.as_deref(), &pool, &vdevs),
+        PoolCmd::Remove { pool, device } => remove(home, &pool, &device),
         PoolCmd::Clear { pool } => {
             match super::control::connect(home, &pool) {
                 Some(conn) => super::control::remote_clear(conn, &pool)?,
@@ -157,15 +164,27 @@ pub struct VdevGroup {
     /// Parity level of a raidz, 0 otherwise.
     pub nparity: u32,
     pub paths: Vec<PathBuf>,
+    /// A separate log device (named after the `log` keyword).
+    pub log: bool,
 }
 
-/// Splits `a mirror b c raidz2 d e f g` into top-level groups: [a], mirror[b c],
-/// raidz2[d e f g]. A group keyword (`mirror`, `raidz`, `raidz1`, `raidz2`, `raidz3`) takes
-/// every path up to the next keyword.
+/// Splits `a mirror b c raidz2 d e f g log h` into top-level groups: [a], mirror[b c],
+/// raidz2[d e f g], log[h]. A group keyword (`mirror`, `raidz`, `raidz1`, `raidz2`,
+/// `raidz3`) takes every path up to the next keyword; after `log`, every group is a log
+/// device (a path, or `mirror PATH...`).
 pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
     let mut out: Vec<VdevGroup> = Vec::new();
     let mut in_group = false;
+    let mut log = false;
     for w in words {
+        if w == "log" {
+            if log {
+                return Err(usage("`log` given twice"));
+            }
+            log = true;
+            in_group = false;
+            continue;
+        }
         let group = match w.as_str() {
             "mirror" => Some((TopKind::Mirror, 0)),
             "raidz" | "raidz1" => Some((TopKind::Raidz, 1)),
@@ -174,10 +193,16 @@ pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
             _ => None,
         };
         if let Some((kind, nparity)) = group {
+            if log && kind == TopKind::Raidz {
+                return Err(usage(
+                    "a log device is a single device or a mirror, not a raidz",
+                ));
+            }
             out.push(VdevGroup {
                 kind,
                 nparity,
                 paths: Vec::new(),
+                log,
             });
             in_group = true;
         } else if in_group {
@@ -187,8 +212,14 @@ pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
                 kind: TopKind::Stripe,
                 nparity: 0,
                 paths: vec![PathBuf::from(w)],
+                log,
             });
         }
+    }
+    if log && !out.iter().any(|g| g.log) {
+        return Err(usage(
+            "`log` names no device: log PATH, or log mirror PATH PATH",
+        ));
     }
     for g in &out {
         match g.kind {
@@ -261,31 +292,7 @@ pub fn create_pool(
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let result = (|| -> Result<Arc<Pool>> {
-        let mut spec = Vec::new();
-        for g in &groups {
-            let mut leaves = Vec::new();
-            for p in &g.paths {
-                let dev = if p.exists() {
-                    FileDevice::open(p)?
-                } else {
-                    let dev = FileDevice::create(p, props.size.unwrap())?;
-                    created.push(p.clone());
-                    dev
-                };
-                leaves.push((
-                    Arc::new(dev) as Arc<dyn BlockDevice>,
-                    absolute(p).display().to_string(),
-                ));
-            }
-            spec.push(match g.kind {
-                TopKind::Raidz => TopSpec::raidz(
-                    RaidzConfig::new(g.nparity, leaves.len(), props.raidz2_rdp).map_err(usage)?,
-                    leaves,
-                ),
-                TopKind::Mirror => TopSpec::mirror(leaves),
-                TopKind::Stripe => TopSpec::stripe(leaves.pop().expect("one device")),
-            });
-        }
+        let spec = open_groups(&groups, props.size, props.raidz2_rdp, &mut created)?;
         let opts = PoolOptions {
             checksum: props.checksum,
             force,
@@ -307,6 +314,145 @@ pub fn create_pool(
             Err(e)
         }
     }
+}
+
+/// Opens (or creates, at `size`, the missing files among) the devices of parsed vdev groups;
+/// records the files it created in `created`.
+fn open_groups(
+    groups: &[VdevGroup],
+    size: Option<u64>,
+    raidz2_rdp: bool,
+    created: &mut Vec<PathBuf>,
+) -> Result<Vec<TopSpec>> {
+    let mut spec = Vec::new();
+    for g in groups {
+        let mut leaves = Vec::new();
+        for p in &g.paths {
+            let dev = match (p.exists(), size) {
+                (true, _) => FileDevice::open(p)?,
+                (false, Some(size)) => {
+                    let dev = FileDevice::create(p, size)?;
+                    created.push(p.clone());
+                    dev
+                }
+                (false, None) => {
+                    return Err(usage(format!(
+                        "{}: does not exist (give a size to create a file)",
+                        p.display()
+                    )))
+                }
+            };
+            leaves.push((
+                Arc::new(dev) as Arc<dyn BlockDevice>,
+                absolute(p).display().to_string(),
+            ));
+        }
+        let top = match g.kind {
+            TopKind::Raidz => TopSpec::raidz(
+                RaidzConfig::new(g.nparity, leaves.len(), raidz2_rdp).map_err(usage)?,
+                leaves,
+            ),
+            TopKind::Mirror => TopSpec::mirror(leaves),
+            TopKind::Stripe => TopSpec::stripe(leaves.pop().expect("one device")),
+        };
+        spec.push(if g.log { top.as_log() } else { top });
+    }
+    Ok(spec)
+}
+
+/// `zeta pool add`: log devices for a pool, through its server if it is served.
+fn add(home: &Home, force: bool, size: Option<&str>, name: &str, vdevs: &[String]) -> Result<()> {
+    if vdevs.first().map(String::as_str) != Some("log") {
+        return Err(usage(
+            "only log devices can be added: zeta pool add POOL log PATH... (or log mirror PATH PATH)",
+        ));
+    }
+    let size = size.map(parse_size).transpose()?;
+    // Paths as seen from here: the server's working directory is not ours.
+    let words: Vec<String> = vdevs
+        .iter()
+        .map(|w| match w.as_str() {
+            "log" | "mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3" => w.clone(),
+            _ => absolute(Path::new(w)).display().to_string(),
+        })
+        .collect();
+    parse_vdevs(&words)?;
+    let ids = match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_add_log(conn, name, &words, size, force)?,
+        None => {
+            let p = home.open(name)?;
+            let r = add_log_in(&p, &words, size, force);
+            p.close()?;
+            r?
+        }
+    };
+    let mut cache = home.load()?;
+    if let Some(entry) = cache.pools.get_mut(name) {
+        for w in &words[1..] {
+            let path = PathBuf::from(w);
+            if w != "mirror" && !entry.devices.contains(&path) {
+                entry.devices.push(path);
+            }
+        }
+        home.save(&cache)?;
+    }
+    println!(
+        "added log device{} {} to '{name}'",
+        if ids.len() > 1 { "s" } else { "" },
+        words[1..].join(" ")
+    );
+    Ok(())
+}
+
+/// Adds the log devices `words` (`log ...`, absolute paths) to `p`; returns their vdev ids.
+/// Files this created are removed again if the add fails.
+pub fn add_log_in(
+    p: &Arc<Pool>,
+    words: &[String],
+    size: Option<u64>,
+    force: bool,
+) -> Result<Vec<u32>> {
+    let groups = parse_vdevs(words)?;
+    if groups.iter().any(|g| !g.log) {
+        return Err(usage("only log devices can be added"));
+    }
+    let mut created = Vec::new();
+    let r = (|| -> Result<Vec<u32>> {
+        let spec = open_groups(&groups, size, false, &mut created)?;
+        let mut ids = Vec::new();
+        for top in spec {
+            ids.push(p.add_log(top, force)?);
+        }
+        Ok(ids)
+    })();
+    if r.is_err() {
+        for f in created {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    r
+}
+
+/// `zeta pool remove`: a log device, through the pool's server if it is served.
+fn remove(home: &Home, name: &str, device: &str) -> Result<()> {
+    let gone = match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_remove(conn, name, device)?,
+        None => {
+            let p = home.open(name)?;
+            let r = p.remove_log(device);
+            p.close()?;
+            r?
+        }
+    };
+    let mut cache = home.load()?;
+    if let Some(entry) = cache.pools.get_mut(name) {
+        entry
+            .devices
+            .retain(|d| !gone.iter().any(|g| Path::new(g) == d));
+        home.save(&cache)?;
+    }
+    println!("removed log device {} from '{name}'", gone.join(" "));
+    Ok(())
 }
 
 /// Files and block devices directly inside `dir`.
@@ -395,7 +541,8 @@ fn import(
             return Ok(());
         }
     };
-    if home.load()?.pools.contains_key(&target) {
+    // A pool that cannot open for a missing log device is imported again with --discard-log.
+    if home.load()?.pools.contains_key(&target) && !discard_log {
         return Err(usage(format!("pool '{target}' is already imported")));
     }
     let members: Vec<PathBuf> = found
@@ -423,6 +570,19 @@ fn import(
     }
     // Replaying now also moves every log off a device that was given up on.
     crate::zvol::replay_logs(&pool)?;
+    if discard_log {
+        // A log device given up on leaves the pool, so that later imports need no flag.
+        let gone: Vec<String> = pool
+            .vdev_status()
+            .iter()
+            .filter(|t| t.log && t.state == "UNAVAIL")
+            .filter_map(|t| t.leaves.first().map(|l| l.path.clone()))
+            .collect();
+        for dev in gone {
+            pool.remove_log(&dev)?;
+            eprintln!("warning: removed the missing log device {dev} from '{target}'");
+        }
+    }
     home.remember(&pool, device_paths(&pool))?;
     pool.close()?;
     println!("imported '{target}'");
@@ -773,7 +933,9 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
                 [one] => one.path.clone(),
                 _ => format!("{}-{}", t.kind_name(), t.id),
             };
-            json!({"vdev": t.id, "name": name, "blocks": z.blocks[i], "bytes": z.bytes[i]})
+            let at = |v: &[u64]| v.get(i).copied().unwrap_or(0);
+            json!({"vdev": t.id, "name": name, "log_device": t.log,
+                   "blocks": at(&z.blocks), "bytes": at(&z.bytes)})
         })
         .collect();
     let (mut queued, mut requests) = (0, 0);
@@ -908,7 +1070,12 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             "    {:<40} {:>8} {:>6} {:>6} {:>6}",
             "NAME", "STATE", "READ", "WRITE", "CKSUM"
         );
+        let mut logs_header = false;
         for t in st["vdevs"].as_array().unwrap() {
+            if t["log"] == true && !logs_header {
+                println!("    logs");
+                logs_header = true;
+            }
             let indent = if t["kind"] != "stripe" {
                 println!(
                     "    {:<40} {:>8}",

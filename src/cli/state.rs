@@ -160,7 +160,15 @@ impl Home {
                 "no imported pool named '{name}' (see `zeta pool list`, or `zeta pool import`)"
             ))
         })?;
-        let devs = match open_devices(&entry.devices) {
+        // A device that is gone is left to the import to judge (a mirror goes on degraded;
+        // a missing log device needs `zeta pool import --discard-log`).
+        let present: Vec<PathBuf> = entry
+            .devices
+            .iter()
+            .filter(|p| p.exists())
+            .cloned()
+            .collect();
+        let devs = match open_devices(&present) {
             Err(CliError::Vdev(crate::vdev::VdevError::Locked { .. }))
                 if super::control::connect(self, name).is_some() =>
             {

@@ -123,6 +123,8 @@ pub struct TopSpec {
     pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
     /// For a raidz: its parity level and code.
     pub raidz: Option<RaidzConfig>,
+    /// A separate log device (a stripe or a mirror) rather than a data vdev.
+    pub log: bool,
 }
 
 impl TopSpec {
@@ -131,6 +133,7 @@ impl TopSpec {
             kind: TopKind::Stripe,
             leaves: vec![leaf],
             raidz: None,
+            log: false,
         }
     }
 
@@ -139,6 +142,7 @@ impl TopSpec {
             kind: TopKind::Mirror,
             leaves,
             raidz: None,
+            log: false,
         }
     }
 
@@ -147,7 +151,14 @@ impl TopSpec {
             kind: TopKind::Raidz,
             leaves,
             raidz: Some(config),
+            log: false,
         }
+    }
+
+    /// The same vdev as a separate log device.
+    pub fn as_log(mut self) -> TopSpec {
+        self.log = true;
+        self
     }
 }
 
@@ -171,6 +182,8 @@ pub struct TopStatus {
     pub kind: TopKind,
     /// stripe, mirror, raidz1, raidz2, raidz2-rdp, raidz3.
     pub name: String,
+    /// A separate log device.
+    pub log: bool,
     /// ONLINE; DEGRADED when devices are missing but redundancy covers them.
     pub state: &'static str,
     /// Leaves named in the config but not found at import.
@@ -332,76 +345,20 @@ impl Pool {
         if spec.is_empty() {
             return Err(invalid("a pool needs at least one device"));
         }
+        // Log devices come after the data vdevs, whatever the order given: data vdevs are
+        // numbered 0..n, which the allocator and the metaslab table index by.
+        let mut spec = spec;
+        spec.sort_by_key(|t| t.log);
+        if spec.iter().all(|t| t.log) {
+            return Err(invalid(
+                "a pool needs at least one data device besides its log devices",
+            ));
+        }
         let mut tops_cfg = Vec::new();
         let mut tops = Vec::new();
         for (id, top) in spec.into_iter().enumerate() {
-            match top.kind {
-                TopKind::Stripe if top.leaves.len() != 1 => {
-                    return Err(invalid("a stripe vdev has exactly one device"))
-                }
-                TopKind::Mirror if top.leaves.len() < 2 => {
-                    return Err(invalid("a mirror needs at least two devices"))
-                }
-                _ => {}
-            }
-            if (top.kind == TopKind::Raidz) != top.raidz.is_some() {
-                return Err(invalid(
-                    "raidz parameters given for a vdev that is no raidz",
-                ));
-            }
-            if let Some(rz) = &top.raidz {
-                // Re-derive the checks the config's constructor makes: a spec may come from
-                // elsewhere than the CLI.
-                RaidzConfig::new(rz.nparity, top.leaves.len(), false)
-                    .map_err(PoolError::Invalid)?;
-            }
-            let mut leaves = Vec::new();
-            let mut children = Vec::new();
-            for (dev, path) in top.leaves {
-                if dev.len_bytes() < MIN_LEAF_BYTES {
-                    return Err(invalid(format!(
-                        "{path}: too small ({} bytes); a device needs at least {} MiB",
-                        dev.len_bytes(),
-                        MIN_LEAF_BYTES >> 20
-                    )));
-                }
-                let leaf = Leaf::new(dev, random_guid());
-                if !opts.force {
-                    check_unused(&leaf, &path)?;
-                }
-                children.push(LeafConfig {
-                    guid: leaf.guid(),
-                    path,
-                    errors: Default::default(),
-                    offline: false,
-                    faulted: false,
-                    missed: Vec::new(),
-                });
-                leaves.push(Arc::new(leaf));
-            }
-            let vdev = match top.raidz {
-                Some(rz) => TopVdev::new_raidz(
-                    id as u32,
-                    random_guid(),
-                    rz,
-                    leaves.into_iter().map(Some).collect(),
-                )
-                .map_err(PoolError::Invalid)?,
-                None => TopVdev::new(id as u32, random_guid(), top.kind, leaves),
-            };
-            let shift = ms_shift_for(vdev.asize_bytes);
-            let log_bytes = log_reserve_for(vdev.asize_bytes, shift);
-            tops_cfg.push(TopConfig {
-                id: id as u32,
-                guid: vdev.guid,
-                kind: top.kind,
-                asize: vdev.asize_bytes,
-                ms_shift: shift,
-                ms_count: (vdev.asize_bytes - log_bytes).div_ceil(1 << shift) as u32,
-                children,
-                raidz: top.raidz,
-                log_bytes,
-            });
+            let (vdev, cfg) = build_top(id as u32, top, opts.force)?;
+            tops_cfg.push(cfg);
             tops.push(Arc::new(vdev));
         }
         let config = PoolConfig {
@@ -440,18 +397,22 @@ impl Pool {
         synced_txg: u64,
         config_gen: u64,
     ) -> Arc<Pool> {
-        let regions: Vec<Option<(u64, u64)>> = config
-            .tops
-            .iter()
-            .map(|t| Some((t.data_bytes(), t.log_bytes)))
-            .collect();
         let zil = Zil::new(
-            tops.clone(),
-            &regions,
+            tops.iter()
+                .zip(&config.tops)
+                .map(|(top, t)| (top.clone(), (t.data_bytes(), t.log_bytes), t.log))
+                .collect(),
             config.zil_commit,
             config.zil_placement,
         );
-        let zio = Arc::new(Zio::new(tops, alloc));
+        // The data path knows only the data vdevs (numbered 0..n); log devices are the log's.
+        let data_tops: Vec<Arc<TopVdev>> = tops
+            .iter()
+            .zip(&config.tops)
+            .filter(|(_, t)| !t.log)
+            .map(|(top, _)| top.clone())
+            .collect();
+        let zio = Arc::new(Zio::new(data_tops, alloc));
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -496,8 +457,9 @@ impl Pool {
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let cfg = self.config_to_write(state);
+        let (tops, required) = self.label_tops();
         let mut update =
-            LabelUpdate::new(&self.io.zio.tops, format!("config generation {generation}"));
+            LabelUpdate::new(&tops, required, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
             update.step(|leaf| {
                 let mut c = cfg.clone();
@@ -591,7 +553,23 @@ impl Pool {
             by_guid.insert(cfg.leaf_guid, (dev, path));
             uberblocks.extend(ubs);
         }
+        // Data vdevs are numbered 0..n and log devices follow with rising ids: the allocator,
+        // the metaslab table and the log index by these.
+        let n_data = config.tops.iter().filter(|t| !t.log).count();
+        let well_formed = n_data > 0
+            && config
+                .tops
+                .iter()
+                .enumerate()
+                .all(|(i, t)| (i < n_data) != t.log && (t.log || t.id == i as u32))
+            && config.tops.windows(2).all(|w| w[0].id < w[1].id);
+        if !well_formed {
+            return Err(cannot(
+                "the config's vdev list is malformed (vdev ids out of order)".into(),
+            ));
+        }
         let mut tops = Vec::new();
+        let mut log_notes = Vec::new();
         for t in config.tops.iter_mut() {
             // Each leaf holds the whole vdev's space, or its share of a raidz's.
             let leaf_asize = match &t.raidz {
@@ -633,7 +611,25 @@ impl Pool {
                 (None, TopKind::Mirror) => t.children.len() - 1,
                 _ => 0,
             };
-            if missing.len() > tolerable {
+            let lost = missing.len() > tolerable;
+            if lost && t.log {
+                // The log device may hold the only copy of writes acknowledged after the
+                // last txg: going on without it must be asked for.
+                if !opts.discard_log {
+                    return Err(cannot(format!(
+                        "log device {} is missing: it may hold writes acknowledged after the \
+                         last txg. Bring it back, or import with --discard-log to give them up \
+                         (the pool then opens at its last txg)",
+                        missing.join(", ")
+                    )));
+                }
+                log_notes.push(format!(
+                    "{pool_name}: log device {} missing: writes acknowledged after the last txg \
+                     and logged there are lost; `zeta pool remove {pool_name} {}` drops it",
+                    missing.join(", "),
+                    missing[0]
+                ));
+            } else if lost {
                 return Err(cannot(format!(
                     "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}",
                     t.id,
@@ -647,12 +643,14 @@ impl Pool {
                 Some(rz) => TopVdev::new_raidz(t.id, t.guid, rz, slots).map_err(&cannot)?,
                 None => TopVdev::new(t.id, t.guid, t.kind, slots.into_iter().flatten().collect()),
             };
-            if vdev.asize_bytes < t.asize {
+            // (A log device with every leaf missing has no size of its own to check.)
+            if vdev.asize_bytes < t.asize && !lost {
                 return Err(cannot(format!("vdev {} is smaller than recorded", t.id)));
             }
             tops.push(Arc::new(vdev));
         }
         let tops_arc: Vec<Arc<TopVdev>> = tops;
+        let data_tops: Vec<Arc<TopVdev>> = tops_arc[..n_data].to_vec();
 
         // Newest uberblock whose tree loads and verifies wins; older ones are the fallback.
         uberblocks.retain(|u| u.pool_guid.get() == guid);
@@ -664,7 +662,7 @@ impl Pool {
         let mut failures = Vec::new();
         for ub in &uberblocks {
             let alloc = Allocator::new(&alloc_geometry(&config));
-            let probe_zio = Arc::new(Zio::new(tops_arc.clone(), alloc));
+            let probe_zio = Arc::new(Zio::new(data_tops.clone(), alloc));
             let probe_io = ObjectIo {
                 zio: probe_zio.clone(),
                 cache: Arc::new(BlockCache::new(opts.cache_bytes)),
@@ -674,7 +672,7 @@ impl Pool {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
                     // New txgs must outrank every uberblock skipped on the way here.
-                    let txg = commit_above_skipped(&tops_arc, guid, ub, newest_seen)?;
+                    let txg = commit_above_skipped(&tops_arc, n_data, guid, ub, newest_seen)?;
                     let scan = config.scan.clone().unwrap_or_default();
                     let discard_log = opts.discard_log;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
@@ -690,6 +688,7 @@ impl Pool {
                         }
                     }
                     *pool.scan.lock() = scan;
+                    pool.import_notes.lock().extend(log_notes);
                     pool.write_config(PoolState::Active)?;
                     // A scrub or resilver that was running when the pool closed goes on
                     // where it was; leaves owed txgs get a resilver.
@@ -712,16 +711,23 @@ impl Pool {
         self.config.lock().clone()
     }
 
+    /// Every top-level vdev whose labels carry the pool's config and uberblocks: the data
+    /// vdevs, then the log devices; and how many of them are data vdevs.
+    fn label_tops(&self) -> (Vec<Arc<TopVdev>>, usize) {
+        let mut tops = self.io.zio.tops.clone();
+        let required = tops.len();
+        tops.extend(self.zil.log_devices());
+        (tops, required)
+    }
+
     pub fn space(&self) -> Space {
         self.io.zio.alloc.lock().space()
     }
 
     pub fn vdev_status(&self) -> Vec<TopStatus> {
         let cfg = self.config.lock().clone();
-        self.io
-            .zio
-            .tops
-            .iter()
+        let (tops, _) = self.label_tops();
+        tops.iter()
             .zip(&cfg.tops)
             .map(|(t, tc)| {
                 let missing = t.children.iter().filter(|l| l.is_missing()).count();
@@ -733,8 +739,11 @@ impl Pool {
                     id: t.id,
                     kind: t.kind,
                     name: tc.kind_name(),
+                    log: tc.log,
                     state: if missing == 0 && !offline {
                         "ONLINE"
+                    } else if missing == t.children.len() {
+                        "UNAVAIL"
                     } else {
                         "DEGRADED"
                     },
@@ -1003,13 +1012,9 @@ impl Pool {
         if header.chain == 0 {
             return Ok(Log::new_chain(&self.zil));
         }
-        let tops = &self.io.zio.tops;
         let mut read = |a: BlockAddr| -> Result<Vec<u8>, String> {
             // An address no log block can have (a damaged chain): no block there.
-            let Some(top) = tops.get(a.vdev as usize).filter(|t| {
-                a.len <= MAX_BLOCK
-                    && a.offset.checked_add(t.asize_of(a.len as u64)) <= Some(t.asize_bytes)
-            }) else {
+            let Some(top) = self.zil.top(a.vdev) else {
                 return Ok(Vec::new());
             };
             let out = top.children.iter().filter(|c| c.is_offline()).count();
@@ -1019,6 +1024,11 @@ impl Pool {
                     a.vdev,
                     top.children.len()
                 ));
+            }
+            if a.len > MAX_BLOCK
+                || a.offset.checked_add(top.asize_of(a.len as u64)) > Some(top.asize_bytes)
+            {
+                return Ok(Vec::new());
             }
             let mut buf = vec![0u8; a.len as usize];
             // A block that does not read back intact is where the chain ends (never
@@ -1118,7 +1128,9 @@ impl Pool {
         };
         let io = &self.io;
         // Begun now so that it sees which leaves miss a write of this txg.
-        let mut commit = LabelUpdate::new(&io.zio.tops, format!("the uberblock of txg {txg}"));
+        let (label_tops, required) = self.label_tops();
+        let mut commit =
+            LabelUpdate::new(&label_tops, required, format!("the uberblock of txg {txg}"));
 
         // 1. Volumes: data, indirect blocks, and a new objset block for each changed one.
         for ds in &datasets {
@@ -1313,6 +1325,9 @@ impl Pool {
             )));
         };
         let tc = &cfg.tops[t];
+        if tc.log {
+            return Err(log_device_only(old, tc.id));
+        }
         if tc.kind == TopKind::Stripe {
             return Err(invalid(format!(
                 "{old} is a stripe vdev of its own: there is no redundancy to rebuild it from"
@@ -1388,7 +1403,8 @@ impl Pool {
 
     /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
     fn record_counters(&self, cfg: &mut PoolConfig) {
-        for (top, tc) in self.io.zio.tops.iter().zip(cfg.tops.iter_mut()) {
+        let (tops, _) = self.label_tops();
+        for (top, tc) in tops.iter().zip(cfg.tops.iter_mut()) {
             for c in tc.children.iter_mut() {
                 if let Some(leaf) = top
                     .children
@@ -1430,6 +1446,14 @@ impl Pool {
                     };
                 }
             }
+        }
+        if let Some(log) = cfg.tops.iter().find(|t| {
+            t.log
+                && t.children
+                    .iter()
+                    .any(|c| c.path == dev || c.guid.to_string() == dev)
+        }) {
+            return Err(log_device_only(dev, log.id));
         }
         Err(invalid(format!(
             "pool '{}' has no device {dev} (see `zeta pool status`)",
@@ -1477,6 +1501,138 @@ impl Pool {
         Ok(())
     }
 
+    /// Adds a separate log device (a stripe or a mirror) while the pool runs; log blocks go
+    /// there from now on. Returns its vdev id.
+    pub fn add_log(self: &Arc<Self>, spec: TopSpec, force: bool) -> Result<u32, PoolError> {
+        let spec = spec.as_log();
+        {
+            let mut mos = self.mos.lock();
+            let cfg = self.config.lock().clone();
+            for (_, path) in &spec.leaves {
+                if cfg
+                    .tops
+                    .iter()
+                    .flat_map(|t| &t.children)
+                    .any(|c| c.path == *path)
+                {
+                    return Err(invalid(format!(
+                        "{path} is already in pool '{}'",
+                        self.name
+                    )));
+                }
+            }
+            let id = cfg.tops.last().map_or(0, |t| t.id + 1);
+            let (vdev, tc) = build_top(id, spec, force)?;
+            let vdev = Arc::new(vdev);
+            // Known to the log (so its labels are written) but not used before they are.
+            self.zil
+                .add_vdev(vdev.clone(), (0, tc.log_bytes), true, true);
+            self.config.lock().tops.push(tc);
+            if let Err(e) = self.write_config(cfg.state) {
+                self.config.lock().tops.retain(|t| t.id != id);
+                let _ = self.zil.remove_vdev(id);
+                // Labels that took the new config are overwritten by a newer generation.
+                let _ = self.write_config(cfg.state);
+                return Err(e);
+            }
+            self.zil.set_removing(id, false);
+            // Volumes of a pool made before the log existed start logging now; their new
+            // chains' headers go out with the next txg.
+            for ds in self.datasets.read().values() {
+                if ds.log.is_off() {
+                    ds.log.start_chain(&self.zil);
+                    mos.dir_dirty = true;
+                }
+            }
+            drop(mos);
+            self.sync_now()?;
+            Ok(id)
+        }
+    }
+
+    /// Removes a separate log device (`dev`: one of its devices, by path or GUID; a log
+    /// mirror goes as a whole) while the pool runs. Log blocks stop going there; every
+    /// volume's chain is moved off it and the txgs covering what it holds are committed,
+    /// then the config forgets it and its labels are cleared. Returns the paths of the
+    /// devices removed.
+    pub fn remove_log(self: &Arc<Self>, dev: &str) -> Result<Vec<String>, PoolError> {
+        let cfg = self.config();
+        let named = |t: &TopConfig| {
+            t.children
+                .iter()
+                .any(|c| c.path == dev || c.guid.to_string() == dev)
+        };
+        let Some(tc) = cfg.tops.iter().find(|t| named(t)) else {
+            return Err(invalid(format!(
+                "pool '{}' has no device {dev} (see `zeta pool status`)",
+                self.name
+            )));
+        };
+        if !tc.log {
+            return Err(invalid(format!(
+                "{dev} is a data device: only log devices can be removed"
+            )));
+        }
+        let v = tc.id;
+        let top = self.zil.top(v);
+        self.zil.set_removing(v, true);
+        let emptied = (|| -> Result<(), PoolError> {
+            for _ in 0..16 {
+                for ds in self.datasets() {
+                    ds.log.move_off(&self.zil, v).map_err(|e| {
+                        invalid(format!("volume {}: moving its log off {dev}: {e}", ds.name))
+                    })?;
+                }
+                // A txg moves every header past what it covers and frees it.
+                self.mos.lock().dir_dirty = true;
+                self.sync_now()?;
+                if self.zil.used_on(v) == 0 {
+                    return Ok(());
+                }
+            }
+            let waiting: Vec<String> = self
+                .datasets()
+                .iter()
+                .filter(|d| d.log.pending_replay().is_some())
+                .map(|d| d.name.clone())
+                .collect();
+            Err(invalid(if waiting.is_empty() {
+                format!(
+                    "log device {dev} still holds {} bytes of log blocks; try again",
+                    self.zil.used_on(v)
+                )
+            } else {
+                format!(
+                    "log device {dev} holds records not yet replayed (volumes {}): open \
+                     them first (`zeta serve` does)",
+                    waiting.join(", ")
+                )
+            }))
+        })();
+        if let Err(e) = emptied {
+            self.zil.set_removing(v, false);
+            return Err(e);
+        }
+        {
+            let _mos = self.mos.lock();
+            if let Err(used) = self.zil.remove_vdev(v) {
+                self.zil.set_removing(v, false);
+                return Err(invalid(format!(
+                    "log device {dev} took {used} bytes of log blocks meanwhile; try again"
+                )));
+            }
+            self.config.lock().tops.retain(|t| t.id != v);
+            self.write_config(cfg.state)?;
+        }
+        // So that the device reads as free (another pool may take it without -f).
+        for leaf in top.iter().flat_map(|t| &t.children) {
+            if !leaf.is_missing() {
+                let _ = crate::spa::label::clear_labels(leaf);
+            }
+        }
+        Ok(tc.children.iter().map(|c| c.path.clone()).collect())
+    }
+
     /// Sets the faults injected on a leaf (`zeta inject`); `Injection::default()` clears them.
     pub fn inject(
         self: &Arc<Self>,
@@ -1515,7 +1671,7 @@ impl Pool {
     /// Zeroes every leaf's error counters and returns faulted leaves to service (`zeta pool
     /// clear`), in memory and in the labels; those get a resilver of what they missed.
     pub fn clear_errors(self: &Arc<Self>) -> Result<(), PoolError> {
-        for top in &self.io.zio.tops {
+        for top in &self.label_tops().0 {
             for leaf in &top.children {
                 leaf.counters.set([0; 4]);
                 leaf.set_faulted(false);
@@ -1681,6 +1837,7 @@ fn sync_thread(pool: Weak<Pool>) {
 /// tree references. Later txgs number on from this one.
 fn commit_above_skipped(
     tops: &[Arc<TopVdev>],
+    required: usize,
     pool_guid: u64,
     imported: &Uberblock,
     newest_seen: u64,
@@ -1693,7 +1850,7 @@ fn commit_above_skipped(
     let ub = Uberblock::new(txg, pool_guid, imported.root);
     let what =
         format!("the uberblock of txg {txg} (txg {imported_txg} again, above txg {newest_seen})");
-    let mut update = LabelUpdate::new(tops, what);
+    let mut update = LabelUpdate::new(tops, required, what);
     // As in every commit, flush first: the import may have healed blocks of the tree.
     update.step(|leaf| leaf.flush())?;
     update.step(|leaf| write_uberblock(leaf, &ub))?;
@@ -1703,10 +1860,12 @@ fn commit_above_skipped(
 
 /// A write to the labels of every leaf (an uberblock or a config), done in steps such as
 /// write, then flush. It has the success rule of a mirror write (`TopVdev::write`): a leaf may
-/// fail, as long as every top-level vdev keeps at least one leaf that took every step, so
-/// that some label on each vdev describes the update.
+/// fail, as long as every data vdev keeps at least one leaf that took every step, so that
+/// some label on each vdev describes the update. Log devices (the tops after the first
+/// `required`) take part but may drop out entirely: the pool imports without them.
 struct LabelUpdate<'a> {
     tops: &'a [Arc<TopVdev>],
+    required: usize,
     what: String,
     /// Per top-level vdev and leaf: why the leaf dropped out, or None while it takes part.
     dropped: Vec<Vec<Option<String>>>,
@@ -1715,7 +1874,7 @@ struct LabelUpdate<'a> {
 }
 
 impl<'a> LabelUpdate<'a> {
-    fn new(tops: &'a [Arc<TopVdev>], what: String) -> Self {
+    fn new(tops: &'a [Arc<TopVdev>], required: usize, what: String) -> Self {
         // An offline leaf takes no part: its labels keep describing what it holds.
         let dropped = tops
             .iter()
@@ -1737,6 +1896,7 @@ impl<'a> LabelUpdate<'a> {
             .collect();
         LabelUpdate {
             tops,
+            required,
             what,
             dropped,
             write_errors_at_start,
@@ -1792,9 +1952,11 @@ impl<'a> LabelUpdate<'a> {
         self.check()
     }
 
-    /// The leaves that did not take every step (offline, or failed a write or a step).
+    /// The data leaves that did not take every step (offline, or failed a write or a step):
+    /// they owe a resilver. (A log device holds nothing a resilver could give back.)
     fn dropped_leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
-        self.tops.iter().zip(&self.dropped).flat_map(|(top, why)| {
+        let data = &self.tops[..self.required];
+        data.iter().zip(&self.dropped).flat_map(|(top, why)| {
             top.children
                 .iter()
                 .zip(why)
@@ -1804,7 +1966,8 @@ impl<'a> LabelUpdate<'a> {
     }
 
     fn check(&self) -> Result<(), PoolError> {
-        for (top, leaves) in self.tops.iter().zip(&self.dropped) {
+        let data = &self.tops[..self.required];
+        for (top, leaves) in data.iter().zip(&self.dropped) {
             if leaves.iter().all(Option::is_some) {
                 let why: Vec<&str> = leaves.iter().flatten().map(String::as_str).collect();
                 return Err(PoolError::VdevLost {
@@ -1816,6 +1979,98 @@ impl<'a> LabelUpdate<'a> {
         }
         Ok(())
     }
+}
+
+/// The answer to a device command that does not apply to log devices.
+fn log_device_only(dev: &str, vdev: u32) -> PoolError {
+    invalid(format!(
+        "{dev} belongs to log device {vdev}: log devices are only added and removed \
+         (`zeta pool add POOL log ...`, `zeta pool remove POOL {dev}`)"
+    ))
+}
+
+/// Opens a new top-level vdev from its spec (a pool being created, or a log device being
+/// added) and writes down its config; checks that its devices are big enough and, unless
+/// `force`, that none belongs to another pool.
+fn build_top(id: u32, top: TopSpec, force: bool) -> Result<(TopVdev, TopConfig), PoolError> {
+    match top.kind {
+        TopKind::Stripe if top.leaves.len() != 1 => {
+            return Err(invalid("a stripe vdev has exactly one device"))
+        }
+        TopKind::Mirror if top.leaves.len() < 2 => {
+            return Err(invalid("a mirror needs at least two devices"))
+        }
+        TopKind::Raidz if top.log => {
+            return Err(invalid(
+                "a log device is a single device or a mirror, not a raidz",
+            ))
+        }
+        _ => {}
+    }
+    if (top.kind == TopKind::Raidz) != top.raidz.is_some() {
+        return Err(invalid(
+            "raidz parameters given for a vdev that is no raidz",
+        ));
+    }
+    if let Some(rz) = &top.raidz {
+        // Re-derive the checks the config's constructor makes: a spec may come from
+        // elsewhere than the CLI.
+        RaidzConfig::new(rz.nparity, top.leaves.len(), false).map_err(PoolError::Invalid)?;
+    }
+    let mut leaves = Vec::new();
+    let mut children = Vec::new();
+    for (dev, path) in top.leaves {
+        if dev.len_bytes() < MIN_LEAF_BYTES {
+            return Err(invalid(format!(
+                "{path}: too small ({} bytes); a device needs at least {} MiB",
+                dev.len_bytes(),
+                MIN_LEAF_BYTES >> 20
+            )));
+        }
+        let leaf = Leaf::new(dev, random_guid());
+        if !force {
+            check_unused(&leaf, &path)?;
+        }
+        children.push(LeafConfig {
+            guid: leaf.guid(),
+            path,
+            errors: Default::default(),
+            offline: false,
+            faulted: false,
+            missed: Vec::new(),
+        });
+        leaves.push(Arc::new(leaf));
+    }
+    let vdev = match top.raidz {
+        Some(rz) => TopVdev::new_raidz(
+            id,
+            random_guid(),
+            rz,
+            leaves.into_iter().map(Some).collect(),
+        )
+        .map_err(PoolError::Invalid)?,
+        None => TopVdev::new(id, random_guid(), top.kind, leaves),
+    };
+    let shift = ms_shift_for(vdev.asize_bytes);
+    // A log device is all log space; a data vdev keeps a reserve at its end.
+    let log_bytes = if top.log {
+        vdev.asize_bytes
+    } else {
+        log_reserve_for(vdev.asize_bytes, shift)
+    };
+    let cfg = TopConfig {
+        id,
+        guid: vdev.guid,
+        kind: top.kind,
+        asize: vdev.asize_bytes,
+        ms_shift: shift,
+        ms_count: (vdev.asize_bytes - log_bytes).div_ceil(1 << shift) as u32,
+        children,
+        raidz: top.raidz,
+        log_bytes,
+        log: top.log,
+    };
+    Ok((vdev, cfg))
 }
 
 /// Refuses a device that may be in use: one whose labels name a pool that is not destroyed, or
@@ -1872,6 +2127,7 @@ fn check_volsize(volsize: u64, volblocksize: u32) -> Result<(), PoolError> {
 fn alloc_geometry(cfg: &PoolConfig) -> Vec<(u32, u64, u32)> {
     cfg.tops
         .iter()
+        .filter(|t| !t.log)
         .map(|t| (t.id, t.data_bytes(), t.ms_shift))
         .collect()
 }
@@ -2129,7 +2385,7 @@ mod tests {
     #[test]
     fn a_failed_leaf_drops_out_of_a_label_update_and_the_rest_go_on() {
         let (tops, devs) = mirror(2);
-        let mut update = LabelUpdate::new(&tops, "test labels".into());
+        let mut update = LabelUpdate::new(&tops, tops.len(), "test labels".into());
         devs[1].set_faults(fail(true, false));
         let calls = AtomicUsize::new(0);
         let op = |leaf: &Leaf| {
@@ -2153,7 +2409,7 @@ mod tests {
     #[test]
     fn a_label_update_needs_a_leaf_per_vdev_that_took_every_write() {
         let (tops, devs) = mirror(2);
-        let mut update = LabelUpdate::new(&tops, "the uberblock of txg 5".into());
+        let mut update = LabelUpdate::new(&tops, tops.len(), "the uberblock of txg 5".into());
         // Leaf 0 misses a data write of the txg, which the mirror survives on leaf 1.
         devs[0].set_faults(fail(true, false));
         tops[0].write(0, &[1u8; 4096]).unwrap();

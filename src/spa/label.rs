@@ -107,6 +107,11 @@ pub struct TopConfig {
     /// reach (whole metaslabs; 0 on pools made before the log existed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub log_bytes: u64,
+    /// A separate log device: the whole vdev is log space (`log_bytes == asize`), it has no
+    /// metaslabs and holds no block of the tree. Log vdevs follow the data vdevs in `tops`
+    /// (data vdevs are numbered 0..n; a removed log vdev leaves a gap in the ids after them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub log: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -401,6 +406,7 @@ mod tests {
             tops: vec![TopConfig {
                 raidz: None,
                 log_bytes: 0,
+                log: false,
                 id: 0,
                 guid: 9,
                 kind: TopKind::Stripe,

@@ -409,7 +409,8 @@ impl TopVdev {
             .filter(|c| !c.is_missing())
             .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
             .min()
-            .unwrap();
+            // Every leaf missing (a log device imported without it): no space at all.
+            .unwrap_or(0);
         TopVdev {
             id,
             guid,

@@ -228,6 +228,11 @@ impl Log {
         log
     }
 
+    /// Whether the log writes nothing (sync requests commit a txg).
+    pub fn is_off(&self) -> bool {
+        matches!(self.state.lock().mode, Mode::Off)
+    }
+
     /// The records left to replay, if the log still waits for its replay.
     pub fn pending_replay(&self) -> Option<Vec<Record>> {
         match &self.state.lock().mode {
@@ -347,42 +352,14 @@ impl Log {
             drop(st);
 
             let started = Instant::now();
-            let written = match &plan {
-                Some(p) => {
-                    let encoded: Vec<(BlockAddr, Vec<u8>)> = p
-                        .blocks
-                        .iter()
-                        .map(|(a, b)| (*a, b.encode(a.len as usize)))
-                        .collect();
-                    zil.write_blocks(&encoded, batch.len() as u64)
-                }
-                None => Err("no log space".into()),
-            };
+            let written = write_plan(zil, plan.as_ref(), batch.len() as u64);
             let wrote = written.is_ok();
             let result = if wrote { Ok(()) } else { zil.sync_now() };
             zil.note_batch(started.elapsed().as_nanos() as u64);
 
             st = self.state.lock();
             st.inflight_first = None;
-            if let Some(p) = &plan {
-                let addrs: Vec<BlockAddr> = p.blocks.iter().map(|(a, _)| *a).collect();
-                if wrote {
-                    for b in st.blocks.iter_mut() {
-                        if addrs.contains(&b.addr) {
-                            b.inflight = false;
-                        }
-                    }
-                } else {
-                    // The blocks may be partly on disk: take them out of the chain, which
-                    // resumes at the batch's first slot (the records went into a txg).
-                    st.blocks.retain(|b| !addrs.contains(&b.addr));
-                    st.next_slot = p.first_slot;
-                    st.next_seq = p.first_seq;
-                    for &a in &p.taken {
-                        zil.free_slot(a);
-                    }
-                }
-            }
+            settle(zil, &mut st, plan.as_ref(), wrote);
             if let Err(why) = result {
                 // Neither the log nor a txg took the records: nothing queued so far can be
                 // promised durable, now or later.
@@ -395,6 +372,32 @@ impl Log {
                 return;
             }
         }
+    }
+
+    /// Moves the chain off vdev `v` (a log device being removed): if the slot taken for the
+    /// next block is there, an empty block is written into it, naming a slot elsewhere. The
+    /// chain stays whole, so a crash at any point still replays everything. Once a txg has
+    /// moved the header past that block and committed, nothing of this log is left on `v`.
+    /// Does nothing while a batch is being written or the chain's header is not yet on disk
+    /// (the caller syncs a txg and tries again).
+    pub fn move_off(&self, zil: &Zil, v: u32) -> Result<(), LogError> {
+        let mut st = self.state.lock();
+        if !matches!(st.mode, Mode::Active)
+            || st.next_slot.vdev != v
+            || st.committing
+            || st.durable_chain != st.chain
+        {
+            return Ok(());
+        }
+        st.committing = true;
+        let plan = self.plan(zil, &mut st, &[]);
+        drop(st);
+        let written = write_plan(zil, plan.as_ref(), 0);
+        let mut st = self.state.lock();
+        settle(zil, &mut st, plan.as_ref(), written.is_ok());
+        // Requests that queued meanwhile found a committer at work: serve them.
+        self.drive(zil, st);
+        written.map_err(LogError::Failed)
     }
 
     /// Lays a batch out as blocks: the first in the slot named by the chain's last block, the
@@ -548,6 +551,41 @@ impl Log {
     /// The header last written (or loaded at import).
     pub fn header(&self) -> ZilHeader {
         self.state.lock().header
+    }
+}
+
+/// Encodes a plan's blocks and writes them (with their devices' flushes); an error if
+/// there is no plan (no log space).
+fn write_plan(zil: &Zil, plan: Option<&Plan>, records: u64) -> Result<(), String> {
+    let Some(p) = plan else {
+        return Err("no log space".into());
+    };
+    let encoded: Vec<(BlockAddr, Vec<u8>)> = p
+        .blocks
+        .iter()
+        .map(|(a, b)| (*a, b.encode(a.len as usize)))
+        .collect();
+    zil.write_blocks(&encoded, records)
+}
+
+/// After a plan's write: its blocks are durable links of the chain, or (on failure, when they
+/// may be partly on disk) they leave it, which resumes at the plan's first slot.
+fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
+    let Some(p) = plan else { return };
+    let addrs: Vec<BlockAddr> = p.blocks.iter().map(|(a, _)| *a).collect();
+    if wrote {
+        for b in st.blocks.iter_mut() {
+            if addrs.contains(&b.addr) {
+                b.inflight = false;
+            }
+        }
+    } else {
+        st.blocks.retain(|b| !addrs.contains(&b.addr));
+        st.next_slot = p.first_slot;
+        st.next_seq = p.first_seq;
+        for &a in &p.taken {
+            zil.free_slot(a);
+        }
     }
 }
 

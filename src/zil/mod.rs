@@ -26,6 +26,7 @@ pub mod space;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 pub use crate::spa::props::{CommitPolicy, Placement};
@@ -46,8 +47,8 @@ pub trait TxgHooks: Send + Sync {
 /// Counters since the pool was opened.
 #[derive(Default)]
 struct Stats {
-    blocks: Vec<AtomicU64>,
-    bytes: Vec<AtomicU64>,
+    /// Log blocks and bytes written, by vdev id.
+    per_vdev: Mutex<Vec<(u64, u64)>>,
     records: AtomicU64,
     batches: AtomicU64,
     flushes: AtomicU64,
@@ -73,11 +74,33 @@ pub struct ZilStats {
     pub space_total: u64,
 }
 
+/// A top-level vdev as the log sees it.
+#[derive(Clone)]
+struct LogVdev {
+    top: Arc<TopVdev>,
+    /// A separate log device (all of it is log space), as opposed to a data vdev's reserve.
+    dedicated: bool,
+    /// Being removed: no new log block goes there.
+    removing: bool,
+}
+
+impl LogVdev {
+    /// Whether a log block written here now could be read back: no more leaves out of
+    /// service than the vdev can lose.
+    fn usable(&self) -> bool {
+        !self.removing
+            && self.top.children.iter().filter(|c| c.is_offline()).count() <= self.top.redundancy()
+    }
+}
+
 /// The pool-wide part of the log: log space, the shared rotor, policies and counters.
+///
+/// Log blocks go to the separate log devices when the pool has any (in rotation), and to
+/// the data vdevs' reserves when it has none or they are full or out of service.
 pub struct Zil {
-    pub(crate) tops: Vec<Arc<TopVdev>>,
+    /// By vdev id; `None` for an id no vdev has (a removed log device's).
+    vdevs: RwLock<Vec<Option<LogVdev>>>,
     pub(crate) space: LogSpace,
-    vdevs: Vec<u32>,
     rotor: AtomicUsize,
     pub commit: CommitPolicy,
     pub placement: Placement,
@@ -86,39 +109,94 @@ pub struct Zil {
 }
 
 impl Zil {
-    /// `regions[v]`: top-level vdev v's log region (start, length), if it has one.
+    /// `tops[i]`: a top-level vdev, its log region (start, length; none if the length is 0)
+    /// and whether it is a separate log device.
     pub fn new(
-        tops: Vec<Arc<TopVdev>>,
-        regions: &[Option<(u64, u64)>],
+        tops: Vec<(Arc<TopVdev>, (u64, u64), bool)>,
         commit: CommitPolicy,
         placement: Placement,
     ) -> Zil {
-        let space = LogSpace::new(regions);
-        let n = tops.len();
-        Zil {
-            vdevs: space.vdevs(),
-            space,
-            tops,
+        let zil = Zil {
+            vdevs: RwLock::new(Vec::new()),
+            space: LogSpace::new(&[]),
             rotor: AtomicUsize::new(0),
             commit,
             placement,
-            stats: Stats {
-                blocks: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                bytes: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                ..Stats::default()
-            },
+            stats: Stats::default(),
             hooks: OnceLock::new(),
+        };
+        for (top, region, dedicated) in tops {
+            zil.add_vdev(top, region, dedicated, false);
         }
+        zil
+    }
+
+    /// Adds a top-level vdev with its log region; `removing` keeps log blocks off it until
+    /// [`set_removing`](Self::set_removing) clears it (a log device whose labels are not
+    /// written yet).
+    pub fn add_vdev(&self, top: Arc<TopVdev>, region: (u64, u64), dedicated: bool, removing: bool) {
+        let v = top.id as usize;
+        self.space.add(top.id, region.0, region.1);
+        let mut vdevs = self.vdevs.write();
+        if vdevs.len() <= v {
+            vdevs.resize_with(v + 1, || None);
+        }
+        vdevs[v] = Some(LogVdev {
+            top,
+            dedicated,
+            removing,
+        });
+    }
+
+    /// Keeps new log blocks off vdev `v` (or lets them back).
+    pub fn set_removing(&self, v: u32, removing: bool) {
+        if let Some(Some(lv)) = self.vdevs.write().get_mut(v as usize) {
+            lv.removing = removing;
+        }
+    }
+
+    /// Forgets vdev `v`; refused (with the bytes still in use) while log blocks live there.
+    pub fn remove_vdev(&self, v: u32) -> Result<(), u64> {
+        self.space.remove(v)?;
+        if let Some(slot) = self.vdevs.write().get_mut(v as usize) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// Bytes of log blocks (written, being written, or slots taken for the next ones) on
+    /// vdev `v`.
+    pub fn used_on(&self, v: u32) -> u64 {
+        self.space.used(v)
+    }
+
+    /// The separate log devices, in id order.
+    pub fn log_devices(&self) -> Vec<Arc<TopVdev>> {
+        self.vdevs
+            .read()
+            .iter()
+            .flatten()
+            .filter(|lv| lv.dedicated)
+            .map(|lv| lv.top.clone())
+            .collect()
+    }
+
+    pub(crate) fn top(&self, v: u32) -> Option<Arc<TopVdev>> {
+        self.vdevs
+            .read()
+            .get(v as usize)?
+            .as_ref()
+            .map(|lv| lv.top.clone())
     }
 
     pub fn set_hooks(&self, hooks: Box<dyn TxgHooks>) {
         let _ = self.hooks.set(hooks);
     }
 
-    /// Whether this pool has any log space (pools made before the log existed have none:
-    /// their sync requests commit a txg).
+    /// Whether this pool has any log space (pools made before the log existed have none
+    /// unless a log device was added: their sync requests commit a txg).
     pub fn enabled(&self) -> bool {
-        !self.vdevs.is_empty()
+        !self.space.vdevs().is_empty()
     }
 
     fn sync_now(&self) -> Result<(), String> {
@@ -131,9 +209,17 @@ impl Zil {
 
     /// Space for a block of `psize` bytes on the device the rotor points at (or the next
     /// ones, if it is full). `local` is the volume's own rotor, used under `per-volume`.
+    /// Separate log devices come first; the data vdevs' reserves are the fallback.
     fn alloc_slot(&self, local: &mut usize, psize: u32) -> Option<BlockAddr> {
-        let n = self.vdevs.len();
-        if n == 0 {
+        let candidates: Vec<(u32, Arc<TopVdev>, bool)> = self
+            .vdevs
+            .read()
+            .iter()
+            .flatten()
+            .filter(|lv| lv.usable())
+            .map(|lv| (lv.top.id, lv.top.clone(), lv.dedicated))
+            .collect();
+        if candidates.is_empty() {
             return None;
         }
         let first = match self.placement {
@@ -143,32 +229,38 @@ impl Zil {
                 *local - 1
             }
         };
-        for k in 0..n {
-            let v = self.vdevs[(first + k) % n];
-            let asize = self.tops[v as usize].asize_of(psize as u64);
-            if let Some(offset) = self.space.alloc(v, asize) {
-                self.note_pressure();
-                return Some(BlockAddr {
-                    vdev: v,
-                    len: psize,
-                    offset,
-                });
+        for dedicated in [true, false] {
+            let class: Vec<&(u32, Arc<TopVdev>, bool)> =
+                candidates.iter().filter(|c| c.2 == dedicated).collect();
+            let n = class.len();
+            for k in 0..n {
+                let (v, top, _) = class[(first + k) % n];
+                if let Some(offset) = self.space.alloc(*v, top.asize_of(psize as u64)) {
+                    self.note_pressure();
+                    return Some(BlockAddr {
+                        vdev: *v,
+                        len: psize,
+                        offset,
+                    });
+                }
             }
         }
         None
     }
 
     pub(crate) fn free_slot(&self, a: BlockAddr) {
-        if !a.is_none() {
-            let asize = self.tops[a.vdev as usize].asize_of(a.len as u64);
-            self.space.free(a.vdev, a.offset, asize);
+        if a.is_none() {
+            return;
+        }
+        if let Some(top) = self.top(a.vdev) {
+            self.space
+                .free(a.vdev, a.offset, top.asize_of(a.len as u64));
         }
     }
 
     pub(crate) fn claim_slot(&self, a: BlockAddr) -> Result<(), String> {
         let top = self
-            .tops
-            .get(a.vdev as usize)
+            .top(a.vdev)
             .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?;
         self.space
             .claim(a.vdev, a.offset, top.asize_of(a.len as u64))
@@ -186,10 +278,12 @@ impl Zil {
 
     pub fn stats(&self) -> ZilStats {
         let (space_used, space_total) = self.space.usage();
-        let load = |v: &[AtomicU64]| v.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let per_vdev = self.stats.per_vdev.lock().clone();
+        let n = per_vdev.len().max(self.vdevs.read().len());
+        let at = |v: usize| per_vdev.get(v).copied().unwrap_or_default();
         ZilStats {
-            blocks: load(&self.stats.blocks),
-            bytes: load(&self.stats.bytes),
+            blocks: (0..n).map(|v| at(v).0).collect(),
+            bytes: (0..n).map(|v| at(v).1).collect(),
             records: self.stats.records.load(Ordering::Relaxed),
             batches: self.stats.batches.load(Ordering::Relaxed),
             flushes: self.stats.flushes.load(Ordering::Relaxed),
@@ -204,7 +298,8 @@ impl Zil {
     /// vdev they touched, once each.
     fn write_blocks(&self, blocks: &[(BlockAddr, Vec<u8>)], records: u64) -> Result<(), String> {
         every(blocks, |(a, bytes)| {
-            self.tops[a.vdev as usize]
+            self.top(a.vdev)
+                .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
                 .write(a.offset, bytes)
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))
         })?;
@@ -212,9 +307,16 @@ impl Zil {
         touched.sort_unstable();
         touched.dedup();
         every(&touched, |&v| self.flush_vdev(v))?;
-        for (a, bytes) in blocks {
-            self.stats.blocks[a.vdev as usize].fetch_add(1, Ordering::Relaxed);
-            self.stats.bytes[a.vdev as usize].fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        {
+            let mut per_vdev = self.stats.per_vdev.lock();
+            for (a, bytes) in blocks {
+                let v = a.vdev as usize;
+                if per_vdev.len() <= v {
+                    per_vdev.resize(v + 1, (0, 0));
+                }
+                per_vdev[v].0 += 1;
+                per_vdev[v].1 += bytes.len() as u64;
+            }
         }
         self.stats.records.fetch_add(records, Ordering::Relaxed);
         self.stats
@@ -226,7 +328,9 @@ impl Zil {
     /// Flushes every leaf of a vdev; it counts as flushed if no more leaves failed than
     /// the vdev can lose.
     fn flush_vdev(&self, v: u32) -> Result<(), String> {
-        let top = &self.tops[v as usize];
+        let top = self
+            .top(v)
+            .ok_or_else(|| format!("log flush of unknown vdev {v}"))?;
         let mut failed = Vec::new();
         for leaf in &top.children {
             if leaf.is_offline() {

@@ -126,3 +126,18 @@ pub fn read_volume(pool: &Arc<Pool>) -> Vec<u8> {
     vol.read(0, &mut got).unwrap();
     got
 }
+
+/// `len` bytes of a pseudo-random stream picked by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// Reads `len` bytes at `off` of a volume.
+pub fn read(vol: &Volume, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    vol.read(off, &mut b).unwrap();
+    b
+}
