@@ -41,10 +41,11 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
     let out = zeta(&args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {err}");
-    let rows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+    let all: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
+    let (latency, rows): (Vec<Value>, Vec<Value>) = all.into_iter().partition(|r| r["fua"] == true);
     let expect = [
         ("fio", "per-request", "per-volume"),
         ("fio", "group", "global"),
@@ -62,8 +63,8 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
             .unwrap_or_else(|| panic!("no row for {gen} {commit}: {rows:?}"));
         assert_eq!(r["placement"], placement, "{r}");
         assert_eq!(
-            (r["bs"].as_u64(), r["fsync"].as_u64()),
-            (Some(4096), Some(5))
+            (r["bs"].as_u64(), r["fsync"].as_u64(), r["qd"].as_u64()),
+            (Some(4096), Some(5), Some(100))
         );
         let zeta_pool = commit != "raw" && commit != "nbdkit";
         let vb = if zeta_pool { Some(131072) } else { None };
@@ -92,6 +93,28 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
             assert!(per_dev.iter().all(|&b| b > 0), "{r}");
         } else {
             assert!(blocks.is_null(), "{r}");
+        }
+    }
+    // The latency section: queue depth 1, FUA writes, against the raw file's fdatasync.
+    let expect = [
+        ("fio", "raw", None),
+        ("zeta-load", "group", Some(131072)),
+        ("zeta-load", "nbdkit", None),
+    ];
+    assert_eq!(latency.len(), expect.len(), "{latency:?}");
+    for (gen, commit, vb) in expect {
+        let r = latency
+            .iter()
+            .find(|r| r["generator"] == gen && r["commit"] == commit)
+            .unwrap_or_else(|| panic!("no latency row for {gen} {commit}: {latency:?}"));
+        assert_eq!(r["qd"].as_u64(), Some(1), "{r}");
+        assert_eq!(r["volblocksize"].as_u64(), vb, "{r}");
+        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["lat_mean_us"].as_f64().unwrap() > 0.0, "{r}");
+        if gen == "zeta-load" {
+            // Measured per write, so it has a tail too; and no FLUSH was sent.
+            assert!(r["lat_p99_us"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["writes_per_flush"].is_null(), "{r}");
         }
     }
     // Nothing left behind.

@@ -106,6 +106,9 @@ struct Measured {
 
 struct Row {
     point: Point,
+    /// The latency section: one client, one write in flight, each with FUA (`fsync` is then 1:
+    /// every write is made durable on its own).
+    qd1_fua: bool,
     /// `None` for raw files and nbdkit, which have no volumes.
     volblocksize: Option<u32>,
     gen: Gen,
@@ -118,6 +121,8 @@ impl Row {
         json!({
             "bs": self.point.bs_bytes,
             "fsync": self.point.writes_per_flush,
+            "qd": if self.qd1_fua { 1 } else { DEPTH },
+            "fua": self.qd1_fua,
             "volblocksize": self.volblocksize,
             "generator": self.gen.name(),
             "commit": self.zil.commit,
@@ -177,7 +182,9 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
     if !args.json {
         print_header(&plan);
     }
-    let total = plan.points.len() * (2 * (plan.volblocksizes.len() * 2 + 1) + 1);
+    let total = plan.points.len() * (2 * (plan.volblocksizes.len() * 2 + 1) + 1)
+        + plan.volblocksizes.len()
+        + 2;
     let mut done = 0usize;
     for &point in &plan.points {
         let mut rows = Vec::new();
@@ -207,6 +214,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                 check_stop(&stop)?;
                 let row = Row {
                     point,
+                    qd1_fua: false,
                     volblocksize: vb,
                     gen,
                     zil,
@@ -225,8 +233,166 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
             }
         }
     }
+    latency_section(&work, &plan, &args, &stop, &mut done, total)?;
     drop(work);
     Ok(())
+}
+
+/// The latency goal's measurement: one client, one 4K write in flight, each with FUA, against
+/// zeta (group/global, one volume) and `nbdkit file`, both through zeta-load; and the raw
+/// file's `pwrite` + `fdatasync` per write (fio, psync, one job), whose mean time per durable
+/// write at queue depth 1 is 1 / IOPS.
+fn latency_section(
+    work: &WorkDir,
+    plan: &Plan,
+    args: &BenchSyncArgs,
+    stop: &AtomicBool,
+    done: &mut usize,
+    total: usize,
+) -> Result<()> {
+    let point = Point {
+        bs_bytes: 4096,
+        writes_per_flush: 1,
+    };
+    let mut rows = Vec::new();
+    let mut targets: Vec<(Option<u32>, Zil)> = vec![(None, RAW)];
+    targets.extend(plan.volblocksizes.iter().map(|&vb| (Some(vb), OPTIMIZED)));
+    targets.push((None, NBDKIT));
+    for (vb, zil) in targets {
+        check_stop(stop)?;
+        *done += 1;
+        eprintln!(
+            "[{done}/{total}] 4K writes at queue depth 1 with FUA{}: {}",
+            vb.map_or(String::new(), |v| format!(", volblocksize {}", kib(v))),
+            if vb.is_some() {
+                "zeta group/global"
+            } else {
+                zil.commit
+            }
+        );
+        let dir = work.sub(*done)?;
+        let m = match (vb, zil.commit) {
+            (Some(vb), _) => {
+                let srv = start_zeta(&dir.0, plan, vb, zil, stop)?;
+                let m = fua_qd1(srv.addr, &format!("{POOL}/v0"), plan, stop);
+                srv.server.stop()?;
+                m
+            }
+            (None, "raw") => {
+                let files = make_files(&dir.0.join("x"), plan.size_bytes)?;
+                let args: Vec<String> = vec![
+                    "--rw=randwrite".into(),
+                    "--bs=4096".into(),
+                    "--ioengine=psync".into(),
+                    "--fdatasync=1".into(),
+                    "--time_based".into(),
+                    format!("--runtime={}", plan.runtime.as_secs()),
+                    format!("--size={}", plan.size_bytes),
+                    "--output-format=json".into(),
+                    "--name=raw".into(),
+                    format!("--filename={}", files[0].display()),
+                ];
+                run_fio(&args, &dir.0, plan, stop).map(|s| Measured {
+                    iops: s.iops,
+                    // At queue depth 1 a durable write takes 1 / IOPS: the pwrite and the
+                    // fdatasync after it (fio's own latency figures count the pwrite only).
+                    lat_mean_us: (s.iops > 0.0).then(|| 1e6 / s.iops),
+                    lat_p99_us: None,
+                    writes_per_flush: s.measured().writes_per_flush,
+                    log_blocks_per_device: None,
+                })
+            }
+            (None, _) => {
+                let (server, addr) = start_nbdkit(&dir, plan, stop)?;
+                let m = fua_qd1(addr, "f0", plan, stop);
+                server.stop()?;
+                m
+            }
+        };
+        drop(dir);
+        check_stop(stop)?;
+        let row = Row {
+            point,
+            qd1_fua: true,
+            volblocksize: vb,
+            gen: if zil.commit == "raw" {
+                Gen::Fio
+            } else {
+                Gen::ZetaLoad
+            },
+            zil,
+            m: m?,
+        };
+        if args.json {
+            println!("{}", row.json());
+            let _ = std::io::stdout().flush();
+        }
+        rows.push(row);
+    }
+    if !args.json {
+        print_latency_table(&rows);
+    }
+    Ok(())
+}
+
+/// One zeta-load connection to `export`: one 4K write in flight, each with FUA.
+fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Result<Measured> {
+    let spec = LoadSpec {
+        bs_bytes: 4096,
+        writes_per_flush: 1,
+        depth: 1,
+        runtime: plan.runtime,
+        seed: LOAD_SEED,
+        fua: true,
+    };
+    let r = nbd_load::run(addr, &[export.to_string()], &spec, stop).map_err(|e| CliError::Io {
+        path: format!("zeta-load nbd://{addr}/{export}"),
+        source: e,
+    })?;
+    Ok(Measured {
+        iops: r.writes_per_sec,
+        lat_mean_us: r.lat_mean_us,
+        lat_p99_us: r.lat_p99_us,
+        writes_per_flush: None,
+        log_blocks_per_device: None,
+    })
+}
+
+fn print_latency_table(rows: &[Row]) {
+    let raw = rows
+        .iter()
+        .find(|r| r.zil.commit == RAW.commit)
+        .and_then(|r| r.m.lat_mean_us);
+    println!();
+    println!(
+        "4K random writes at queue depth 1, each durable when answered (NBD FUA; raw: pwrite + \
+         fdatasync). xraw: mean latency over the raw file's"
+    );
+    println!(
+        "{:<10} {:<22} {:>9} {:>9} {:>9} {:>6}",
+        "generator", "target", "IOPS", "mean us", "p99 us", "xraw"
+    );
+    for r in rows {
+        let target = match r.volblocksize {
+            Some(vb) => format!("zeta group/global {}", kib(vb)),
+            None => r.zil.commit.to_string(),
+        };
+        let x = match (r.m.lat_mean_us, raw) {
+            (Some(l), Some(b)) if b > 0.0 && r.zil.commit != RAW.commit => format!("{:.2}", l / b),
+            _ => String::new(),
+        };
+        let line = format!(
+            "{:<10} {:<22} {:>9.0} {:>9} {:>9} {:>6}",
+            r.gen.name(),
+            target,
+            r.m.iops,
+            opt(r.m.lat_mean_us, 0),
+            opt(r.m.lat_p99_us, 0),
+            x
+        );
+        println!("{}", line.trim_end());
+    }
+    let _ = std::io::stdout().flush();
 }
 
 fn plan(args: &BenchSyncArgs) -> Result<Plan> {
@@ -694,6 +860,15 @@ fn measure_nbdkit(
     gen: Gen,
     stop: &AtomicBool,
 ) -> Result<Measured> {
+    let (server, addr) = start_nbdkit(dir, plan, stop)?;
+    let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
+    let m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
+    server.stop()?;
+    Ok(m)
+}
+
+/// `nbdkit file` serving three files of a volume's size as exports `f0`, `f1`, `f2`.
+fn start_nbdkit(dir: &WorkDir, plan: &Plan, stop: &AtomicBool) -> Result<(ChildGuard, SocketAddr)> {
     let data = dir.0.join("x");
     make_files(&data, plan.size_bytes)?;
     // nbdkit prints no port it picked, so take a free one from the kernel and hand it over.
@@ -716,10 +891,7 @@ fn measure_nbdkit(
         dir.0.join("nbdkit.log"),
     )?;
     wait_accepting(&mut server, addr, stop)?;
-    let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
-    let m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
-    server.stop()?;
-    Ok(m)
+    Ok((server, addr))
 }
 
 /// Runs one generator against the NBD exports at `addr`.
@@ -751,6 +923,7 @@ fn drive(
                 depth: DEPTH,
                 runtime: plan.runtime,
                 seed: LOAD_SEED,
+                fua: false,
             };
             let r = nbd_load::run(addr, exports, &spec, stop).map_err(|e| CliError::Io {
                 path: format!("zeta-load nbd://{addr}"),

@@ -39,6 +39,9 @@ pub struct LoadSpec {
     pub runtime: Duration,
     /// Connection i draws its offsets and data from `seed + i`, so every target sees the same.
     pub seed: u64,
+    /// Every write carries NBD_CMD_FLAG_FUA (durable when answered) and no FLUSH is sent;
+    /// `writes_per_flush` is then ignored.
+    pub fua: bool,
 }
 
 /// What one run measured, summed over its connections.
@@ -213,10 +216,10 @@ fn decode_cookie(c: u64) -> (u32, bool, u64) {
     (slot, c >> SLOT_BITS & 1 == 1, c >> (SLOT_BITS + 1))
 }
 
-fn request(msg: &mut Vec<u8>, kind: u16, cookie: u64, offset: u64, length: u32) {
+fn request(msg: &mut Vec<u8>, kind: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
     msg.clear();
     msg.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    msg.extend_from_slice(&0u16.to_be_bytes());
+    msg.extend_from_slice(&flags.to_be_bytes());
     msg.extend_from_slice(&kind.to_be_bytes());
     msg.extend_from_slice(&cookie.to_be_bytes());
     msg.extend_from_slice(&offset.to_be_bytes());
@@ -326,6 +329,7 @@ fn send_requests(
         request(
             &mut msg,
             CMD_WRITE,
+            if spec.fua { CMD_FLAG_FUA } else { 0 },
             cookie(slot, false, sent_ns),
             offset,
             bs as u32,
@@ -334,10 +338,13 @@ fn send_requests(
         w.write_all(&msg)?;
         writes += 1;
         in_group += 1;
-        if in_group == spec.writes_per_flush {
+        if spec.fua {
+            // Each write is its own durable group.
+            in_group = 0;
+        } else if in_group == spec.writes_per_flush {
             let slot = take()?;
             let sent_ns = t0.elapsed().as_nanos() as u64;
-            request(&mut msg, CMD_FLUSH, cookie(slot, true, sent_ns), 0, 0);
+            request(&mut msg, CMD_FLUSH, 0, cookie(slot, true, sent_ns), 0, 0);
             w.write_all(&msg)?;
             flushes += 1;
             in_group = 0;
@@ -347,7 +354,7 @@ fn send_requests(
     for _ in 0..spec.depth {
         take()?;
     }
-    request(&mut msg, CMD_DISC, 0, 0, 0);
+    request(&mut msg, CMD_DISC, 0, 0, 0, 0);
     w.write_all(&msg)?;
     stream.shutdown(Shutdown::Write)?;
     assert!(flushes == 0 || writes == flushes * u64::from(spec.writes_per_flush));
