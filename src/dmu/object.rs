@@ -79,10 +79,18 @@ pub enum Dirty {
     Free,
 }
 
+/// A dirty block already written in place (by the intent log, ahead of its txg): the buffer
+/// it was written from, and where.
+type Override = (Arc<Vec<u8>>, BlkPtr);
+
 struct State {
     dnode: DnodePhys,
     open: BTreeMap<u64, Dirty>,
     syncing: Option<Arc<BTreeMap<u64, Dirty>>>,
+    /// Blocks of the open txg written ahead; the sync adopts those whose buffer is still the
+    /// dirty one and frees the others.
+    overrides: BTreeMap<u64, Override>,
+    syncing_overrides: BTreeMap<u64, Override>,
 }
 
 pub struct Object {
@@ -108,6 +116,8 @@ impl Object {
                 dnode,
                 open: BTreeMap::new(),
                 syncing: None,
+                overrides: BTreeMap::new(),
+                syncing_overrides: BTreeMap::new(),
             }),
         }
     }
@@ -163,6 +173,37 @@ impl Object {
         added - removed
     }
 
+    /// How a data block of this object is written (its pointer's properties).
+    pub fn data_props(&self) -> WriteProps {
+        let dn = self.dnode();
+        WriteProps {
+            kind: self.data_kind,
+            level: 0,
+            checksum: ChecksumKind::from_u8(dn.checksum).expect("dnode checksum validated at load"),
+            copies: dn.copies as usize,
+            class: self.class,
+        }
+    }
+
+    /// Whether block `blkid`'s change in the open txg is `data` (this very buffer).
+    pub fn is_open_dirty(&self, blkid: u64, data: &Arc<Vec<u8>>) -> bool {
+        matches!(self.state.lock().open.get(&blkid), Some(Dirty::Data(d)) if Arc::ptr_eq(d, data))
+    }
+
+    /// Tells the open txg that block `blkid`, dirty with `data`, is already written at `bp`,
+    /// so its sync points at that copy instead of writing another. Returns a block the caller
+    /// must free: `bp` itself if the block's change in the open txg is no longer `data`, or
+    /// an earlier such copy of the same block that this one replaces.
+    pub fn set_override(&self, blkid: u64, data: &Arc<Vec<u8>>, bp: BlkPtr) -> Option<BlkPtr> {
+        let mut st = self.state.lock();
+        match st.open.get(&blkid) {
+            Some(Dirty::Data(d)) if Arc::ptr_eq(d, data) => {
+                st.overrides.insert(blkid, (data.clone(), bp)).map(|o| o.1)
+            }
+            _ => Some(bp),
+        }
+    }
+
     pub fn has_open_changes(&self) -> bool {
         !self.state.lock().open.is_empty()
     }
@@ -175,6 +216,7 @@ impl Object {
             return 0;
         }
         let map = std::mem::take(&mut st.open);
+        st.syncing_overrides = std::mem::take(&mut st.overrides);
         let bytes = map
             .values()
             .map(|d| {
@@ -192,11 +234,23 @@ impl Object {
     /// Writes the syncing changes in txg `txg` and installs the new tree. Old blocks are freed
     /// in `txg` (deferred by the allocator).
     pub fn sync(&self, io: &ObjectIo, txg: u64) -> Result<DnodePhys, ZioError> {
-        let (old, dirty) = {
-            let st = self.state.lock();
-            (st.dnode, st.syncing.clone())
+        let (old, dirty, overrides) = {
+            let mut st = self.state.lock();
+            let overrides = std::mem::take(&mut st.syncing_overrides);
+            (st.dnode, st.syncing.clone(), overrides)
         };
         let Some(dirty) = dirty else { return Ok(old) };
+        // Blocks written ahead are adopted where the dirty buffer is still theirs (and not all
+        // zeros, which becomes a hole); the others were superseded and are freed.
+        let mut adopted: BTreeMap<u64, BlkPtr> = BTreeMap::new();
+        for (blkid, (data, bp)) in overrides {
+            match dirty.get(&blkid) {
+                Some(Dirty::Data(d)) if Arc::ptr_eq(d, &data) && d.iter().any(|&b| b != 0) => {
+                    adopted.insert(blkid, bp);
+                }
+                _ => io.zio.free(&bp, txg, AllocClass::Mos),
+            }
+        }
         let checksum =
             ChecksumKind::from_u8(old.checksum).expect("dnode checksum validated at load");
         let data_props = WriteProps {
@@ -217,6 +271,12 @@ impl Object {
         let written: Result<Vec<(u64, BlkPtr)>, ZioError> = entries
             .par_iter()
             .map(|&(&blkid, change)| match change {
+                Dirty::Data(d) if adopted.contains_key(&blkid) => {
+                    let bp = adopted[&blkid];
+                    io.zio.adopt(&bp);
+                    io.cache.insert(&bp, d.clone());
+                    Ok((blkid, bp))
+                }
                 Dirty::Data(d) if d.iter().any(|&b| b != 0) => {
                     let bp = io.zio.write(d, data_props, txg, 1)?;
                     io.cache.insert(&bp, d.clone());

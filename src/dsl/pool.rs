@@ -32,7 +32,7 @@ use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
 use crate::zil::block::{is_intact, walk_chain, EndOfChain};
 use crate::zil::log::MAX_BLOCK;
-use crate::zil::{BlockAddr, Done, Log, Record, TxgHooks, Zil, ZilHeader};
+use crate::zil::{BlockAddr, Done, Log, Payload, Prewrite, Record, TxgHooks, Zil, ZilHeader};
 use crate::zio::{WriteProps, Zio, ZioError};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -215,6 +215,9 @@ pub struct Dataset {
     pub log: Log,
     /// Held while the log is replayed, so a volume opened twice at once replays once.
     pub replay_lock: Mutex<()>,
+    /// Blocks that records to replay point at (large writes logged by block pointer): held
+    /// allocated until the replay's txg commits, so a crash before then finds them intact.
+    replay_claims: Mutex<Vec<BlkPtr>>,
 }
 
 impl Dataset {
@@ -285,6 +288,71 @@ pub struct Pool {
     pub zil: Zil,
     /// What import had to give up (a volume's unreadable log, with --discard-log).
     pub import_notes: Mutex<Vec<String>>,
+}
+
+/// Whole-block writes of at least this size are written in place when a sync request needs
+/// them, and logged by block pointer (OpenZFS's `zfs_immediate_write_sz` is the same 32 KiB):
+/// the data is written once instead of into the log and again at the txg.
+const IN_PLACE_MIN_BYTES: usize = 32 << 10;
+
+/// How the log writes a volume's large whole-block writes in place.
+struct InPlace<'a> {
+    pool: &'a Pool,
+    ds: &'a Dataset,
+}
+
+impl Prewrite for InPlace<'_> {
+    fn prewrite(&self, rec: &Record) -> Option<(Record, Vec<u32>)> {
+        let Record::Write { txg, offset, data } = rec else {
+            return None;
+        };
+        let buf = data.whole_buffer()?;
+        let bs = self.ds.volblocksize as u64;
+        if buf.len() < IN_PLACE_MIN_BYTES || buf.len() as u64 != bs || offset % bs != 0 {
+            return None;
+        }
+        let blkid = offset / bs;
+        // Written ahead only while the block's change is still in the open txg; once its txg
+        // syncs, the sync writes it anyway.
+        if !self.ds.object.is_open_dirty(blkid, buf) {
+            return None;
+        }
+        // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
+        if buf.iter().all(|&b| b == 0) {
+            return Some((
+                Record::Zero {
+                    txg: *txg,
+                    offset: *offset,
+                    len: bs,
+                },
+                Vec::new(),
+            ));
+        }
+        // Allocated outside the space map until the txg's tree adopts the block.
+        let props = WriteProps {
+            class: AllocClass::Mos,
+            ..self.ds.object.data_props()
+        };
+        let bp = self.pool.io.zio.write(buf, props, *txg, 1).ok()?;
+        let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
+        // If the block was overwritten, or its txg began to sync, meanwhile, the copy is not
+        // adopted but the record still holds: the copy stays intact past the txg that makes
+        // the record obsolete (frees are deferred).
+        if let Some(old) = self.ds.object.set_override(blkid, buf, bp) {
+            self.pool
+                .io
+                .zio
+                .free(&old, self.pool.open_txg(), AllocClass::Mos);
+        }
+        Some((
+            Record::Indirect {
+                txg: *txg,
+                offset: *offset,
+                bp,
+            },
+            vdevs,
+        ))
+    }
 }
 
 /// The txg machinery as the log sees it.
@@ -678,7 +746,10 @@ impl Pool {
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     let mut opened = Vec::new();
                     for (mut ds, header) in datasets {
-                        ds.log = pool.open_log(&ds.name, header, ub.txg.get(), discard_log)?;
+                        let (log, claims) =
+                            pool.open_log(&ds.name, header, ub.txg.get(), discard_log)?;
+                        ds.log = log;
+                        *ds.replay_claims.lock() = claims;
                         opened.push(ds);
                     }
                     {
@@ -854,6 +925,7 @@ impl Pool {
             // Its header goes to disk with the volume, in the sync below.
             log: Log::new_chain(&self.zil),
             replay_lock: Mutex::new(()),
+            replay_claims: Mutex::new(Vec::new()),
         });
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
@@ -978,12 +1050,12 @@ impl Pool {
     /// Makes every write to the volume so far durable, then calls `done` (maybe on another
     /// thread, maybe before returning).
     pub fn commit_log(&self, ds: &Dataset, done: Done) {
-        ds.log.commit(&self.zil, done)
+        ds.log.commit(&self.zil, &InPlace { pool: self, ds }, done)
     }
 
     /// The blocking form of [`commit_log`](Self::commit_log).
     pub fn commit_log_wait(&self, ds: &Dataset) -> Result<(), crate::zil::LogError> {
-        ds.log.commit_wait(&self.zil)
+        ds.log.commit_wait(&self.zil, &InPlace { pool: self, ds })
     }
 
     /// The volume's log records left from before the last crash, if it has not been
@@ -997,20 +1069,29 @@ impl Pool {
     pub fn finish_replay(&self, ds: &Dataset) -> Result<(), PoolError> {
         ds.log.start_chain(&self.zil);
         self.mos.lock().dir_dirty = true;
-        self.sync_now()
+        self.sync_now()?;
+        // The replay's copies are committed: the blocks its records pointed at can go.
+        let claims = std::mem::take(&mut *ds.replay_claims.lock());
+        let txg = self.open_txg();
+        for bp in claims {
+            self.io.zio.free(&bp, txg, AllocClass::Mos);
+        }
+        Ok(())
     }
 
     /// Loads a volume's log at import: walks its chain from the header, claims the blocks in
-    /// log space, and keeps the records newer than `synced_txg` for replay.
+    /// log space, and keeps the records newer than `synced_txg` for replay. Records of
+    /// writes made in place get their data read now, and their blocks claimed (returned)
+    /// until the replay is committed.
     fn open_log(
         &self,
         vol: &str,
         header: ZilHeader,
         synced_txg: u64,
         discard: bool,
-    ) -> Result<Log, PoolError> {
+    ) -> Result<(Log, Vec<BlkPtr>), PoolError> {
         if header.chain == 0 {
-            return Ok(Log::new_chain(&self.zil));
+            return Ok((Log::new_chain(&self.zil), Vec::new()));
         }
         let mut read = |a: BlockAddr| -> Result<Vec<u8>, String> {
             // An address no log block can have (a damaged chain): no block there.
@@ -1071,7 +1152,36 @@ impl Pool {
                 blocks.len()
             ));
         }
-        Ok(Log::imported(&self.zil, header, addrs, records))
+        let (records, claims) = self.read_in_place_records(records);
+        Ok((Log::imported(&self.zil, header, addrs, records), claims))
+    }
+
+    /// Turns records of writes made in place into records carrying their data, read (and
+    /// verified) from the block each points at, and claims those blocks. A block that does
+    /// not verify was written by a batch whose flush never completed, so nothing from that
+    /// record on was acknowledged: the log ends there, as at a torn log block.
+    fn read_in_place_records(&self, records: Vec<Record>) -> (Vec<Record>, Vec<BlkPtr>) {
+        let mut claims = Vec::new();
+        let mut kept = Vec::with_capacity(records.len());
+        for r in records {
+            let Record::Indirect { txg, offset, bp } = r else {
+                kept.push(r);
+                continue;
+            };
+            let Ok(data) = self.io.zio.read(&bp) else {
+                break;
+            };
+            if self.io.zio.claim(&bp).is_err() {
+                break;
+            }
+            claims.push(bp);
+            kept.push(Record::Write {
+                txg,
+                offset,
+                data: Payload::owned(data),
+            });
+        }
+        (kept, claims)
     }
 
     // ----- sync ---------------------------------------------------------------------------
@@ -2355,6 +2465,7 @@ fn load_mos(
                 objset_bp: Mutex::new(e.objset),
                 log: Log::off(),
                 replay_lock: Mutex::new(()),
+                replay_claims: Mutex::new(Vec::new()),
             },
             ZilHeader::decode(&e.reserved[..ZilHeader::BYTES]),
         ));

@@ -359,7 +359,22 @@ impl Allocator {
         Ok(())
     }
 
-    /// Claims a MOS block found by walking the MOS at import.
+    /// Moves an unrecorded (`AllocClass::Mos`) allocation into the space map: a block written
+    /// ahead of its txg (for the intent log) that this txg's tree now points at.
+    pub fn record_alloc(&mut self, d: &Dva) {
+        let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
+        let ms_i = self.ms_index(v, off);
+        let ms = &mut self.tops[v as usize].metaslabs[ms_i];
+        ms.mos.remove(off, len);
+        ms.pending.push(SmRecord {
+            offset: off,
+            len,
+            free: false,
+        });
+    }
+
+    /// Claims a MOS block found by walking the MOS at import (or a block an intent-log
+    /// record points at, until its replay is committed): allocated, but not in the space map.
     pub fn claim_mos(&mut self, d: &Dva) -> Result<(), AllocError> {
         let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
         let corrupt = |what: String| AllocError::Corrupt {
@@ -380,6 +395,24 @@ impl Allocator {
             .try_remove(off, len)
             .map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
         ms.mos.add(off, len);
+        Ok(())
+    }
+
+    /// Claims every copy of a block (`claim_mos`), or none of them.
+    pub fn claim_all_mos(&mut self, dvas: &[Dva]) -> Result<(), AllocError> {
+        for (i, d) in dvas.iter().enumerate() {
+            if let Err(e) = self.claim_mos(d) {
+                for done in &dvas[..i] {
+                    let (v, off, len) =
+                        (done.vdev.get(), done.offset.get(), done.asize.get() as u64);
+                    let ms_i = self.ms_index(v, off);
+                    let ms = &mut self.tops[v as usize].metaslabs[ms_i];
+                    ms.mos.remove(off, len);
+                    ms.free.add(off, len);
+                }
+                return Err(e);
+            }
+        }
         Ok(())
     }
 

@@ -22,12 +22,16 @@
 //! | 64 | 32 | SHA-256 of bytes 0..64 and of the records |
 //! | 96 | .. | records, each 8-byte aligned |
 //!
-//! A record: kind (u8: 1 write, 2 zero/trim), 7 reserved bytes, txg (u64), offset (u64),
-//! length (u64), then for a write `length` bytes of data padded to 8.
+//! A record: kind (u8: 1 write, 2 zero/trim, 3 write in place), 7 reserved bytes, txg (u64),
+//! offset (u64), length (u64), then for a write `length` bytes of data padded to 8, and for a
+//! write in place the 128-byte block pointer of the block already holding the data.
 
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::spa::bp::{BlkPtr, BP_BYTES};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL1");
 pub const HEADER_BYTES: usize = 96;
@@ -64,6 +68,12 @@ impl Payload {
             start: 0,
             len,
         }
+    }
+
+    /// The whole shared buffer, if this payload is all of it (a whole-block write sharing the
+    /// dirty block's buffer).
+    pub fn whole_buffer(&self) -> Option<&Arc<Vec<u8>>> {
+        (self.start == 0 && self.len == self.buf.len()).then_some(&self.buf)
     }
 
     /// `buf[start..start + len]`, without copying.
@@ -104,12 +114,17 @@ pub enum Record {
     },
     /// `len` bytes at `offset` were zeroed (or trimmed).
     Zero { txg: u64, offset: u64, len: u64 },
+    /// A whole block was written at `offset`, and its data was written in place before the
+    /// record: `bp` points at it (a large write logged by block pointer, not by value).
+    Indirect { txg: u64, offset: u64, bp: BlkPtr },
 }
 
 impl Record {
     pub fn txg(&self) -> u64 {
         match self {
-            Record::Write { txg, .. } | Record::Zero { txg, .. } => *txg,
+            Record::Write { txg, .. } | Record::Zero { txg, .. } | Record::Indirect { txg, .. } => {
+                *txg
+            }
         }
     }
 
@@ -119,6 +134,7 @@ impl Record {
             + match self {
                 Record::Write { data, .. } => data.len().next_multiple_of(8),
                 Record::Zero { .. } => 0,
+                Record::Indirect { .. } => BP_BYTES,
             }
     }
 
@@ -126,15 +142,20 @@ impl Record {
         let (kind, txg, offset, len) = match self {
             Record::Write { txg, offset, data } => (1u8, *txg, *offset, data.len() as u64),
             Record::Zero { txg, offset, len } => (2u8, *txg, *offset, *len),
+            Record::Indirect { txg, offset, bp } => (3u8, *txg, *offset, bp.lsize.get() as u64),
         };
         out.push(kind);
         out.extend_from_slice(&[0u8; 7]);
         out.extend_from_slice(&txg.to_le_bytes());
         out.extend_from_slice(&offset.to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
-        if let Record::Write { data, .. } = self {
-            out.extend_from_slice(data);
-            out.resize(out.len().next_multiple_of(8), 0);
+        match self {
+            Record::Write { data, .. } => {
+                out.extend_from_slice(data);
+                out.resize(out.len().next_multiple_of(8), 0);
+            }
+            Record::Indirect { bp, .. } => out.extend_from_slice(bp.as_bytes()),
+            Record::Zero { .. } => {}
         }
     }
 }
@@ -272,6 +293,17 @@ impl LogBlock {
                     Record::Write { txg, offset, data }
                 }
                 2 => Record::Zero { txg, offset, len },
+                3 => {
+                    let raw = body
+                        .get(at..at + BP_BYTES)
+                        .ok_or(EndOfChain::Malformed("block pointer past the end"))?;
+                    let bp = BlkPtr::read_from_bytes(raw).expect("exact size");
+                    at += BP_BYTES;
+                    if bp.is_hole() || bp.lsize.get() as u64 != len {
+                        return Err(EndOfChain::Malformed("bad block pointer in a record"));
+                    }
+                    Record::Indirect { txg, offset, bp }
+                }
                 _ => return Err(EndOfChain::Malformed("unknown record kind")),
             });
         }

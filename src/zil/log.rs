@@ -35,6 +35,23 @@ const MIN_BLOCK: u32 = 4096;
 /// Called once a sync request's records are durable (or cannot be made so).
 pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
+/// What the committer may do with a record before logging it: write a large whole-block
+/// write's block in place and log its block pointer instead of its data (the pool knows how).
+pub trait Prewrite {
+    /// The record to log instead of `rec`, and the vdevs its block went to (flushed with the
+    /// batch); `None` logs `rec` as it is.
+    fn prewrite(&self, rec: &Record) -> Option<(Record, Vec<u32>)>;
+}
+
+/// Logs every record by value.
+pub struct ByValue;
+
+impl Prewrite for ByValue {
+    fn prewrite(&self, _: &Record) -> Option<(Record, Vec<u32>)> {
+        None
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LogError {
     #[error("could not make the write durable: {0}")]
@@ -278,7 +295,7 @@ impl Log {
 
     /// Makes every record queued so far durable, then calls `done`. The calling thread may
     /// become the committer and write batches for other requests too before it returns.
-    pub fn commit(&self, zil: &Zil, done: Done) {
+    pub fn commit(&self, zil: &Zil, pre: &dyn Prewrite, done: Done) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
         if let Some(why) = &st.failed {
@@ -296,14 +313,15 @@ impl Log {
             return;
         }
         st.committing = true;
-        self.drive(zil, st);
+        self.drive(zil, pre, st);
     }
 
     /// The blocking form of [`commit`](Self::commit).
-    pub fn commit_wait(&self, zil: &Zil) -> Result<(), LogError> {
+    pub fn commit_wait(&self, zil: &Zil, pre: &dyn Prewrite) -> Result<(), LogError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.commit(
             zil,
+            pre,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -313,7 +331,7 @@ impl Log {
     }
 
     /// The committer's loop: batches until no request waits.
-    fn drive<'a>(&'a self, zil: &Zil, mut st: MutexGuard<'a, State>) {
+    fn drive<'a>(&'a self, zil: &Zil, pre: &dyn Prewrite, mut st: MutexGuard<'a, State>) {
         loop {
             let ready = st.take_satisfied();
             if !ready.is_empty() {
@@ -341,9 +359,26 @@ impl Log {
                 stuck.into_iter().for_each(|d| d(Ok(())));
                 return;
             }
-            let batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
+            let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             st.inflight_first = Some(batch[0].0);
             let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain;
+            let started = Instant::now();
+            // Large whole-block writes go to their place first (outside the lock: it is a
+            // device write); their records then carry a block pointer only.
+            let mut data_vdevs = Vec::new();
+            if usable {
+                drop(st);
+                for (_, rec) in batch.iter_mut() {
+                    if let Some((r, vdevs)) = pre.prewrite(rec) {
+                        if matches!(r, Record::Indirect { .. }) {
+                            zil.note_in_place();
+                        }
+                        *rec = r;
+                        data_vdevs.extend(vdevs);
+                    }
+                }
+                st = self.state.lock();
+            }
             let plan = if usable {
                 self.plan(zil, &mut st, &batch)
             } else {
@@ -351,8 +386,7 @@ impl Log {
             };
             drop(st);
 
-            let started = Instant::now();
-            let written = write_plan(zil, plan.as_ref(), batch.len() as u64);
+            let written = write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs);
             let wrote = written.is_ok();
             let result = if wrote { Ok(()) } else { zil.sync_now() };
             zil.note_batch(started.elapsed().as_nanos() as u64);
@@ -392,11 +426,11 @@ impl Log {
         st.committing = true;
         let plan = self.plan(zil, &mut st, &[]);
         drop(st);
-        let written = write_plan(zil, plan.as_ref(), 0);
+        let written = write_plan(zil, plan.as_ref(), 0, &[]);
         let mut st = self.state.lock();
         settle(zil, &mut st, plan.as_ref(), written.is_ok());
         // Requests that queued meanwhile found a committer at work: serve them.
-        self.drive(zil, st);
+        self.drive(zil, &ByValue, st);
         written.map_err(LogError::Failed)
     }
 
@@ -556,7 +590,12 @@ impl Log {
 
 /// Encodes a plan's blocks and writes them (with their devices' flushes); an error if
 /// there is no plan (no log space).
-fn write_plan(zil: &Zil, plan: Option<&Plan>, records: u64) -> Result<(), String> {
+fn write_plan(
+    zil: &Zil,
+    plan: Option<&Plan>,
+    records: u64,
+    data_vdevs: &[u32],
+) -> Result<(), String> {
     let Some(p) = plan else {
         return Err("no log space".into());
     };
@@ -565,7 +604,7 @@ fn write_plan(zil: &Zil, plan: Option<&Plan>, records: u64) -> Result<(), String
         .iter()
         .map(|(a, b)| (*a, b.encode(a.len as usize)))
         .collect();
-    zil.write_blocks(&encoded, records)
+    zil.write_blocks(&encoded, records, data_vdevs)
 }
 
 /// After a plan's write: its blocks are durable links of the chain, or (on failure, when they

@@ -32,7 +32,7 @@ use serde::Serialize;
 pub use crate::spa::props::{CommitPolicy, Placement};
 use crate::vdev::TopVdev;
 pub use block::{BlockAddr, Payload, Record};
-pub use log::{Done, Log, LogError, ZilHeader};
+pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
 use space::LogSpace;
 
 /// What the log needs from the pool's txg machinery.
@@ -54,6 +54,7 @@ struct Stats {
     flushes: AtomicU64,
     batch_nanos: AtomicU64,
     fallback_syncs: AtomicU64,
+    in_place: AtomicU64,
 }
 
 /// A snapshot of the log counters (`zeta pool iostat`).
@@ -70,6 +71,8 @@ pub struct ZilStats {
     /// Commits that fell back to a txg sync (log space full, a log write failed, or a
     /// volume whose log header was not yet on disk).
     pub fallback_syncs: u64,
+    /// Records of large writes whose data went to its place, logged by block pointer.
+    pub in_place: u64,
     pub space_used: u64,
     pub space_total: u64,
 }
@@ -289,14 +292,20 @@ impl Zil {
             flushes: self.stats.flushes.load(Ordering::Relaxed),
             batch_nanos: self.stats.batch_nanos.load(Ordering::Relaxed),
             fallback_syncs: self.stats.fallback_syncs.load(Ordering::Relaxed),
+            in_place: self.stats.in_place.load(Ordering::Relaxed),
             space_used,
             space_total,
         }
     }
 
     /// Writes encoded log blocks (in parallel when there are several), then flushes every
-    /// vdev they touched, once each.
-    fn write_blocks(&self, blocks: &[(BlockAddr, Vec<u8>)], records: u64) -> Result<(), String> {
+    /// vdev they touched, and the `data_vdevs` that blocks written in place went to, once each.
+    fn write_blocks(
+        &self,
+        blocks: &[(BlockAddr, Vec<u8>)],
+        records: u64,
+        data_vdevs: &[u32],
+    ) -> Result<(), String> {
         every(blocks, |(a, bytes)| {
             self.top(a.vdev)
                 .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
@@ -304,6 +313,7 @@ impl Zil {
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))
         })?;
         let mut touched: Vec<u32> = blocks.iter().map(|(a, _)| a.vdev).collect();
+        touched.extend_from_slice(data_vdevs);
         touched.sort_unstable();
         touched.dedup();
         every(&touched, |&v| self.flush_vdev(v))?;
@@ -343,6 +353,10 @@ impl Zil {
             return Err(format!("log flush of vdev {v}: {}", failed.join("; ")));
         }
         Ok(())
+    }
+
+    fn note_in_place(&self) {
+        self.stats.in_place.fetch_add(1, Ordering::Relaxed);
     }
 
     fn note_batch(&self, nanos: u64) {

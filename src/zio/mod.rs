@@ -300,6 +300,22 @@ impl Zio {
     }
 
     /// Frees every copy of a block in txg `txg`.
+    /// Records in the space map a block allocated unrecorded (`AllocClass::Mos`) and written
+    /// ahead of its txg, now that the txg's tree points at it.
+    pub fn adopt(&self, bp: &BlkPtr) {
+        let mut a = self.alloc.lock();
+        for d in bp.dvas() {
+            a.record_alloc(d);
+        }
+    }
+
+    /// Marks a block's space allocated without recording it in the space map (a block an
+    /// intent-log record points at, until the replay that copies it is committed).
+    pub fn claim(&self, bp: &BlkPtr) -> Result<(), AllocError> {
+        let dvas: Vec<Dva> = bp.dvas().copied().collect();
+        self.alloc.lock().claim_all_mos(&dvas)
+    }
+
     pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
         let mut a = self.alloc.lock();
         for d in bp.dvas() {

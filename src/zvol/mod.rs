@@ -105,6 +105,13 @@ impl Volume {
                 Record::Zero { offset, len, .. } if in_range(*offset, *len) => {
                     self.trim_logged(*offset, *len, false)
                 }
+                // Import turns these into writes carrying their data.
+                Record::Indirect { .. } => Err(VolError::Pool {
+                    vol: self.full_name.clone(),
+                    source: PoolError::Invalid(
+                        "a log record of a write in place reached the replay unread".into(),
+                    ),
+                }),
                 // Past the end: cannot come from this volume's history; skipped.
                 _ => Ok(()),
             };
