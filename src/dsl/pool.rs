@@ -1687,7 +1687,11 @@ impl Pool {
         let top = self.zil.top(v);
         self.zil.set_removing(v, true);
         let emptied = (|| -> Result<(), PoolError> {
-            for _ in 0..16 {
+            // A batch being written when the removal began may still be on its way to the
+            // device (a slow device, a loaded machine): wait for it, within reason.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut pause = Duration::from_millis(1);
+            while std::time::Instant::now() < deadline {
                 for ds in self.datasets() {
                     ds.log.move_off(&self.zil, v).map_err(|e| {
                         invalid(format!("volume {}: moving its log off {dev}: {e}", ds.name))
@@ -1699,6 +1703,8 @@ impl Pool {
                 if self.zil.used_on(v) == 0 {
                     return Ok(());
                 }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
             }
             let waiting: Vec<String> = self
                 .datasets()
@@ -1707,9 +1713,17 @@ impl Pool {
                 .map(|d| d.name.clone())
                 .collect();
             Err(invalid(if waiting.is_empty() {
+                let held: Vec<String> = self
+                    .datasets()
+                    .iter()
+                    .map(|d| (d.name.clone(), d.log.holdings_on(v)))
+                    .filter(|(_, h)| !h.is_empty())
+                    .map(|(n, h)| format!("volume {n}: {h}"))
+                    .collect();
                 format!(
-                    "log device {dev} still holds {} bytes of log blocks; try again",
-                    self.zil.used_on(v)
+                    "log device {dev} still holds {} bytes of log blocks ({}); try again",
+                    self.zil.used_on(v),
+                    held.join("; ")
                 )
             } else {
                 format!(

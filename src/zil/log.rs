@@ -434,6 +434,53 @@ impl Log {
         written.map_err(LogError::Failed)
     }
 
+    /// What of this log lies on vdev `v`, in words (empty if nothing): why a removal waits.
+    pub fn holdings_on(&self, v: u32) -> String {
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        if matches!(st.mode, Mode::Active) && st.next_slot.vdev == v && !st.next_slot.is_none() {
+            out.push(format!(
+                "the next block's slot (chain {}durable, {}committing)",
+                if st.durable_chain == st.chain {
+                    ""
+                } else {
+                    "not yet "
+                },
+                if st.committing { "" } else { "not " }
+            ));
+        }
+        let on = |a: &BlockAddr| a.vdev == v && !a.is_none();
+        let live: Vec<String> = st
+            .blocks
+            .iter()
+            .filter(|b| on(&b.addr))
+            .map(|b| {
+                let state = if b.inflight { ", being written" } else { "" };
+                format!("seq {} (up to txg {}){state}", b.seq, b.max_txg)
+            })
+            .collect();
+        if !live.is_empty() {
+            out.push(format!(
+                "blocks [{}] of {}",
+                live.join(", "),
+                st.blocks.len()
+            ));
+        }
+        let syncing: usize = st
+            .syncing
+            .iter()
+            .map(|(_, _, g)| g.iter().filter(|a| on(a)).count())
+            .sum();
+        if syncing > 0 {
+            out.push(format!("{syncing} blocks freed by a syncing txg"));
+        }
+        let retired = st.retired.iter().filter(|a| on(a)).count();
+        if retired > 0 {
+            out.push(format!("{retired} blocks of an old chain"));
+        }
+        out.join("; ")
+    }
+
     /// Lays a batch out as blocks: the first in the slot named by the chain's last block, the
     /// rest in slots taken now, the last naming a new slot for the next batch. Registers the
     /// blocks as in flight. `None` if log space ran out (nothing is kept).
