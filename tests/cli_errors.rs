@@ -224,30 +224,24 @@ fn a_bad_checksum_kernel_override_refuses_to_open_pools() {
         d,
         &["pool", "create", "-o", "size=64M", "p", "leaf"],
     ));
-    // The parity kernel override is checked the same way, when a pool is imported too.
-    let with_parity = |value: &str| {
+    // The parity and fletcher2 kernel overrides are checked the same way, when a pool is
+    // imported too.
+    let with = |var: &str, value: &str| {
         Command::new(env!("CARGO_BIN_EXE_zeta"))
             .args(["pool", "status", "p"])
             .env("ZETA_HOME", &home)
-            .env("ZETA_PARITY_IMPL", value)
+            .env(var, value)
             .current_dir(d)
             .output()
             .unwrap()
     };
-    fails_with(&with_parity("bogus"), "ZETA_PARITY_IMPL");
-    ok(&with_parity("cycle"));
-    ok(&with_parity("scalar"));
-    // And the fletcher2 kernel override.
-    let with_fletcher2 = |value: &str| {
-        Command::new(env!("CARGO_BIN_EXE_zeta"))
-            .args(["pool", "status", "p"])
-            .env("ZETA_HOME", &home)
-            .env("ZETA_FLETCHER2_IMPL", value)
-            .current_dir(d)
-            .output()
-            .unwrap()
-    };
-    fails_with(&with_fletcher2("bogus"), "ZETA_FLETCHER2_IMPL=bogus");
-    ok(&with_fletcher2("reference"));
-    ok(&with_fletcher2("unrolled"));
+    fails_with(&with("ZETA_PARITY_IMPL", "bogus"), "ZETA_PARITY_IMPL");
+    ok(&with("ZETA_PARITY_IMPL", "cycle"));
+    ok(&with("ZETA_PARITY_IMPL", "scalar"));
+    fails_with(
+        &with("ZETA_FLETCHER2_IMPL", "bogus"),
+        "ZETA_FLETCHER2_IMPL=bogus",
+    );
+    ok(&with("ZETA_FLETCHER2_IMPL", "reference"));
+    ok(&with("ZETA_FLETCHER2_IMPL", "unrolled"));
 }

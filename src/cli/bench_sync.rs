@@ -220,11 +220,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                     zil,
                     m: m?,
                 };
-                if args.json {
-                    println!("{}", row.json());
-                    let _ = std::io::stdout().flush();
-                }
-                rows.push(row);
+                keep(row, args.json, &mut rows);
             }
         }
         if !args.json {
@@ -275,7 +271,7 @@ fn latency_section(
             (Some(vb), _) => {
                 let srv = start_zeta(&dir.0, plan, vb, zil, stop)?;
                 let m = fua_qd1(srv.addr, &format!("{POOL}/v0"), plan, stop);
-                srv.server.stop()?;
+                stop_zeta(srv, &dir.0)?;
                 m
             }
             (None, "raw") => {
@@ -323,16 +319,22 @@ fn latency_section(
             zil,
             m: m?,
         };
-        if args.json {
-            println!("{}", row.json());
-            let _ = std::io::stdout().flush();
-        }
-        rows.push(row);
+        keep(row, args.json, &mut rows);
     }
     if !args.json {
         print_latency_table(&rows);
     }
     Ok(())
+}
+
+/// Prints a measured row at once under `--json` (so a long run shows its progress), and
+/// keeps it for the tables.
+fn keep(row: Row, json: bool, rows: &mut Vec<Row>) {
+    if json {
+        println!("{}", row.json());
+        let _ = std::io::stdout().flush();
+    }
+    rows.push(row);
 }
 
 /// One zeta-load connection to `export`: one 4K write in flight, each with FUA.
@@ -810,13 +812,7 @@ fn measure_zeta(
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
     let mut m = drive(gen, srv.addr, &exports, plan, point, &dir.0, stop)?;
     let after = iostat(&srv.home, tolerate)?;
-    let status = srv.server.stop()?;
-    if !status.success() {
-        return Err(usage(format!(
-            "zeta serve exited with {status}: {}",
-            last_line(&std::fs::read_to_string(dir.0.join("serve.log")).unwrap_or_default())
-        )));
-    }
+    stop_zeta(srv, &dir.0)?;
     if let (Some(b), Some(a)) = (&before, &after) {
         m.log_blocks_per_device = log_blocks_delta(b, a);
         if m.writes_per_flush.is_none() {
@@ -824,6 +820,19 @@ fn measure_zeta(
         }
     }
     Ok(m)
+}
+
+/// Stops a `zeta serve` started by `start_zeta` in `dir`; an unclean exit is an error (a
+/// measurement of a server that failed is no measurement).
+fn stop_zeta(srv: ZetaServer, dir: &Path) -> Result<()> {
+    let status = srv.server.stop()?;
+    if !status.success() {
+        return Err(usage(format!(
+            "zeta serve exited with {status}: {}",
+            last_line(&std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default())
+        )));
+    }
+    Ok(())
 }
 
 /// Three sparse files of a volume's size, as zeta's own file vdevs start out.

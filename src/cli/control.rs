@@ -316,6 +316,27 @@ fn serve_one(conn: UnixStream, home: &Home) {
     let _ = conn.write_all(&out);
 }
 
+/// A request's string field `key`.
+fn text<'a>(req: &'a Value, key: &str) -> Result<&'a str> {
+    req[key]
+        .as_str()
+        .ok_or_else(|| usage(format!("request without {key}")))
+}
+
+/// A request's field `key`, a list of strings.
+fn texts(req: &Value, key: &str) -> Result<Vec<String>> {
+    req[key]
+        .as_array()
+        .ok_or_else(|| usage(format!("request without {key}")))?
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .map(String::from)
+                .ok_or_else(|| usage(format!("{key} holds a non-string")))
+        })
+        .collect()
+}
+
 fn answer(home: &Home, req: &Value) -> Result<Value> {
     let pool = home.served_pools()[0].clone();
     match req["op"].as_str() {
@@ -334,16 +355,12 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         Some("offline") => {
-            let dev = req["device"]
-                .as_str()
-                .ok_or_else(|| usage("request without device"))?;
+            let dev = text(req, "device")?;
             pool.set_offline(dev, req["offline"] == json!(true))?;
             Ok(json!({"ok": true}))
         }
         Some("inject") => {
-            let dev = req["device"]
-                .as_str()
-                .ok_or_else(|| usage("request without device"))?;
+            let dev = text(req, "device")?;
             let faults = crate::vdev::Injection {
                 fail_reads: req["fail_reads"].as_f64().unwrap_or(0.0),
                 fail_writes: req["fail_writes"].as_f64().unwrap_or(0.0),
@@ -353,34 +370,19 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         Some("corrupt") => {
-            let dev = req["device"]
-                .as_str()
-                .ok_or_else(|| usage("request without device"))?;
+            let dev = text(req, "device")?;
             let n = req["count"].as_u64().unwrap_or(0) as usize;
             let done = pool.corrupt_sectors(dev, n, req["seed"].as_u64().unwrap_or(1))?;
             Ok(json!({"ok": true, "value": done}))
         }
         Some("replace") => {
-            let old = req["old"]
-                .as_str()
-                .ok_or_else(|| usage("request without old"))?;
-            let new = req["new"]
-                .as_str()
-                .ok_or_else(|| usage("request without new"))?;
+            let old = text(req, "old")?;
+            let new = text(req, "new")?;
             super::pool_cmd::replace_in(&pool, old, Path::new(new), req["force"] == json!(true))?;
             Ok(json!({"ok": true}))
         }
         Some("add_log") => {
-            let words: Vec<String> = req["vdevs"]
-                .as_array()
-                .ok_or_else(|| usage("request without vdevs"))?
-                .iter()
-                .map(|a| {
-                    a.as_str()
-                        .map(String::from)
-                        .ok_or_else(|| usage("vdevs holds a non-string"))
-                })
-                .collect::<Result<_>>()?;
+            let words: Vec<String> = texts(req, "vdevs")?;
             let ids = super::pool_cmd::add_log_in(
                 &pool,
                 &words,
@@ -390,9 +392,7 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             Ok(json!({"ok": true, "value": ids}))
         }
         Some("remove") => {
-            let dev = req["device"]
-                .as_str()
-                .ok_or_else(|| usage("request without device"))?;
+            let dev = text(req, "device")?;
             Ok(json!({"ok": true, "value": pool.remove_log(dev)?}))
         }
         Some("clear") => {
@@ -401,16 +401,7 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
         }
         Some("volumes") => Ok(json!({"ok": true, "value": super::vol_cmd::volume_rows(&pool)})),
         Some("run") => {
-            let argv: Vec<String> = req["argv"]
-                .as_array()
-                .ok_or_else(|| usage("request without argv"))?
-                .iter()
-                .map(|a| {
-                    a.as_str()
-                        .map(String::from)
-                        .ok_or_else(|| usage("argv holds a non-string"))
-                })
-                .collect::<Result<_>>()?;
+            let argv: Vec<String> = texts(req, "argv")?;
             let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
             let cli = Cli::try_parse_from(std::iter::once("zeta".to_string()).chain(argv))
                 .map_err(|e| {

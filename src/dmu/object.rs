@@ -191,7 +191,8 @@ impl Object {
     }
 
     /// Tells the open txg that block `blkid`, dirty with `data`, is already written at `bp`,
-    /// so its sync points at that copy instead of writing another. Returns a block the caller
+    /// so its sync points at that copy instead of writing another (even if `data` is all
+    /// zeros, which the sync would otherwise make a hole: callers log zeros as such instead). Returns a block the caller
     /// must free: `bp` itself if the block's change in the open txg is no longer `data`, or
     /// an earlier such copy of the same block that this one replaces.
     pub fn set_override(&self, blkid: u64, data: &Arc<Vec<u8>>, bp: BlkPtr) -> Option<BlkPtr> {
@@ -240,12 +241,12 @@ impl Object {
             (st.dnode, st.syncing.clone(), overrides)
         };
         let Some(dirty) = dirty else { return Ok(old) };
-        // Blocks written ahead are adopted where the dirty buffer is still theirs (and not all
-        // zeros, which becomes a hole); the others were superseded and are freed.
+        // Blocks written ahead are adopted where the dirty buffer is still theirs; the others
+        // were superseded and are freed.
         let mut adopted: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         for (blkid, (data, bp)) in overrides {
             match dirty.get(&blkid) {
-                Some(Dirty::Data(d)) if Arc::ptr_eq(d, &data) && d.iter().any(|&b| b != 0) => {
+                Some(Dirty::Data(d)) if Arc::ptr_eq(d, &data) => {
                     adopted.insert(blkid, bp);
                 }
                 _ => io.zio.free(&bp, txg, AllocClass::Mos),

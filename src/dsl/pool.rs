@@ -1615,49 +1615,47 @@ impl Pool {
     /// there from now on. Returns its vdev id.
     pub fn add_log(self: &Arc<Self>, spec: TopSpec, force: bool) -> Result<u32, PoolError> {
         let spec = spec.as_log();
-        {
-            let mut mos = self.mos.lock();
-            let cfg = self.config.lock().clone();
-            for (_, path) in &spec.leaves {
-                if cfg
-                    .tops
-                    .iter()
-                    .flat_map(|t| &t.children)
-                    .any(|c| c.path == *path)
-                {
-                    return Err(invalid(format!(
-                        "{path} is already in pool '{}'",
-                        self.name
-                    )));
-                }
+        let mut mos = self.mos.lock();
+        let cfg = self.config.lock().clone();
+        for (_, path) in &spec.leaves {
+            if cfg
+                .tops
+                .iter()
+                .flat_map(|t| &t.children)
+                .any(|c| c.path == *path)
+            {
+                return Err(invalid(format!(
+                    "{path} is already in pool '{}'",
+                    self.name
+                )));
             }
-            let id = cfg.tops.last().map_or(0, |t| t.id + 1);
-            let (vdev, tc) = build_top(id, spec, force)?;
-            let vdev = Arc::new(vdev);
-            // Known to the log (so its labels are written) but not used before they are.
-            self.zil
-                .add_vdev(vdev.clone(), (0, tc.log_bytes), true, true);
-            self.config.lock().tops.push(tc);
-            if let Err(e) = self.write_config(cfg.state) {
-                self.config.lock().tops.retain(|t| t.id != id);
-                let _ = self.zil.remove_vdev(id);
-                // Labels that took the new config are overwritten by a newer generation.
-                let _ = self.write_config(cfg.state);
-                return Err(e);
-            }
-            self.zil.set_removing(id, false);
-            // Volumes of a pool made before the log existed start logging now; their new
-            // chains' headers go out with the next txg.
-            for ds in self.datasets.read().values() {
-                if ds.log.is_off() {
-                    ds.log.start_chain(&self.zil);
-                    mos.dir_dirty = true;
-                }
-            }
-            drop(mos);
-            self.sync_now()?;
-            Ok(id)
         }
+        let id = cfg.tops.last().map_or(0, |t| t.id + 1);
+        let (vdev, tc) = build_top(id, spec, force)?;
+        let vdev = Arc::new(vdev);
+        // Known to the log (so its labels are written) but not used before they are.
+        self.zil
+            .add_vdev(vdev.clone(), (0, tc.log_bytes), true, true);
+        self.config.lock().tops.push(tc);
+        if let Err(e) = self.write_config(cfg.state) {
+            self.config.lock().tops.retain(|t| t.id != id);
+            let _ = self.zil.remove_vdev(id);
+            // Labels that took the new config are overwritten by a newer generation.
+            let _ = self.write_config(cfg.state);
+            return Err(e);
+        }
+        self.zil.set_removing(id, false);
+        // Volumes of a pool made before the log existed start logging now; their new
+        // chains' headers go out with the next txg.
+        for ds in self.datasets.read().values() {
+            if ds.log.is_off() {
+                ds.log.start_chain(&self.zil);
+                mos.dir_dirty = true;
+            }
+        }
+        drop(mos);
+        self.sync_now()?;
+        Ok(id)
     }
 
     /// Removes a separate log device (`dev`: one of its devices, by path or GUID; a log

@@ -378,6 +378,18 @@ pub enum TopKind {
     Raidz,
 }
 
+/// How a stripe or mirror read goes through its children.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MirrorRead {
+    /// Until one copy verifies.
+    FirstGood,
+    /// Every copy, checked (a scrub).
+    EveryCopy,
+    /// Until one verifies; wrong bytes count as checksum errors only once some copy did (the
+    /// end of an intent-log chain is expected not to verify).
+    MaybeAbsent,
+}
+
 /// What a verified read had to do to return good data.
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadReport {
@@ -555,7 +567,7 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.scrub(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, true, false),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::EveryCopy),
         }
     }
 
@@ -570,7 +582,7 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, false, false),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood),
         }
     }
 
@@ -587,23 +599,22 @@ impl TopVdev {
         match &self.raidz {
             // A raidz counts checksum errors only once a reconstruction verifies.
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, false, true),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::MaybeAbsent),
         }
     }
 
     /// The read of a stripe or mirror: children in turn, from a rotating start, until one
-    /// verifies (or, for a scrub, `every_copy`, through all of them); then the children that
-    /// failed or held the wrong bytes are rewritten from the good copy. With `maybe_absent`,
-    /// wrong bytes count as checksum errors only once some copy verified.
+    /// verifies (or, for a scrub, through all of them); then the children that failed or held
+    /// the wrong bytes are rewritten from the good copy.
     fn mirror_read(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
-        every_copy: bool,
-        maybe_absent: bool,
+        how: MirrorRead,
     ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
+        let every_copy = how == MirrorRead::EveryCopy;
         let start = if n > 1 && !every_copy {
             self.rotor.fetch_add(1, Ordering::Relaxed) % n
         } else {
@@ -643,7 +654,7 @@ impl TopVdev {
                 }
             }
         }
-        if good || !maybe_absent {
+        if good || how != MirrorRead::MaybeAbsent {
             for &i in &mismatched {
                 let child = &self.children[i];
                 child.count(&child.counters.cksum_errors);

@@ -78,7 +78,6 @@ pub struct ZilStats {
 }
 
 /// A top-level vdev as the log sees it.
-#[derive(Clone)]
 struct LogVdev {
     top: Arc<TopVdev>,
     /// A separate log device (all of it is log space), as opposed to a data vdev's reserve.
@@ -214,15 +213,9 @@ impl Zil {
     /// ones, if it is full). `local` is the volume's own rotor, used under `per-volume`.
     /// Separate log devices come first; the data vdevs' reserves are the fallback.
     fn alloc_slot(&self, local: &mut usize, psize: u32) -> Option<BlockAddr> {
-        let candidates: Vec<(u32, Arc<TopVdev>, bool)> = self
-            .vdevs
-            .read()
-            .iter()
-            .flatten()
-            .filter(|lv| lv.usable())
-            .map(|lv| (lv.top.id, lv.top.clone(), lv.dedicated))
-            .collect();
-        if candidates.is_empty() {
+        let vdevs = self.vdevs.read();
+        let usable: Vec<&LogVdev> = vdevs.iter().flatten().filter(|lv| lv.usable()).collect();
+        if usable.is_empty() {
             return None;
         }
         let first = match self.placement {
@@ -233,15 +226,17 @@ impl Zil {
             }
         };
         for dedicated in [true, false] {
-            let class: Vec<&(u32, Arc<TopVdev>, bool)> =
-                candidates.iter().filter(|c| c.2 == dedicated).collect();
-            let n = class.len();
-            for k in 0..n {
-                let (v, top, _) = class[(first + k) % n];
-                if let Some(offset) = self.space.alloc(*v, top.asize_of(psize as u64)) {
+            let class: Vec<&LogVdev> = usable
+                .iter()
+                .copied()
+                .filter(|lv| lv.dedicated == dedicated)
+                .collect();
+            for k in 0..class.len() {
+                let top = &class[(first + k) % class.len()].top;
+                if let Some(offset) = self.space.alloc(top.id, top.asize_of(psize as u64)) {
                     self.note_pressure();
                     return Some(BlockAddr {
-                        vdev: *v,
+                        vdev: top.id,
                         len: psize,
                         offset,
                     });
