@@ -192,6 +192,109 @@ fn mirror_reads_heal_a_corrupted_leaf() {
     assert!(got == data);
 }
 
+/// Long reads take runs of adjacent blocks from one mirror child in one request. Rot on
+/// both children, in different blocks, must still come back right from such reads, with every
+/// bad copy counted and rewritten, and a stripe's bad block in the middle of a run must be an
+/// error for that block alone.
+#[test]
+fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
+    let devs = mem_devs(2, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let data = pattern(5, 8 * MB as usize);
+    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+    // Every 5th data block rotten on child 0, every 7th (offset by 2) on child 1; none on both.
+    let mut places: Vec<u64> = data_block_places_of(&devs)
+        .into_iter()
+        .map(|(_, off)| off)
+        .collect();
+    places.sort_unstable();
+    let mut rotten = [0u64; 2];
+    for (i, off) in places.iter().enumerate() {
+        let child = if i % 5 == 0 {
+            0
+        } else if i % 7 == 2 {
+            1
+        } else {
+            continue;
+        };
+        devs[child].corrupt(RESERVE_BYTES + off + 4000, &GARBAGE);
+        rotten[child] += 1;
+    }
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    // Read it all twice in 1 MiB pieces: the rotor puts each run on each child in turn.
+    for _ in 0..2 {
+        let mut got = vec![0u8; 8 * MB as usize];
+        for (i, piece) in got.chunks_mut(MB as usize).enumerate() {
+            vol.read(i as u64 * MB, piece).unwrap();
+        }
+        assert!(got == data);
+    }
+    for (child, &rotten) in rotten.iter().enumerate() {
+        let c = &pool.io.zio.tops[0].children[child].counters;
+        assert!(
+            c.cksum_errors.load(Ordering::Relaxed) >= rotten / 2,
+            "child {child}: {} checksum errors for {rotten} rotten blocks",
+            c.cksum_errors.load(Ordering::Relaxed),
+        );
+        assert!(c.repaired_bytes.load(Ordering::Relaxed) >= rotten / 2 * 16384);
+    }
+    // What the long reads did not meet on its bad side, a scrub (every copy) rewrites.
+    pool.start_scrub().unwrap();
+    pool.wait_scrub();
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    for (child, dev) in devs.iter().enumerate() {
+        let mut raw = vec![0u8; 64];
+        for off in &places {
+            dev.read_at(&mut raw, RESERVE_BYTES + off + 4000).unwrap();
+            assert_ne!(raw, GARBAGE, "child {child} still holds rot at {off}");
+        }
+    }
+
+    // A stripe: the bad block fails, its neighbours in the same run do not.
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+    let mut places: Vec<u64> = data_block_places_of(&devs)
+        .into_iter()
+        .map(|(_, off)| off)
+        .collect();
+    places.sort_unstable();
+    devs[0].corrupt(RESERVE_BYTES + places[10] + 100, &GARBAGE);
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut got = vec![0u8; MB as usize];
+    let err = vol.read(0, &mut got).unwrap_err();
+    assert!(
+        matches!(err, VolError::Unreadable { .. }) && err.to_string().contains("checksum mismatch"),
+        "{err}"
+    );
+    // Only that block (which block it is depends on allocation order, so find it).
+    let bad: Vec<u64> = (0..64u64)
+        .filter(|b| vol.read(b * 16384, &mut got[..16384]).is_err())
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    let mut rest = vec![0u8; MB as usize - 16384 * (bad[0] as usize + 1)];
+    vol.read((bad[0] + 1) * 16384, &mut rest).unwrap();
+    assert!(rest == data[(bad[0] as usize + 1) * 16384..MB as usize]);
+}
+
+/// Where the volume's data blocks lie, read from the devices through a fresh import.
+fn data_block_places_of(devs: &[Arc<MemDevice>]) -> HashSet<(u32, u64)> {
+    let pool = import(devs);
+    let places = data_block_places(&pool);
+    pool.close().unwrap();
+    places
+}
+
 #[test]
 fn metadata_has_two_copies_on_different_vdevs() {
     let devs = mem_devs(2, 96 * MB);

@@ -434,6 +434,9 @@ pub struct BenchVolArgs {
     pub random_ops: u64,
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Run only these workloads (comma-separated, e.g. `seqread,randwrite`); all by default.
+    #[arg(long, value_delimiter = ',', value_parser = ["seqwrite", "seqread", "randwrite", "randread"])]
+    pub only: Vec<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -162,6 +162,9 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
         );
     }
     for (i, (op, bs, ops)) in plan.iter().enumerate() {
+        if !args.only.is_empty() && !args.only.iter().any(|o| o == op) {
+            continue;
+        }
         let mut z = Vec::new();
         let mut r = Vec::new();
         for run_i in 0..args.runs {

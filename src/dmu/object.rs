@@ -73,6 +73,16 @@ impl ObjectIo {
     }
 }
 
+/// What `Object::read_blocks` found for one block.
+#[derive(Clone, Debug)]
+pub enum Fetched {
+    /// Never written, or freed: reads as zeros.
+    Hole,
+    Data(Arc<Vec<u8>>),
+    /// Read and verified into the buffer the caller gave for it.
+    Direct,
+}
+
 #[derive(Clone, Debug)]
 pub enum Dirty {
     Data(Arc<Vec<u8>>),
@@ -153,6 +163,76 @@ impl Object {
             return Ok(None);
         }
         io.read_bp(&bp).map(Some)
+    }
+
+    /// Reads blocks `first..first + direct.len()` as of the newest writes (`read_block` for a
+    /// range). Dirty and cached blocks come from memory; the rest are read in batches, so
+    /// blocks lying next to each other on disk cost one request. A block with a buffer in
+    /// `direct` (of the block's size) that is not in memory is read straight into it and not
+    /// cached: what a long sequential read wants, which gets no hits from the cache and would
+    /// only evict what others use. An error stands for the block it names; the others are
+    /// still read.
+    pub fn read_blocks(
+        &self,
+        io: &ObjectIo,
+        first: u64,
+        mut direct: Vec<Option<&mut [u8]>>,
+    ) -> Vec<Result<Fetched, ZioError>> {
+        let count = direct.len() as u64;
+        let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
+        // Whether the dirty maps answered each block (with data or a free); the rest are
+        // looked up in the tree as of the same moment.
+        let mut answered: Vec<bool> = Vec::with_capacity(count as usize);
+        let dnode = {
+            let st = self.state.lock();
+            for blkid in first..first + count {
+                let dirty = st
+                    .open
+                    .get(&blkid)
+                    .or_else(|| st.syncing.as_ref().and_then(|s| s.get(&blkid)));
+                answered.push(dirty.is_some());
+                out.push(Ok(match dirty {
+                    Some(Dirty::Data(d)) => Fetched::Data(d.clone()),
+                    _ => Fetched::Hole,
+                }));
+            }
+            st.dnode
+        };
+        let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
+        let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
+        for (i, slot) in out.iter_mut().enumerate() {
+            if answered[i] {
+                continue;
+            }
+            match lookup(io, &dnode, 0, first + i as u64) {
+                Err(e) => *slot = Err(e),
+                Ok(bp) if bp.is_hole() => {}
+                Ok(bp) => match io.cache.get(&bp) {
+                    Some(b) => *slot = Ok(Fetched::Data(b)),
+                    None => match direct[i].take() {
+                        Some(buf) if buf.len() == bp.psize.get() as usize => {
+                            to_direct.push((i, bp, buf))
+                        }
+                        _ => to_cache.push((i, bp)),
+                    },
+                },
+            }
+        }
+        let bps: Vec<BlkPtr> = to_cache.iter().map(|m| m.1).collect();
+        for ((i, bp), data) in to_cache.into_iter().zip(io.zio.read_batch(&bps)) {
+            out[i] = data.map(|d| {
+                let d = Arc::new(d);
+                io.cache.insert(&bp, d.clone());
+                Fetched::Data(d)
+            });
+        }
+        let bps: Vec<BlkPtr> = to_direct.iter().map(|m| m.1).collect();
+        let (idx, bufs): (Vec<usize>, Vec<&mut [u8]>) =
+            to_direct.into_iter().map(|(i, _, b)| (i, b)).unzip();
+        for (i, r) in idx.into_iter().zip(io.zio.read_batch_into(&bps, bufs)) {
+            out[i] = r.map(|()| Fetched::Direct);
+        }
+        out
     }
 
     /// Records a whole-block change in the open txg; returns the change in dirty bytes.
@@ -267,26 +347,36 @@ impl Object {
             new.nlevels += 1;
         }
 
-        // Level 0, in parallel: every dirty block to a new place (all-zero blocks become holes).
+        // Level 0: every dirty block to a new place, as one batch in block order, so blocks
+        // next to each other in the object land and are written next to each other; all-zero
+        // blocks become holes, blocks written ahead are adopted.
         let entries: Vec<(&u64, &Dirty)> = dirty.iter().collect();
-        let written: Result<Vec<(u64, BlkPtr)>, ZioError> = entries
+        let nonzero: Vec<bool> = entries
             .par_iter()
-            .map(|&(&blkid, change)| match change {
+            .map(|(_, change)| matches!(change, Dirty::Data(d) if d.iter().any(|&b| b != 0)))
+            .collect();
+        let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
+        let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
+        for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
+            match change {
                 Dirty::Data(d) if adopted.contains_key(&blkid) => {
                     let bp = adopted[&blkid];
                     io.zio.adopt(&bp);
                     io.cache.insert(&bp, d.clone());
-                    Ok((blkid, bp))
+                    children.insert(blkid, bp);
                 }
-                Dirty::Data(d) if d.iter().any(|&b| b != 0) => {
-                    let bp = io.zio.write(d, data_props, txg, 1)?;
-                    io.cache.insert(&bp, d.clone());
-                    Ok((blkid, bp))
+                Dirty::Data(d) if nonzero => to_write.push((blkid, d)),
+                _ => {
+                    children.insert(blkid, BlkPtr::HOLE);
                 }
-                _ => Ok((blkid, BlkPtr::HOLE)),
-            })
-            .collect();
-        let mut children: BTreeMap<u64, BlkPtr> = written?.into_iter().collect();
+            }
+        }
+        let bufs: Vec<&[u8]> = to_write.iter().map(|(_, d)| d.as_slice()).collect();
+        let bps = io.zio.write_batch(&bufs, data_props, txg)?;
+        for ((blkid, d), bp) in to_write.into_iter().zip(bps) {
+            io.cache.insert(&bp, d.clone());
+            children.insert(blkid, bp);
+        }
 
         // Indirect levels, bottom up.
         let ind_props = WriteProps {

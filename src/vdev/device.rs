@@ -47,6 +47,25 @@ impl VdevError {
 pub trait BlockDevice: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), VdevError>;
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError>;
+    /// Reads consecutive bytes from `offset_bytes` into `bufs` in turn: what a run of blocks
+    /// that lie next to each other costs as one request. Engines with a vectored call use it.
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> Result<(), VdevError> {
+        let mut off = offset_bytes;
+        for b in bufs.iter_mut() {
+            self.read_at(b, off)?;
+            off += b.len() as u64;
+        }
+        Ok(())
+    }
+    /// Writes `bufs` one after another from `offset_bytes` (see `read_vectored_at`).
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset_bytes: u64) -> Result<(), VdevError> {
+        let mut off = offset_bytes;
+        for b in bufs {
+            self.write_at(b, off)?;
+            off += b.len() as u64;
+        }
+        Ok(())
+    }
     fn flush(&self) -> Result<(), VdevError>;
     /// Tells the device a range holds nothing of value. Purely advisory: may do nothing.
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VdevError>;

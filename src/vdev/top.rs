@@ -335,6 +335,28 @@ impl Leaf {
         Ok(())
     }
 
+    /// `read_data` of a run of buffers that lie one after another on the device.
+    pub fn read_data_vectored(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<(), VdevError> {
+        if self.is_offline() {
+            return Err(self.offline_error());
+        }
+        self.injected(IoKind::Read)?;
+        self.dev().read_vectored_at(bufs, RESERVE_BYTES + offset)?;
+        self.note_success(0);
+        Ok(())
+    }
+
+    /// `write_data` of a run of buffers that lie one after another on the device.
+    pub fn write_data_vectored(&self, bufs: &[&[u8]], offset: u64) -> Result<(), VdevError> {
+        if self.is_offline() {
+            return Err(self.offline_error());
+        }
+        self.injected(IoKind::Write)?;
+        self.dev().write_vectored_at(bufs, RESERVE_BYTES + offset)?;
+        self.note_success(1);
+        Ok(())
+    }
+
     pub fn read_label(
         &self,
         index: usize,
@@ -534,6 +556,47 @@ impl TopVdev {
         self.settle(results, |c| &c.counters.write_errors)
     }
 
+    /// Writes a run of blocks that lie one after another from `offset`, as one request per
+    /// child, with `write`'s rules for a failed child. Not for a raidz, whose every block is
+    /// its own stripe (the caller writes those one by one).
+    pub fn write_run(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
+        assert!(self.raidz.is_none(), "a raidz writes block by block");
+        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
+            vec![self.children[0].write_data_vectored(bufs, offset)]
+        } else {
+            self.children
+                .par_iter()
+                .map(|c| c.write_data_vectored(bufs, offset))
+                .collect()
+        };
+        self.settle(results, |c| &c.counters.write_errors)
+    }
+
+    /// Reads a run of blocks that lie one after another from `offset` from one child in
+    /// service (rotating among a mirror's), unverified: the caller checks each block and
+    /// takes any that fail through `read_verified_from` with the child returned here, so the
+    /// bad copy is counted and repaired. An error is returned as is, not counted: those
+    /// reads are retried block by block, which counts.
+    pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<usize, VdevError> {
+        assert!(self.raidz.is_none(), "a raidz reads block by block");
+        let n = self.children.len();
+        let start = if n > 1 {
+            self.rotor.fetch_add(1, Ordering::Relaxed) % n
+        } else {
+            0
+        };
+        let Some(i) = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| !self.children[i].is_offline())
+        else {
+            return Err(VdevError::AllCopiesFailed(
+                "every device is out of service".into(),
+            ));
+        };
+        self.children[i].read_data_vectored(bufs, offset)?;
+        Ok(i)
+    }
+
     fn settle(
         &self,
         results: Vec<Result<(), VdevError>>,
@@ -567,7 +630,7 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.scrub(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::EveryCopy),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::EveryCopy, None),
         }
     }
 
@@ -582,7 +645,23 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, None),
+        }
+    }
+
+    /// `read_verified` of a stripe or mirror starting with child `first`: the retry of a
+    /// block that `read_run` read from `first` and that did not verify, so that this copy
+    /// is the one counted and rewritten.
+    pub fn read_verified_from(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        first: usize,
+    ) -> Result<ReadReport, VdevError> {
+        match &self.raidz {
+            Some(rz) => rz.read_verified(offset, buf, verify),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, Some(first)),
         }
     }
 
@@ -599,26 +678,27 @@ impl TopVdev {
         match &self.raidz {
             // A raidz counts checksum errors only once a reconstruction verifies.
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::MaybeAbsent),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::MaybeAbsent, None),
         }
     }
 
     /// The read of a stripe or mirror: children in turn, from a rotating start, until one
     /// verifies (or, for a scrub, through all of them); then the children that failed or held
-    /// the wrong bytes are rewritten from the good copy.
+    /// the wrong bytes are rewritten from the good copy. `first` fixes the starting child.
     fn mirror_read(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
         how: MirrorRead,
+        first: Option<usize>,
     ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
         let every_copy = how == MirrorRead::EveryCopy;
-        let start = if n > 1 && !every_copy {
-            self.rotor.fetch_add(1, Ordering::Relaxed) % n
-        } else {
-            0
+        let start = match first {
+            Some(f) => f % n,
+            None if n > 1 && !every_copy => self.rotor.fetch_add(1, Ordering::Relaxed) % n,
+            None => 0,
         };
         let mut report = ReadReport::default();
         let mut bad: Vec<usize> = Vec::new();

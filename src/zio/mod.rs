@@ -90,6 +90,14 @@ impl Zio {
     }
 }
 
+/// The most bytes of adjacent blocks `write_batch` and `read_batch` send to a device as one
+/// request: large enough to make a run of small blocks cost one system call, small enough that
+/// a long sequential read splits into pieces that proceed in parallel.
+pub const MAX_RUN_BYTES: usize = 256 << 10;
+
+/// Blocks written as one request: where the first goes, and the blocks in order.
+type WriteRun<'a> = (u64, Vec<&'a [u8]>);
+
 pub struct Zio {
     pub tops: Vec<Arc<TopVdev>>,
     pub alloc: Mutex<Allocator>,
@@ -157,6 +165,216 @@ impl Zio {
         Ok(bp)
     }
 
+    /// Writes many blocks of one kind at once, each copy-on-write to new space, and returns
+    /// their pointers in order: `write` for a batch. Checksums are computed in parallel, the
+    /// space is taken in order under one allocator lock (so blocks written together lie
+    /// together), and blocks that land next to each other on a stripe or mirror go to each
+    /// device as one request of up to `MAX_RUN_BYTES`. Any block failing fails the batch.
+    pub fn write_batch(
+        &self,
+        blocks: &[&[u8]],
+        props: WriteProps,
+        txg: u64,
+    ) -> Result<Vec<BlkPtr>, ZioError> {
+        use rayon::prelude::*;
+        for d in blocks {
+            assert!(
+                !d.is_empty() && (d.len() as u64).is_multiple_of(SECTOR),
+                "unaligned block of {} bytes",
+                d.len()
+            );
+        }
+        let sums: Vec<_> = if blocks.len() > 1 {
+            blocks
+                .par_iter()
+                .map(|d| props.checksum.compute(d))
+                .collect()
+        } else {
+            blocks.iter().map(|d| props.checksum.compute(d)).collect()
+        };
+        let dvas: Vec<Vec<Dva>> = {
+            let mut alloc = self.alloc.lock();
+            let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
+            let mut out = Vec::with_capacity(blocks.len());
+            for d in blocks {
+                match alloc.alloc_sized(d.len() as u64, props.copies, props.class, &asize_of) {
+                    Ok(v) => out.push(v),
+                    Err(e) => {
+                        // Give back what this batch took (freed in this txg, like any block
+                        // the txg allocated and then dropped): none of it was written.
+                        for d in out.iter().flatten() {
+                            alloc.free(d, txg, props.class);
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+            out
+        };
+        // Runs of adjacent copies on stripes and mirrors, per vdev; raidz copies one by one.
+        let mut runs: Vec<(u32, u64, Vec<&[u8]>)> = Vec::new();
+        let mut singles: Vec<(Dva, &[u8])> = Vec::new();
+        for copy in 0..props.copies {
+            for (d, data) in dvas.iter().zip(blocks) {
+                let dva = d[copy];
+                let v = dva.vdev.get();
+                if self.tops[v as usize].raidz.is_some() {
+                    singles.push((dva, data));
+                    continue;
+                }
+                match runs.last_mut() {
+                    Some((rv, start, bufs))
+                        if *rv == v
+                            && *start + bufs.iter().map(|b| b.len() as u64).sum::<u64>()
+                                == dva.offset.get()
+                            && bufs.iter().map(|b| b.len()).sum::<usize>() + data.len()
+                                <= MAX_RUN_BYTES =>
+                    {
+                        bufs.push(data)
+                    }
+                    _ => runs.push((v, dva.offset.get(), vec![data])),
+                }
+            }
+        }
+        // One device takes its runs in order from one thread (parallel buffered writes to one
+        // file only queue on its inode lock); vdevs, and raidz stripes, go in parallel.
+        let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
+        for (v, off, bufs) in runs {
+            by_vdev[v as usize].push((off, bufs));
+        }
+        let (a, b) = rayon::join(
+            || {
+                by_vdev.par_iter().enumerate().try_for_each(|(v, runs)| {
+                    runs.iter()
+                        .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
+                })
+            },
+            || {
+                singles
+                    .par_iter()
+                    .try_for_each(|(d, data)| self.issue_write(d, data))
+            },
+        );
+        a.and(b).map_err(ZioError::Write)?;
+        let bytes: u64 = blocks.iter().map(|d| d.len() as u64).sum();
+        self.stats
+            .blocks_written
+            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+        self.stats
+            .bytes_written
+            .fetch_add(bytes * props.copies as u64, Ordering::Relaxed);
+        Ok(dvas
+            .iter()
+            .zip(blocks)
+            .zip(sums)
+            .map(|((d, data), sum)| {
+                let mut bp = BlkPtr::HOLE;
+                for (slot, d) in bp.dva.iter_mut().zip(d) {
+                    *slot = *d;
+                }
+                bp.lsize = (data.len() as u32).into();
+                bp.psize = (data.len() as u32).into();
+                bp.birth_txg = txg.into();
+                bp.fill = 1.into();
+                bp.checksum_kind = props.checksum as u8;
+                bp.level = props.level;
+                bp.kind = props.kind as u8;
+                bp.checksum = sum.0;
+                bp
+            })
+            .collect())
+    }
+
+    /// Reads and verifies many blocks: `read` for a batch, in order (see `read_batch_into`).
+    pub fn read_batch(&self, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, ZioError>> {
+        let mut bufs: Vec<Vec<u8>> = bps
+            .iter()
+            .map(|bp| vec![0u8; bp.psize.get() as usize])
+            .collect();
+        let results =
+            self.read_batch_into(bps, bufs.iter_mut().map(|b| b.as_mut_slice()).collect());
+        results
+            .into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.map(|()| b))
+            .collect()
+    }
+
+    /// Reads and verifies many blocks into the caller's buffers (one per pointer, of its
+    /// `psize`), in order. Blocks whose first copy lies right after the previous one's on a
+    /// stripe or mirror are read as one request of up to `MAX_RUN_BYTES`, and runs go in
+    /// parallel. A block of a run that fails to read or to verify is read again alone,
+    /// through `read`'s healing path (from the same mirror child first, so that copy is the
+    /// one counted and repaired). A buffer whose block fails holds unspecified bytes.
+    pub fn read_batch_into(
+        &self,
+        bps: &[BlkPtr],
+        bufs: Vec<&mut [u8]>,
+    ) -> Vec<Result<(), ZioError>> {
+        use rayon::prelude::*;
+        assert_eq!(bps.len(), bufs.len());
+        // Cut into runs, each with its pointers and buffers.
+        type Run<'a, 'b> = (Vec<&'a BlkPtr>, Vec<&'b mut [u8]>);
+        let mut runs: Vec<Run> = Vec::new();
+        let mut run_end: Option<(u32, u64, usize)> = None; // (vdev, end offset, bytes)
+        for (bp, buf) in bps.iter().zip(bufs) {
+            assert!(!bp.is_hole());
+            assert_eq!(buf.len(), bp.psize.get() as usize);
+            let d = &bp.dva[0];
+            let psize = buf.len();
+            let runnable = bp.checksum_kind().is_some()
+                && self.vdev_of(d, psize).is_ok_and(|t| t.raidz.is_none());
+            let joins = runnable
+                && run_end.is_some_and(|(v, end, bytes)| {
+                    v == d.vdev.get() && end == d.offset.get() && bytes + psize <= MAX_RUN_BYTES
+                });
+            if joins {
+                let (v, end, bytes) = run_end.expect("a run is open");
+                run_end = Some((v, end + psize as u64, bytes + psize));
+                let r = runs.last_mut().expect("a run is open");
+                r.0.push(bp);
+                r.1.push(buf);
+            } else {
+                run_end = runnable.then(|| (d.vdev.get(), d.offset.get() + psize as u64, psize));
+                runs.push((vec![bp], vec![buf]));
+            }
+        }
+        let read_run = |(run, mut bufs): Run| -> Vec<Result<(), ZioError>> {
+            let d = &run[0].dva[0];
+            let runnable = run[0].checksum_kind().is_some()
+                && self
+                    .vdev_of(d, bufs[0].len())
+                    .is_ok_and(|t| t.raidz.is_none());
+            let child = if runnable {
+                self.tops[d.vdev.get() as usize]
+                    .read_run(d.offset.get(), &mut bufs)
+                    .ok()
+            } else {
+                None
+            };
+            run.iter()
+                .zip(bufs)
+                .map(|(bp, buf)| {
+                    let good = child.is_some()
+                        && bp
+                            .checksum_kind()
+                            .is_some_and(|k| k.compute(buf) == bp.checksum());
+                    if good {
+                        self.stats.blocks_read.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    let data = self.read_from(bp, child)?;
+                    buf.copy_from_slice(&data);
+                    Ok(())
+                })
+                .collect()
+        };
+        if runs.len() == 1 {
+            return runs.into_iter().flat_map(read_run).collect();
+        }
+        runs.into_par_iter().flat_map_iter(read_run).collect()
+    }
+
     fn issue_write(&self, d: &Dva, data: &[u8]) -> Result<(), VdevError> {
         self.tops[d.vdev.get() as usize].write(d.offset.get(), data)
     }
@@ -164,12 +382,18 @@ impl Zio {
     /// Reads and verifies a block. Holes read as zeros of `lsize`... but a hole has no size, so
     /// callers handle holes before calling; this asserts it.
     pub fn read(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
+        self.read_from(bp, None)
+    }
+
+    /// `read`, starting the first copy's read at mirror child `first` when given (the retry
+    /// of a block a run read from that child, which did not verify).
+    fn read_from(&self, bp: &BlkPtr, first: Option<usize>) -> Result<Vec<u8>, ZioError> {
         assert!(!bp.is_hole());
         let (psize, verify) = verifier(bp)?;
         let mut buf = vec![0u8; psize];
         let mut failed: Vec<&Dva> = Vec::new();
         let mut errors = Vec::new();
-        for d in bp.dvas() {
+        for (i, d) in bp.dvas().enumerate() {
             let top = match self.vdev_of(d, psize) {
                 Ok(t) => t,
                 Err(e) => {
@@ -177,7 +401,13 @@ impl Zio {
                     continue;
                 }
             };
-            match top.read_verified(d.offset.get(), &mut buf, &verify) {
+            let read = match first {
+                Some(child) if i == 0 => {
+                    top.read_verified_from(d.offset.get(), &mut buf, &verify, child)
+                }
+                _ => top.read_verified(d.offset.get(), &mut buf, &verify),
+            };
+            match read {
                 Ok(report) => {
                     self.stats
                         .repaired_bytes

@@ -14,7 +14,7 @@ mod range_lock;
 
 use std::sync::Arc;
 
-use crate::dmu::object::spans;
+use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
 use crate::zil::{Done, Payload, Record};
@@ -33,6 +33,10 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
     }
     Ok(n)
 }
+
+/// Reads of at least this many bytes are streaming reads: whole blocks not in memory go
+/// straight into the caller's buffer and are not cached.
+pub const STREAMING_READ_BYTES: usize = 256 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
@@ -168,26 +172,47 @@ impl Volume {
         self.ds
             .object
             .read_block(&self.pool.io, blkid)
-            .map_err(|e| {
-                let bs = self.block_size();
-                VolError::Unreadable {
-                    vol: self.full_name.clone(),
-                    start: blkid * bs,
-                    end: (blkid + 1) * bs,
-                    source: e.into(),
-                }
-            })
+            .map_err(|e| self.unreadable(blkid, e))
+    }
+
+    /// The error for block `blkid`, which no copy could supply.
+    fn unreadable(&self, blkid: u64, e: crate::zio::ZioError) -> VolError {
+        let bs = self.block_size();
+        VolError::Unreadable {
+            vol: self.full_name.clone(),
+            start: blkid * bs,
+            end: (blkid + 1) * bs,
+            source: e.into(),
+        }
     }
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
         self.check("read", offset, buf.len() as u64)?;
         self.pool.note_foreground_io();
         let len = buf.len();
-        for sp in spans(offset, len, self.block_size()) {
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = self.block_size();
+        let first = offset / bs;
+        let count = (offset + len as u64 - 1) / bs - first + 1;
+        // A long read takes whole blocks that are not in memory straight into `buf`,
+        // uncached (see `Object::read_blocks`).
+        let streaming = len >= STREAMING_READ_BYTES;
+        let mut direct: Vec<Option<&mut [u8]>> = Vec::with_capacity(count as usize);
+        let mut rest: &mut [u8] = buf;
+        for sp in spans(offset, len, bs) {
+            let (this, tail) = std::mem::take(&mut rest).split_at_mut(sp.len);
+            rest = tail;
+            direct.push((streaming && sp.is_whole_block(bs)).then_some(this));
+        }
+        let blocks = self.ds.object.read_blocks(&self.pool.io, first, direct);
+        for (sp, block) in spans(offset, len, bs).zip(blocks) {
             let dst = &mut buf[sp.in_buf..sp.in_buf + sp.len];
-            match self.read_block(sp.blkid)? {
-                Some(b) => dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]),
-                None => dst.fill(0),
+            match block.map_err(|e| self.unreadable(sp.blkid, e))? {
+                Fetched::Data(b) => dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]),
+                Fetched::Hole => dst.fill(0),
+                Fetched::Direct => {}
             }
         }
         Ok(())
