@@ -58,13 +58,6 @@ fn limit_malloc_arenas() {
     // SAFETY: mallopt only adjusts allocator tuning; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-        // Blocks (4 KiB to 128 KiB) are allocated and freed all the time as the cache turns
-        // over. glibc would hand the larger ones to mmap and give freed heap back to the
-        // kernel, so each new block paid for page faults and the kernel zeroing its pages;
-        // keep them in the heap instead. What the heap holds is still bounded by the cache,
-        // dirty and in-flight limits.
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
 }
 
