@@ -161,13 +161,8 @@ fn devices_of_another_pool_need_force() {
 
 #[test]
 fn mirror_reads_heal_a_corrupted_leaf() {
-    let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
     let data = pattern(3, 8 * MB as usize);
-    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
-    pool.close().unwrap();
-    drop(pool);
+    let devs = closed_pool_with(Layout::Mirror, 2, &data);
     // Rot the whole data area of leaf 1.
     let area = 90 * MB;
     devs[1].corrupt(RESERVE_BYTES, &vec![0xee; area as usize]);
@@ -198,13 +193,8 @@ fn mirror_reads_heal_a_corrupted_leaf() {
 /// error for that block alone.
 #[test]
 fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
-    let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
     let data = pattern(5, 8 * MB as usize);
-    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
-    pool.close().unwrap();
-    drop(pool);
+    let devs = closed_pool_with(Layout::Mirror, 2, &data);
     // Every 5th data block rotten on child 0, every 7th (offset by 2) on child 1; none on both.
     let mut places: Vec<u64> = data_block_places_of(&devs)
         .into_iter()
@@ -257,12 +247,7 @@ fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
     }
 
     // A stripe: the bad block fails, its neighbours in the same run do not.
-    let devs = mem_devs(1, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
-    pool.close().unwrap();
-    drop(pool);
+    let devs = closed_pool_with(Layout::Stripe, 1, &data);
     let mut places: Vec<u64> = data_block_places_of(&devs)
         .into_iter()
         .map(|(_, off)| off)
@@ -285,6 +270,18 @@ fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
     let mut rest = vec![0u8; MB as usize - 16384 * (bad[0] as usize + 1)];
     vol.read((bad[0] + 1) * 16384, &mut rest).unwrap();
     assert!(rest == data[(bad[0] as usize + 1) * 16384..MB as usize]);
+}
+
+/// `n` devices of 96 MiB holding pool `tank` of `layout` with volume `v` (16K blocks) filled
+/// with `data`, closed.
+fn closed_pool_with(layout: Layout, n: usize, data: &[u8]) -> Vec<Arc<MemDevice>> {
+    let devs = mem_devs(n, 96 * MB);
+    let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
+    pool.create_volume("v", data.len() as u64, 16384, None)
+        .unwrap();
+    Volume::open(&pool, "v").unwrap().write(0, data).unwrap();
+    pool.close().unwrap();
+    devs
 }
 
 /// Where the volume's data blocks lie, read from the devices through a fresh import.

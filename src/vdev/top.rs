@@ -643,25 +643,22 @@ impl TopVdev {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
-        match &self.raidz {
-            Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, None),
-        }
+        self.read_verified_from(offset, buf, verify, None)
     }
 
-    /// `read_verified` of a stripe or mirror starting with child `first`: the retry of a
-    /// block that `read_run` read from `first` and that did not verify, so that this copy
-    /// is the one counted and rewritten.
+    /// `read_verified`, on a stripe or mirror starting with child `first` if given: the retry
+    /// of a block that `read_run` read from `first` and that did not verify, so that this
+    /// copy is the one counted and rewritten.
     pub fn read_verified_from(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
-        first: usize,
+        first: Option<usize>,
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, Some(first)),
+            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, first),
         }
     }
 

@@ -401,13 +401,8 @@ impl Zio {
                     continue;
                 }
             };
-            let read = match first {
-                Some(child) if i == 0 => {
-                    top.read_verified_from(d.offset.get(), &mut buf, &verify, child)
-                }
-                _ => top.read_verified(d.offset.get(), &mut buf, &verify),
-            };
-            match read {
+            let first = if i == 0 { first } else { None };
+            match top.read_verified_from(d.offset.get(), &mut buf, &verify, first) {
                 Ok(report) => {
                     self.stats
                         .repaired_bytes
