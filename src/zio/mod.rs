@@ -311,7 +311,6 @@ impl Zio {
         bps: &[BlkPtr],
         bufs: Vec<&mut [u8]>,
     ) -> Vec<Result<(), ZioError>> {
-        use rayon::prelude::*;
         assert_eq!(bps.len(), bufs.len());
         // Cut into runs, each with its pointers and buffers.
         type Run<'a, 'b> = (Vec<&'a BlkPtr>, Vec<&'b mut [u8]>);
@@ -369,10 +368,20 @@ impl Zio {
                 })
                 .collect()
         };
-        if runs.len() == 1 {
-            return runs.into_iter().flat_map(read_run).collect();
-        }
-        runs.into_par_iter().flat_map_iter(read_run).collect()
+        // The other runs go to the pool while this thread reads the first: the caller's core
+        // works too, and a lone run never waits for a worker to wake.
+        let mut done: Vec<Vec<Result<(), ZioError>>> = runs.iter().map(|_| Vec::new()).collect();
+        let mut runs = runs.into_iter().zip(done.iter_mut());
+        let first = runs.next();
+        rayon::in_place_scope(|scope| {
+            for (run, slot) in runs {
+                scope.spawn(move |_| *slot = read_run(run));
+            }
+            if let Some((run, slot)) = first {
+                *slot = read_run(run);
+            }
+        });
+        done.into_iter().flatten().collect()
     }
 
     fn issue_write(&self, d: &Dva, data: &[u8]) -> Result<(), VdevError> {
