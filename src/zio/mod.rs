@@ -368,6 +368,9 @@ impl Zio {
                 })
                 .collect()
         };
+        if runs.len() == 1 {
+            return runs.into_iter().flat_map(read_run).collect();
+        }
         // The other runs go to the pool while this thread reads the first: the caller's core
         // works too, and a lone run never waits for a worker to wake.
         let mut done: Vec<Vec<Result<(), ZioError>>> = runs.iter().map(|_| Vec::new()).collect();
