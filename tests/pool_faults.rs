@@ -196,11 +196,7 @@ fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
     let data = pattern(5, 8 * MB as usize);
     let devs = closed_pool_with(Layout::Mirror, 2, &data);
     // Every 5th data block rotten on child 0, every 7th (offset by 2) on child 1; none on both.
-    let mut places: Vec<u64> = data_block_places_of(&devs)
-        .into_iter()
-        .map(|(_, off)| off)
-        .collect();
-    places.sort_unstable();
+    let places = data_block_offsets(&devs);
     let mut rotten = [0u64; 2];
     for (i, off) in places.iter().enumerate() {
         let child = if i % 5 == 0 {
@@ -248,11 +244,7 @@ fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
 
     // A stripe: the bad block fails, its neighbours in the same run do not.
     let devs = closed_pool_with(Layout::Stripe, 1, &data);
-    let mut places: Vec<u64> = data_block_places_of(&devs)
-        .into_iter()
-        .map(|(_, off)| off)
-        .collect();
-    places.sort_unstable();
+    let places = data_block_offsets(&devs);
     devs[0].corrupt(RESERVE_BYTES + places[10] + 100, &GARBAGE);
     let pool = import(&devs);
     let vol = Volume::open(&pool, "v").unwrap();
@@ -284,12 +276,17 @@ fn closed_pool_with(layout: Layout, n: usize, data: &[u8]) -> Vec<Arc<MemDevice>
     devs
 }
 
-/// Where the volume's data blocks lie, read from the devices through a fresh import.
-fn data_block_places_of(devs: &[Arc<MemDevice>]) -> HashSet<(u32, u64)> {
+/// The offsets of the volume's data blocks in the one top-level vdev of a closed pool, in
+/// order, read from the devices through an import.
+fn data_block_offsets(devs: &[Arc<MemDevice>]) -> Vec<u64> {
     let pool = import(devs);
-    let places = data_block_places(&pool);
+    let mut offsets: Vec<u64> = data_block_places(&pool)
+        .into_iter()
+        .map(|(_, off)| off)
+        .collect();
     pool.close().unwrap();
-    places
+    offsets.sort_unstable();
+    offsets
 }
 
 #[test]

@@ -93,6 +93,15 @@ pub enum Dirty {
 /// it was written from, and where.
 type Override = (Arc<Vec<u8>>, BlkPtr);
 
+impl State {
+    /// Block `blkid`'s change in the open txg, else in the syncing one, if any.
+    fn newest(&self, blkid: u64) -> Option<&Dirty> {
+        self.open
+            .get(&blkid)
+            .or_else(|| self.syncing.as_ref().and_then(|s| s.get(&blkid)))
+    }
+}
+
 struct State {
     dnode: DnodePhys,
     open: BTreeMap<u64, Dirty>,
@@ -148,11 +157,7 @@ impl Object {
     pub fn read_block(&self, io: &ObjectIo, blkid: u64) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
         let dnode = {
             let st = self.state.lock();
-            let dirty = st
-                .open
-                .get(&blkid)
-                .or_else(|| st.syncing.as_ref().and_then(|s| s.get(&blkid)));
-            match dirty {
+            match st.newest(blkid) {
                 Some(Dirty::Data(d)) => return Ok(Some(d.clone())),
                 Some(Dirty::Free) => return Ok(None),
                 None => st.dnode,
@@ -176,47 +181,45 @@ impl Object {
         &self,
         io: &ObjectIo,
         first: u64,
-        mut direct: Vec<Option<&mut [u8]>>,
+        direct: Vec<Option<&mut [u8]>>,
     ) -> Vec<Result<Fetched, ZioError>> {
         let count = direct.len() as u64;
-        let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
-        // Whether the dirty maps answered each block (with data or a free); the rest are
-        // looked up in the tree as of the same moment.
-        let mut answered: Vec<bool> = Vec::with_capacity(count as usize);
-        let dnode = {
+        // What the dirty maps say of each block (data or a free); the rest are looked up in
+        // the tree as of the same moment.
+        let (dirty, dnode): (Vec<Option<Fetched>>, DnodePhys) = {
             let st = self.state.lock();
-            for blkid in first..first + count {
-                let dirty = st
-                    .open
-                    .get(&blkid)
-                    .or_else(|| st.syncing.as_ref().and_then(|s| s.get(&blkid)));
-                answered.push(dirty.is_some());
-                out.push(Ok(match dirty {
-                    Some(Dirty::Data(d)) => Fetched::Data(d.clone()),
-                    _ => Fetched::Hole,
-                }));
-            }
-            st.dnode
+            let dirty = (first..first + count)
+                .map(|blkid| match st.newest(blkid)? {
+                    Dirty::Data(d) => Some(Fetched::Data(d.clone())),
+                    Dirty::Free => Some(Fetched::Hole),
+                })
+                .collect();
+            (dirty, st.dnode)
         };
+        let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
         let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
-        for (i, slot) in out.iter_mut().enumerate() {
-            if answered[i] {
-                continue;
-            }
-            match lookup(io, &dnode, 0, first + i as u64) {
-                Err(e) => *slot = Err(e),
-                Ok(bp) if bp.is_hole() => {}
-                Ok(bp) => match io.cache.get(&bp) {
-                    Some(b) => *slot = Ok(Fetched::Data(b)),
-                    None => match direct[i].take() {
+        for (i, (known, buf)) in dirty.into_iter().zip(direct).enumerate() {
+            let found = match known {
+                Some(f) => Ok(f),
+                None => lookup(io, &dnode, 0, first + i as u64).map(|bp| {
+                    if bp.is_hole() {
+                        return Fetched::Hole;
+                    }
+                    if let Some(b) = io.cache.get(&bp) {
+                        return Fetched::Data(b);
+                    }
+                    match buf {
                         Some(buf) if buf.len() == bp.psize.get() as usize => {
                             to_direct.push((i, bp, buf))
                         }
                         _ => to_cache.push((i, bp)),
-                    },
-                },
-            }
+                    }
+                    // A placeholder: the batch reads below fill it in.
+                    Fetched::Hole
+                }),
+            };
+            out.push(found);
         }
         let bps: Vec<BlkPtr> = to_cache.iter().map(|m| m.1).collect();
         for ((i, bp), data) in to_cache.into_iter().zip(io.zio.read_batch(&bps)) {

@@ -315,46 +315,39 @@ impl Leaf {
         usable_bytes(self.dev().len_bytes())
     }
 
-    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<(), VdevError> {
+    /// A data I/O at `offset` of the data area, unless the leaf is out of service or an
+    /// injected fault fails it; a success ends the leaf's run of failures of that kind.
+    fn data_io(
+        &self,
+        kind: IoKind,
+        offset: u64,
+        io: impl FnOnce(&dyn BlockDevice, u64) -> Result<(), VdevError>,
+    ) -> Result<(), VdevError> {
         if self.is_offline() {
             return Err(self.offline_error());
         }
-        self.injected(IoKind::Read)?;
-        self.dev().read_at(buf, RESERVE_BYTES + offset)?;
-        self.note_success(0);
+        self.injected(kind)?;
+        io(&*self.dev(), RESERVE_BYTES + offset)?;
+        self.note_success(usize::from(kind == IoKind::Write));
         Ok(())
     }
 
+    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<(), VdevError> {
+        self.data_io(IoKind::Read, offset, |d, at| d.read_at(buf, at))
+    }
+
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
-        if self.is_offline() {
-            return Err(self.offline_error());
-        }
-        self.injected(IoKind::Write)?;
-        self.dev().write_at(buf, RESERVE_BYTES + offset)?;
-        self.note_success(1);
-        Ok(())
+        self.data_io(IoKind::Write, offset, |d, at| d.write_at(buf, at))
     }
 
     /// `read_data` of a run of buffers that lie one after another on the device.
     pub fn read_data_vectored(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<(), VdevError> {
-        if self.is_offline() {
-            return Err(self.offline_error());
-        }
-        self.injected(IoKind::Read)?;
-        self.dev().read_vectored_at(bufs, RESERVE_BYTES + offset)?;
-        self.note_success(0);
-        Ok(())
+        self.data_io(IoKind::Read, offset, |d, at| d.read_vectored_at(bufs, at))
     }
 
     /// `write_data` of a run of buffers that lie one after another on the device.
     pub fn write_data_vectored(&self, bufs: &[&[u8]], offset: u64) -> Result<(), VdevError> {
-        if self.is_offline() {
-            return Err(self.offline_error());
-        }
-        self.injected(IoKind::Write)?;
-        self.dev().write_vectored_at(bufs, RESERVE_BYTES + offset)?;
-        self.note_success(1);
-        Ok(())
+        self.data_io(IoKind::Write, offset, |d, at| d.write_vectored_at(bufs, at))
     }
 
     pub fn read_label(
@@ -542,18 +535,10 @@ impl TopVdev {
     /// it (the others count a write error); a stripe write fails with its leaf.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
-        if let Some(rz) = &self.raidz {
-            return rz.write(offset, data);
+        match &self.raidz {
+            Some(rz) => rz.write(offset, data),
+            None => self.write_run(offset, &[data]),
         }
-        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
-            vec![self.children[0].write_data(data, offset)]
-        } else {
-            self.children
-                .par_iter()
-                .map(|c| c.write_data(data, offset))
-                .collect()
-        };
-        self.settle(results, |c| &c.counters.write_errors)
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per

@@ -98,6 +98,37 @@ pub const MAX_RUN_BYTES: usize = 256 << 10;
 /// Blocks written as one request: where the first goes, and the blocks in order.
 type WriteRun<'a> = (u64, Vec<&'a [u8]>);
 
+/// The end of a run of adjacent blocks being gathered into one request.
+struct RunEnd {
+    vdev: u32,
+    /// Where the next block must start to join the run.
+    end: u64,
+    bytes: usize,
+}
+
+impl RunEnd {
+    fn at(d: &Dva, len: usize) -> RunEnd {
+        RunEnd {
+            vdev: d.vdev.get(),
+            end: d.offset.get() + len as u64,
+            bytes: len,
+        }
+    }
+
+    /// Takes a block of `len` bytes at `d` into the run if it lies right after it on the
+    /// same vdev and the run stays within `MAX_RUN_BYTES`.
+    fn extend(&mut self, d: &Dva, len: usize) -> bool {
+        let joins = d.vdev.get() == self.vdev
+            && d.offset.get() == self.end
+            && self.bytes + len <= MAX_RUN_BYTES;
+        if joins {
+            self.end += len as u64;
+            self.bytes += len;
+        }
+        joins
+    }
+}
+
 pub struct Zio {
     pub tops: Vec<Arc<TopVdev>>,
     pub alloc: Mutex<Allocator>,
@@ -113,8 +144,8 @@ impl Zio {
         }
     }
 
-    /// Writes one block copy-on-write to newly allocated space and returns its pointer.
-    /// `data.len()` must be a whole number of sectors.
+    /// Writes one block copy-on-write to newly allocated space and returns its pointer, whose
+    /// `fill` counts the data blocks below it. `data.len()` must be a whole number of sectors.
     pub fn write(
         &self,
         data: &[u8],
@@ -122,46 +153,8 @@ impl Zio {
         txg: u64,
         fill: u64,
     ) -> Result<BlkPtr, ZioError> {
-        assert!(
-            !data.is_empty() && (data.len() as u64).is_multiple_of(SECTOR),
-            "unaligned block of {} bytes",
-            data.len()
-        );
-        let checksum = props.checksum.compute(data);
-        let dvas = self.alloc.lock().alloc_sized(
-            data.len() as u64,
-            props.copies,
-            props.class,
-            &|v, psize| self.tops[v as usize].asize_of(psize),
-        )?;
-        let results: Vec<Result<(), VdevError>> = if dvas.len() == 1 {
-            vec![self.issue_write(&dvas[0], data)]
-        } else {
-            use rayon::prelude::*;
-            dvas.par_iter().map(|d| self.issue_write(d, data)).collect()
-        };
-        // Any copy failing fails the write: the caller's txg cannot commit a pointer to a copy
-        // that may hold garbage.
-        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
-            return Err(ZioError::Write(e));
-        }
-        self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bytes_written
-            .fetch_add(data.len() as u64 * dvas.len() as u64, Ordering::Relaxed);
-        let mut bp = BlkPtr::HOLE;
-        for (slot, d) in bp.dva.iter_mut().zip(&dvas) {
-            *slot = *d;
-        }
-        bp.lsize = (data.len() as u32).into();
-        bp.psize = (data.len() as u32).into();
-        bp.birth_txg = txg.into();
+        let mut bp = self.write_batch(&[data], props, txg)?[0];
         bp.fill = fill.into();
-        bp.checksum_kind = props.checksum as u8;
-        bp.level = props.level;
-        bp.kind = props.kind as u8;
-        bp.checksum = checksum.0;
-        debug_assert!(!bp.is_hole());
         Ok(bp)
     }
 
@@ -212,50 +205,53 @@ impl Zio {
             out
         };
         // Runs of adjacent copies on stripes and mirrors, per vdev; raidz copies one by one.
-        let mut runs: Vec<(u32, u64, Vec<&[u8]>)> = Vec::new();
+        let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
         let mut singles: Vec<(Dva, &[u8])> = Vec::new();
+        let mut open: Option<RunEnd> = None;
         for copy in 0..props.copies {
-            for (d, data) in dvas.iter().zip(blocks) {
+            for (d, &data) in dvas.iter().zip(blocks) {
                 let dva = d[copy];
                 let v = dva.vdev.get();
                 if self.tops[v as usize].raidz.is_some() {
                     singles.push((dva, data));
+                    open = None;
                     continue;
                 }
-                match runs.last_mut() {
-                    Some((rv, start, bufs))
-                        if *rv == v
-                            && *start + bufs.iter().map(|b| b.len() as u64).sum::<u64>()
-                                == dva.offset.get()
-                            && bufs.iter().map(|b| b.len()).sum::<usize>() + data.len()
-                                <= MAX_RUN_BYTES =>
-                    {
-                        bufs.push(data)
-                    }
-                    _ => runs.push((v, dva.offset.get(), vec![data])),
+                if open.as_mut().is_some_and(|e| e.extend(&dva, data.len())) {
+                    let run = by_vdev[v as usize].last_mut().expect("a run is open");
+                    run.1.push(data);
+                } else {
+                    open = Some(RunEnd::at(&dva, data.len()));
+                    by_vdev[v as usize].push((dva.offset.get(), vec![data]));
                 }
             }
         }
-        // One device takes its runs in order from one thread (parallel buffered writes to one
-        // file only queue on its inode lock); vdevs, and raidz stripes, go in parallel.
-        let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
-        for (v, off, bufs) in runs {
-            by_vdev[v as usize].push((off, bufs));
-        }
-        let (a, b) = rayon::join(
-            || {
-                by_vdev.par_iter().enumerate().try_for_each(|(v, runs)| {
-                    runs.iter()
-                        .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
-                })
-            },
-            || {
-                singles
-                    .par_iter()
-                    .try_for_each(|(d, data)| self.issue_write(d, data))
-            },
-        );
-        a.and(b).map_err(ZioError::Write)?;
+        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
+        // that may hold garbage. One device takes its runs in order from one thread (parallel
+        // buffered writes to one file only queue on its inode lock); vdevs, and raidz stripes,
+        // go in parallel.
+        let busy: Vec<(usize, &Vec<WriteRun>)> = by_vdev
+            .iter()
+            .enumerate()
+            .filter(|(_, runs)| !runs.is_empty())
+            .collect();
+        let write_runs = |&(v, runs): &(usize, &Vec<WriteRun>)| {
+            runs.iter()
+                .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
+        };
+        let write_single = |(d, data): &(Dva, &[u8])| self.issue_write(d, data);
+        let written = match (busy.len(), singles.len()) {
+            (0, 1) => write_single(&singles[0]),
+            (1, 0) => write_runs(&busy[0]),
+            _ => {
+                let (a, b) = rayon::join(
+                    || busy.par_iter().try_for_each(write_runs),
+                    || singles.par_iter().try_for_each(write_single),
+                );
+                a.and(b)
+            }
+        };
+        written.map_err(ZioError::Write)?;
         let bytes: u64 = blocks.iter().map(|d| d.len() as u64).sum();
         self.stats
             .blocks_written
@@ -312,38 +308,28 @@ impl Zio {
         bufs: Vec<&mut [u8]>,
     ) -> Vec<Result<(), ZioError>> {
         assert_eq!(bps.len(), bufs.len());
-        // Cut into runs, each with its pointers and buffers.
-        type Run<'a, 'b> = (Vec<&'a BlkPtr>, Vec<&'b mut [u8]>);
+        // Cut into runs, each with its pointers and buffers, and whether it can be read as
+        // one request (else its one block is read alone).
+        type Run<'a, 'b> = (bool, Vec<&'a BlkPtr>, Vec<&'b mut [u8]>);
         let mut runs: Vec<Run> = Vec::new();
-        let mut run_end: Option<(u32, u64, usize)> = None; // (vdev, end offset, bytes)
+        let mut open: Option<RunEnd> = None;
         for (bp, buf) in bps.iter().zip(bufs) {
             assert!(!bp.is_hole());
             assert_eq!(buf.len(), bp.psize.get() as usize);
             let d = &bp.dva[0];
-            let psize = buf.len();
             let runnable = bp.checksum_kind().is_some()
-                && self.vdev_of(d, psize).is_ok_and(|t| t.raidz.is_none());
-            let joins = runnable
-                && run_end.is_some_and(|(v, end, bytes)| {
-                    v == d.vdev.get() && end == d.offset.get() && bytes + psize <= MAX_RUN_BYTES
-                });
-            if joins {
-                let (v, end, bytes) = run_end.expect("a run is open");
-                run_end = Some((v, end + psize as u64, bytes + psize));
+                && self.vdev_of(d, buf.len()).is_ok_and(|t| t.raidz.is_none());
+            if runnable && open.as_mut().is_some_and(|e| e.extend(d, buf.len())) {
                 let r = runs.last_mut().expect("a run is open");
-                r.0.push(bp);
-                r.1.push(buf);
+                r.1.push(bp);
+                r.2.push(buf);
             } else {
-                run_end = runnable.then(|| (d.vdev.get(), d.offset.get() + psize as u64, psize));
-                runs.push((vec![bp], vec![buf]));
+                open = runnable.then(|| RunEnd::at(d, buf.len()));
+                runs.push((runnable, vec![bp], vec![buf]));
             }
         }
-        let read_run = |(run, mut bufs): Run| -> Vec<Result<(), ZioError>> {
+        let read_run = |(runnable, run, mut bufs): Run| -> Vec<Result<(), ZioError>> {
             let d = &run[0].dva[0];
-            let runnable = run[0].checksum_kind().is_some()
-                && self
-                    .vdev_of(d, bufs[0].len())
-                    .is_ok_and(|t| t.raidz.is_none());
             let child = if runnable {
                 self.tops[d.vdev.get() as usize]
                     .read_run(d.offset.get(), &mut bufs)

@@ -175,6 +175,13 @@ impl Volume {
             .map_err(|e| self.unreadable(blkid, e))
     }
 
+    /// The first block and the number of blocks that `len > 0` bytes at `offset` touch.
+    fn blocks_of(&self, offset: u64, len: u64) -> (u64, u64) {
+        let bs = self.block_size();
+        let first = offset / bs;
+        (first, (offset + len - 1) / bs - first + 1)
+    }
+
     /// The error for block `blkid`, which no copy could supply.
     fn unreadable(&self, blkid: u64, e: crate::zio::ZioError) -> VolError {
         let bs = self.block_size();
@@ -194,8 +201,7 @@ impl Volume {
             return Ok(());
         }
         let bs = self.block_size();
-        let first = offset / bs;
-        let count = (offset + len as u64 - 1) / bs - first + 1;
+        let (first, count) = self.blocks_of(offset, len as u64);
         // A long read takes whole blocks that are not in memory straight into `buf`,
         // uncached (see `Object::read_blocks`).
         let streaming = len >= STREAMING_READ_BYTES;
@@ -382,8 +388,14 @@ impl Volume {
     /// Reads the range's blocks into the cache without returning them (NBD_CMD_CACHE).
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), VolError> {
         self.check("cache", offset, len)?;
-        for sp in spans(offset, len as usize, self.block_size()) {
-            self.read_block(sp.blkid)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, count) = self.blocks_of(offset, len);
+        let none = (0..count).map(|_| None).collect();
+        let blocks = self.ds.object.read_blocks(&self.pool.io, first, none);
+        for (blkid, block) in (first..).zip(blocks) {
+            block.map_err(|e| self.unreadable(blkid, e))?;
         }
         Ok(())
     }
