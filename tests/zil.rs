@@ -494,3 +494,36 @@ fn a_block_written_in_place_that_does_not_verify_ends_the_log_there() {
     assert!(read(&vol, 2 * BLK as u64, 4096) == vec![0u8; 4096]);
     pool.verify().unwrap();
 }
+
+#[test]
+fn a_flush_after_a_burst_too_large_to_log_commits_a_txg_and_writes_no_log() {
+    let (devs, pool) = three_stripes(0, &log_opts(CommitPolicy::Group, Placement::Global));
+    pool.create_volume("big", 32 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "big").unwrap();
+    let logged = |p: &Pool| p.zil.stats().bytes.iter().sum::<u64>();
+    let (txg, before) = (pool.synced_txg(), logged(&pool));
+    // More than BULK_SYNC_BYTES of buffered writes, then one flush.
+    let burst = pattern(7, (zeta::zil::log::BULK_SYNC_BYTES + (1 << 20)) as usize);
+    vol.write(MB, &burst).unwrap();
+    vol.flush().unwrap();
+    assert!(pool.synced_txg() > txg, "the flush committed a txg");
+    assert_eq!(logged(&pool), before, "and wrote nothing to the log");
+    assert_eq!(pool.zil.stats().bulk_syncs, 1);
+    // A small sync write still goes through the log alone.
+    let txg = pool.synced_txg();
+    let small = pattern(8, 5000);
+    vol.write(20 * MB + 100, &small).unwrap();
+    vol.flush().unwrap();
+    assert_eq!(pool.synced_txg(), txg);
+    assert!(logged(&pool) > before);
+    assert_eq!(pool.zil.stats().bulk_syncs, 1);
+
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "big").unwrap();
+    assert!(read(&vol, MB, burst.len()) == burst, "the burst was lost");
+    assert_eq!(read(&vol, 20 * MB + 100, 5000), small);
+    pool.verify().unwrap();
+}

@@ -32,6 +32,14 @@ use super::{CommitPolicy, Zil};
 pub const MAX_BLOCK: u32 = 256 << 10;
 const MIN_BLOCK: u32 = 4096;
 
+/// A batch carrying at least this much data is committed by a txg sync instead of the log.
+/// Logged, its data would be written twice (to the log now, in place at the txg) and the
+/// log's copy freed a txg later; a txg sync writes it once, to its place, and the sync is due
+/// soon anyway with this much dirty. It arises when a flush follows a burst of buffered
+/// writes (a bulk copy, `zeta vol put`), never in a steady stream of small sync writes, whose
+/// batches are bounded by the requests in flight.
+pub const BULK_SYNC_BYTES: usize = 8 << 20;
+
 /// Called once a sync request's records are durable (or cannot be made so).
 pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
@@ -361,7 +369,8 @@ impl Log {
             }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             st.inflight_first = Some(batch[0].0);
-            let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain;
+            let bulk = batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= BULK_SYNC_BYTES;
+            let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain && !bulk;
             let started = Instant::now();
             // Large whole-block writes go to their place first (outside the lock: it is a
             // device write); their records then carry a block pointer only.
@@ -388,7 +397,13 @@ impl Log {
 
             let written = write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs);
             let wrote = written.is_ok();
-            let result = if wrote { Ok(()) } else { zil.sync_now() };
+            let result = if wrote {
+                Ok(())
+            } else if bulk {
+                zil.bulk_sync()
+            } else {
+                zil.sync_now()
+            };
             zil.note_batch(started.elapsed().as_nanos() as u64);
 
             st = self.state.lock();

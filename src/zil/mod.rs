@@ -54,6 +54,7 @@ struct Stats {
     flushes: AtomicU64,
     batch_nanos: AtomicU64,
     fallback_syncs: AtomicU64,
+    bulk_syncs: AtomicU64,
     in_place: AtomicU64,
 }
 
@@ -71,6 +72,9 @@ pub struct ZilStats {
     /// Commits that fell back to a txg sync (log space full, a log write failed, or a
     /// volume whose log header was not yet on disk).
     pub fallback_syncs: u64,
+    /// Commits of batches too large to be worth logging (`log::BULK_SYNC_BYTES`), made by a
+    /// txg sync instead.
+    pub bulk_syncs: u64,
     /// Records of large writes whose data went to its place, logged by block pointer.
     pub in_place: u64,
     pub space_used: u64,
@@ -203,6 +207,16 @@ impl Zil {
 
     fn sync_now(&self) -> Result<(), String> {
         self.stats.fallback_syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_txg()
+    }
+
+    /// Commits a batch too large to be worth logging by a txg sync.
+    fn bulk_sync(&self) -> Result<(), String> {
+        self.stats.bulk_syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_txg()
+    }
+
+    fn sync_txg(&self) -> Result<(), String> {
         match self.hooks.get() {
             Some(h) => h.sync_now(),
             None => Err("the pool is not ready for log commits".into()),
@@ -287,6 +301,7 @@ impl Zil {
             flushes: self.stats.flushes.load(Ordering::Relaxed),
             batch_nanos: self.stats.batch_nanos.load(Ordering::Relaxed),
             fallback_syncs: self.stats.fallback_syncs.load(Ordering::Relaxed),
+            bulk_syncs: self.stats.bulk_syncs.load(Ordering::Relaxed),
             in_place: self.stats.in_place.load(Ordering::Relaxed),
             space_used,
             space_total,
