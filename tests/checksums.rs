@@ -109,6 +109,8 @@ fn a_pool_created_with_blake3_stores_blake3_block_pointers() {
     vol.write(0, &data).unwrap();
     vol.flush().unwrap();
     drop(vol);
+    // The blocks join the volume's tree at a txg (the flush only made them durable).
+    pool.sync_now().unwrap();
     assert_all_blocks_use(&pool, "v", ChecksumKind::Blake3);
     let cut = power_cut(&devs, PowerCut::DropUnflushed);
     drop(pool);

@@ -529,16 +529,17 @@ fn txgs_after_a_fallback_outrank_the_skipped_uberblocks() {
     let devs = mem_devs(1, 96 * MB);
     let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
     pool.create_volume("v", 4 * MB, 16384, None).unwrap();
+    // Each write is committed by a txg of its own (`sync_now`): the test is about txgs.
     let vol = Volume::open(&pool, "v").unwrap();
     let first = pattern(1, 4 * MB as usize);
     vol.write(0, &first).unwrap();
-    vol.flush().unwrap();
+    pool.sync_now().unwrap();
     let good_txg = pool.synced_txg();
     // Two more txgs, each rewriting the whole volume into new space. Frees are deferred for
     // two txgs, so the tree of `good_txg` stays intact.
     for round in 0..2u8 {
         vol.write(0, &pattern(20 + round, 4 * MB as usize)).unwrap();
-        vol.flush().unwrap();
+        pool.sync_now().unwrap();
     }
     let skipped_txg = pool.synced_txg();
     let skipped_places = data_block_places(&pool);
@@ -576,7 +577,7 @@ fn txgs_after_a_fallback_outrank_the_skipped_uberblocks() {
     for round in 0..3u8 {
         last = pattern(40 + round, 4 * MB as usize);
         vol.write(0, &last).unwrap();
-        vol.flush().unwrap();
+        pool.sync_now().unwrap();
         new_places.extend(data_block_places(&pool));
         if round == 0 {
             let txg = pool.synced_txg();

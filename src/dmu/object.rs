@@ -288,6 +288,15 @@ impl Object {
         }
     }
 
+    /// Where block `blkid`'s change in the open txg, `data`, was already written ahead
+    /// (`set_override`), if it was.
+    pub fn override_of(&self, blkid: u64, data: &Arc<Vec<u8>>) -> Option<BlkPtr> {
+        match self.state.lock().overrides.get(&blkid) {
+            Some((d, bp)) if Arc::ptr_eq(d, data) => Some(*bp),
+            _ => None,
+        }
+    }
+
     pub fn has_open_changes(&self) -> bool {
         !self.state.lock().open.is_empty()
     }

@@ -308,13 +308,28 @@ impl Prewrite for InPlace<'_> {
         };
         let buf = data.whole_buffer()?;
         let bs = self.ds.volblocksize as u64;
-        if buf.len() < IN_PLACE_MIN_BYTES || buf.len() as u64 != bs || offset % bs != 0 {
+        if buf.len() as u64 != bs || offset % bs != 0 {
             return None;
         }
         let blkid = offset / bs;
         // Written ahead only while the block's change is still in the open txg; once its txg
         // syncs, the sync writes it anyway.
         if !self.ds.object.is_open_dirty(blkid, buf) {
+            return None;
+        }
+        // Already there (a streaming write put it in place as it came): point at that copy.
+        if let Some(bp) = self.ds.object.override_of(blkid, buf) {
+            let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
+            return Some((
+                Record::Indirect {
+                    txg: *txg,
+                    offset: *offset,
+                    bp,
+                },
+                vdevs,
+            ));
+        }
+        if buf.len() < IN_PLACE_MIN_BYTES {
             return None;
         }
         // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
@@ -328,22 +343,12 @@ impl Prewrite for InPlace<'_> {
                 Vec::new(),
             ));
         }
-        // Allocated outside the space map until the txg's tree adopts the block.
-        let props = WriteProps {
-            class: AllocClass::Mos,
-            ..self.ds.object.data_props()
-        };
-        let bp = self.pool.io.zio.write(buf, props, *txg, 1).ok()?;
+        let bp = self
+            .pool
+            .write_ahead(self.ds, *txg, &[(blkid, buf)])
+            .ok()?
+            .pop()?;
         let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
-        // If the block was overwritten, or its txg began to sync, meanwhile, the copy is not
-        // adopted but the record still holds: the copy stays intact past the txg that makes
-        // the record obsolete (frees are deferred).
-        if let Some(old) = self.ds.object.set_override(blkid, buf, bp) {
-            self.pool
-                .io
-                .zio
-                .free(&old, self.pool.open_txg(), AllocClass::Mos);
-        }
         Some((
             Record::Indirect {
                 txg: *txg,
@@ -1046,6 +1051,36 @@ impl Pool {
     }
 
     // ----- intent log ---------------------------------------------------------------------
+
+    /// Writes blocks of the volume, dirty in txg `txg`, to their place now rather than at
+    /// the txg's sync, and tells the object so (`set_override`): the sync adopts each copy
+    /// whose buffer is still the block's change, and writes nothing more for it. Returns
+    /// where each went. A copy that is not adopted (the block was overwritten, or the txg
+    /// began to sync, meanwhile) is freed, but only as frees are: a txg later than any
+    /// log record pointing at it can still need it.
+    ///
+    /// Used for the data of streaming writes, written by the writer's thread while it is
+    /// still in the processor's cache, and for large blocks a sync request needs (`InPlace`).
+    pub fn write_ahead(
+        &self,
+        ds: &Dataset,
+        txg: u64,
+        blocks: &[(u64, &Arc<Vec<u8>>)],
+    ) -> Result<Vec<BlkPtr>, PoolError> {
+        // Allocated outside the space map until the txg's tree adopts the block.
+        let props = WriteProps {
+            class: AllocClass::Mos,
+            ..ds.object.data_props()
+        };
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
+        let bps = self.io.zio.write_batch(&bufs, props, txg)?;
+        for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
+            if let Some(old) = ds.object.set_override(blkid, buf, *bp) {
+                self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
+            }
+        }
+        Ok(bps)
+    }
 
     /// Makes every write to the volume so far durable, then calls `done` (maybe on another
     /// thread, maybe before returning).

@@ -110,6 +110,10 @@ struct Deferred {
 pub struct Allocator {
     pub tops: Vec<TopSpace>,
     deferred: VecDeque<Deferred>,
+    /// Bytes in `deferred`, kept as it changes: `space` is asked for every dirtied block
+    /// (admission control), and summing a txg's worth of freed extents each time cost more
+    /// than the write.
+    freeing: u64,
     frees_held: u32,
     rotor: usize,
     rotor_bytes: u64,
@@ -146,6 +150,7 @@ impl Allocator {
         Allocator {
             tops,
             deferred: VecDeque::new(),
+            freeing: 0,
             frees_held: 0,
             rotor: 0,
             rotor_bytes: 0,
@@ -160,12 +165,7 @@ impl Allocator {
                 s.free += ms.free.space();
             }
         }
-        s.freeing = self
-            .deferred
-            .iter()
-            .flat_map(|d| &d.extents)
-            .map(|e| e.2)
-            .sum();
+        s.freeing = self.freeing;
         s.alloc = s.size - s.free - s.freeing;
         s
     }
@@ -302,6 +302,7 @@ impl Allocator {
             }),
             AllocClass::Mos => ms.mos.remove(off, len),
         }
+        self.freeing += len;
         match self.deferred.back_mut() {
             Some(d) if d.txg == txg => d.extents.push((v, off, len)),
             _ => self.deferred.push_back(Deferred {
@@ -329,6 +330,7 @@ impl Allocator {
         while self.deferred.front().is_some_and(|d| d.txg + 2 <= txg) {
             let d = self.deferred.pop_front().unwrap();
             for (v, off, len) in d.extents {
+                self.freeing -= len;
                 let ms_i = self.ms_index(v, off);
                 self.tops[v as usize].metaslabs[ms_i].free.add(off, len);
             }

@@ -38,6 +38,12 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
 /// straight into the caller's buffer and are not cached.
 pub const STREAMING_READ_BYTES: usize = 256 << 10;
 
+/// Writes of at least this many bytes are streaming writes: their whole blocks are written to
+/// their place at once, by the writer's thread, while the data is still in the processor's
+/// cache (`Pool::write_ahead`); the txg's sync adopts them. Left to the sync, a stream's data
+/// was copied into the kernel cold, long after it came, by one thread for the whole pool.
+pub const STREAMING_WRITE_BYTES: usize = 128 << 10;
+
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
     #[error("{op} of {len} bytes at offset {offset} lies past the end of {vol} ({size} bytes)")]
@@ -239,6 +245,8 @@ impl Volume {
         let first = offset / bs;
         let last = (offset + data.len() as u64 - 1) / bs;
         let _guard = self.locks.lock(first, last);
+        let streaming = data.len() >= STREAMING_WRITE_BYTES;
+        let mut ahead: Vec<(u64, u64, Arc<Vec<u8>>)> = Vec::new();
         for sp in spans(offset, data.len(), bs) {
             let src = &data[sp.in_buf..sp.in_buf + sp.len];
             let whole = sp.is_whole_block(bs);
@@ -259,10 +267,17 @@ impl Volume {
             } else {
                 Payload::owned(src.to_vec())
             };
+            // All-zero blocks are left to the sync, which makes them holes.
+            if streaming && whole && block.iter().any(|&b| b != 0) {
+                ahead.push((sp.blkid, 0, block.clone()));
+            }
             let txg = self
                 .pool
                 .dirty_block(&self.ds, sp.blkid, Dirty::Data(block))
                 .map_err(|e| self.err(e))?;
+            if let Some(a) = ahead.last_mut().filter(|a| a.0 == sp.blkid) {
+                a.1 = txg;
+            }
             if log {
                 self.ds.log.append(Record::Write {
                     txg,
@@ -271,7 +286,19 @@ impl Volume {
                 });
             }
         }
+        self.write_ahead(&ahead);
         Ok(())
+    }
+
+    /// Writes a streaming write's blocks (`blkid`, txg, data) to their place now, a batch
+    /// per txg (a write that straddles a txg boundary has two). Best effort: a block that
+    /// cannot be written now (no space, a device error) is left to the sync, which will
+    /// write it, or report the error, as for any other.
+    fn write_ahead(&self, ahead: &[(u64, u64, Arc<Vec<u8>>)]) {
+        for group in ahead.chunk_by(|a, b| a.1 == b.1) {
+            let blocks: Vec<(u64, &Arc<Vec<u8>>)> = group.iter().map(|(b, _, d)| (*b, d)).collect();
+            let _ = self.pool.write_ahead(&self.ds, group[0].1, &blocks);
+        }
     }
 
     /// Frees the whole blocks inside the range and zeroes the partial ones at its edges, so the
