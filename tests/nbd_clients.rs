@@ -498,6 +498,29 @@ fn zeta_up_creates_serves_and_comes_back() {
     assert!(child.wait().unwrap().success());
 }
 
+/// A server whose control socket file was removed under it (a cleaned run directory) still
+/// stops cleanly on SIGTERM: it used to wait forever for its control thread.
+#[test]
+fn a_server_whose_control_socket_was_removed_still_stops() {
+    let mut s = Served::new();
+    let sock = s.home().join("run/tank.sock");
+    std::fs::remove_file(&sock).unwrap();
+    let mut c = s.child.take().unwrap();
+    sigterm(c.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("the server did not stop within 30 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(st.success(), "server exit status {st}");
+}
+
 /// While `zeta serve` holds the pool, admin commands from other processes go through its
 /// control socket (mode 0600): status, list, volume create/resize/put/get/destroy work, a new
 /// volume is an export at once, and what cannot be done while serving is refused clearly.

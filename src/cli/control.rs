@@ -250,10 +250,13 @@ impl ControlServer {
     pub fn shutdown(self) {
         self.stop.store(true, Ordering::SeqCst);
         for (path, handle) in self.sockets {
-            // Wake the accept loop so it sees the flag.
-            let _ = UnixStream::connect(&path);
-            let _ = handle.join();
-            let _ = std::fs::remove_file(&path);
+            // Wake the accept loop so it sees the flag. If the socket's file is gone (someone
+            // cleaned the run directory), nothing can wake it: leave the thread to end with
+            // the process rather than wait for it forever.
+            if UnixStream::connect(&path).is_ok() {
+                let _ = handle.join();
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 }

@@ -371,10 +371,11 @@ impl Object {
         let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
         for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
             match change {
-                Dirty::Data(d) if adopted.contains_key(&blkid) => {
+                // Not cached: blocks written ahead come from streams (and large sync
+                // writes), which, like streaming reads, would only evict what others reuse.
+                Dirty::Data(_) if adopted.contains_key(&blkid) => {
                     let bp = adopted[&blkid];
                     io.zio.adopt(&bp);
-                    io.cache.insert(&bp, d.clone());
                     children.insert(blkid, bp);
                 }
                 Dirty::Data(d) if nonzero => to_write.push((blkid, d)),

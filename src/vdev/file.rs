@@ -69,6 +69,9 @@ impl FileDevice {
     }
 }
 
+/// Vectored writes of at least this many bytes start their writeback at once.
+const WRITEBACK_MIN_BYTES: usize = 64 << 10;
+
 /// `preadv`/`pwritev` over all of `iov` from `offset`, in calls of at most `IOV_MAX` buffers,
 /// resuming after short transfers and `EINTR`. `iov` describes live buffers the caller holds
 /// for the whole call (mutable ones for a read); it is consumed as the transfer advances.
@@ -218,6 +221,11 @@ impl BlockDevice for FileDevice {
         // waited for a txg's worth of writeback before, which stalled the sync thread for a
         // third of its time under streaming writes). Only a hint: durability still comes
         // from `flush`, and an error here would show there, so the result is not needed.
+        // Not for small writes (a txg's metadata, log blocks about to be flushed anyway):
+        // each call kicks the device, which in a virtual machine is an exit to the host.
+        if total < WRITEBACK_MIN_BYTES {
+            return Ok(());
+        }
         // SAFETY: sync_file_range takes only integers.
         unsafe {
             libc::sync_file_range(

@@ -95,6 +95,10 @@ impl Zio {
 /// a long sequential read splits into pieces that proceed in parallel.
 pub const MAX_RUN_BYTES: usize = 256 << 10;
 
+/// `write_batch` checksums a batch of more than this many bytes on the rayon pool, and a
+/// smaller one on the calling thread.
+const PARALLEL_SUM_BYTES: usize = 1 << 20;
+
 /// Blocks written as one request: where the first goes, and the blocks in order.
 type WriteRun<'a> = (u64, Vec<&'a [u8]>);
 
@@ -177,7 +181,11 @@ impl Zio {
                 d.len()
             );
         }
-        let sums: Vec<_> = if blocks.len() > 1 {
+        // A small batch is checksummed by the calling thread, where its data is hot, and
+        // without waking pool threads (a streaming write's handful of blocks: an NBD server's
+        // many workers doing that through rayon spent more in task switches than in sums).
+        let bytes: usize = blocks.iter().map(|d| d.len()).sum();
+        let sums: Vec<_> = if bytes > PARALLEL_SUM_BYTES {
             blocks
                 .par_iter()
                 .map(|d| props.checksum.compute(d))
