@@ -407,11 +407,14 @@ impl Object {
                     children.insert(0, old.root);
                 }
             }
-            let mut parents: BTreeMap<u64, BlkPtr> = BTreeMap::new();
             let mut groups: BTreeMap<u64, Vec<(u64, BlkPtr)>> = BTreeMap::new();
             for (idx, bp) in children {
                 groups.entry(idx >> IND_SHIFT).or_default().push((idx, bp));
             }
+            // The level's new indirect blocks, then written as one batch: in block order, so
+            // neighbours land next to each other and go to the device as a few long writes.
+            let mut parents: BTreeMap<u64, BlkPtr> = BTreeMap::new();
+            let mut built: Vec<(u64, Vec<u8>, u64)> = Vec::new();
             for (pidx, group) in groups {
                 let old_parent = if level < old.nlevels {
                     lookup(io, &old, level, pidx)?
@@ -434,16 +437,23 @@ impl Object {
                     }
                     set_bp(&mut content, slot, &bp);
                 }
-                let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
-                let nonhole = (0..FANOUT).any(|s| !bp_at(&content, s).is_hole());
-                let bp = if nonhole {
-                    let props = WriteProps { level, ..ind_props };
-                    let bp = io.zio.write(&content, props, txg, fill)?;
-                    io.cache.insert(&bp, Arc::new(content));
-                    bp
+                if (0..FANOUT).any(|s| !bp_at(&content, s).is_hole()) {
+                    let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
+                    built.push((pidx, content, fill));
                 } else {
-                    BlkPtr::HOLE
-                };
+                    parents.insert(pidx, BlkPtr::HOLE);
+                }
+            }
+            let props = WriteProps { level, ..ind_props };
+            let contents: Vec<&[u8]> = built.iter().map(|(_, c, _)| c.as_slice()).collect();
+            let bps = if contents.is_empty() {
+                Vec::new()
+            } else {
+                io.zio.write_batch(&contents, props, txg)?
+            };
+            for ((pidx, content, fill), mut bp) in built.into_iter().zip(bps) {
+                bp.fill = fill.into();
+                io.cache.insert(&bp, Arc::new(content));
                 parents.insert(pidx, bp);
             }
             children = parents;
