@@ -211,11 +211,12 @@ fn long_reads_verify_every_block_of_a_run_and_heal_what_they_read() {
     }
     let pool = import(&devs);
     let vol = Volume::open(&pool, "v").unwrap();
-    // Read it all twice in 1 MiB pieces: the rotor puts each run on each child in turn.
-    for _ in 0..2 {
+    // Read it all twice, in 1 MiB pieces (read by the calling thread) and in 4 MiB ones (runs
+    // spread over the pool's threads): the rotor puts each run on each child in turn.
+    for piece_len in [MB, 4 * MB] {
         let mut got = vec![0u8; 8 * MB as usize];
-        for (i, piece) in got.chunks_mut(MB as usize).enumerate() {
-            vol.read(i as u64 * MB, piece).unwrap();
+        for (i, piece) in got.chunks_mut(piece_len as usize).enumerate() {
+            vol.read(i as u64 * piece_len, piece).unwrap();
         }
         assert!(got == data);
     }

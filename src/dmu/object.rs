@@ -199,10 +199,11 @@ impl Object {
         let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
         let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
+        let mut leaves = Leaves::new(&dnode);
         for (i, (known, buf)) in dirty.into_iter().zip(direct).enumerate() {
             let found = match known {
                 Some(f) => Ok(f),
-                None => lookup(io, &dnode, 0, first + i as u64).map(|bp| {
+                None => leaves.get(io, first + i as u64).map(|bp| {
                     if bp.is_hole() {
                         return Fetched::Hole;
                     }
@@ -536,6 +537,41 @@ fn lookup(io: &ObjectIo, dn: &DnodePhys, level: u8, idx: u64) -> Result<BlkPtr, 
         bp = bp_at(&block, slot);
     }
     Ok(bp)
+}
+
+/// Block pointers of level-0 blocks looked up in order: consecutive blocks under one level-1
+/// block take it once, where `lookup` would walk the tree from the root for each.
+struct Leaves<'a> {
+    dn: &'a DnodePhys,
+    /// The level-1 block last walked to (its index; `None` for a hole).
+    parent: Option<(u64, Option<Arc<Vec<u8>>>)>,
+}
+
+impl<'a> Leaves<'a> {
+    fn new(dn: &'a DnodePhys) -> Leaves<'a> {
+        Leaves { dn, parent: None }
+    }
+
+    fn get(&mut self, io: &ObjectIo, blkid: u64) -> Result<BlkPtr, ZioError> {
+        if self.dn.nlevels < 2 {
+            return lookup(io, self.dn, 0, blkid);
+        }
+        let pidx = blkid >> IND_SHIFT;
+        let block = match &self.parent {
+            Some((p, block)) if *p == pidx => block.clone(),
+            _ => {
+                let pbp = lookup(io, self.dn, 1, pidx)?;
+                let block = if pbp.is_hole() {
+                    None
+                } else {
+                    Some(io.read_bp(&pbp)?)
+                };
+                self.parent = Some((pidx, block.clone()));
+                block
+            }
+        };
+        Ok(block.map_or(BlkPtr::HOLE, |b| bp_at(&b, (blkid as usize) & (FANOUT - 1))))
+    }
 }
 
 fn collect_blkids(
