@@ -66,7 +66,12 @@ fn read_all(pool: &Arc<Pool>, name: &str) -> Vec<u8> {
 #[test]
 fn volumes_of_every_algorithm_survive_a_power_cut_in_one_pool() {
     let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    // No timed txg: one could commit the unflushed overwrites below just before the cut.
+    let opts = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts).unwrap();
     for (i, kind) in ChecksumKind::ALL.into_iter().enumerate() {
         pool.create_volume(kind.name(), VOLSIZE, BLOCK, Some(kind))
             .unwrap();
@@ -74,6 +79,8 @@ fn volumes_of_every_algorithm_survive_a_power_cut_in_one_pool() {
         vol.write(0, &pattern(i as u8, VOLSIZE as usize)).unwrap();
         vol.flush().unwrap();
     }
+    // Syncs the dirty data asked for are done: none is under way during the overwrites.
+    pool.sync_now().unwrap();
     // Unflushed overwrites that the power cut drops.
     for kind in ChecksumKind::ALL {
         let vol = Volume::open(&pool, kind.name()).unwrap();

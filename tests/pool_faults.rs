@@ -678,3 +678,36 @@ fn create_takes_a_device_without_any_zeta_label() {
     let pool = import(&garbage);
     pool.verify().unwrap();
 }
+
+/// A volume destroyed while a handle to it is still open (an NBD client connected to it):
+/// writes through the handle are refused, and add nothing to the pool's dirty data, which
+/// nothing would ever sync (enough of them used to stall every writer of the pool at the
+/// dirty limit).
+#[test]
+fn writes_to_a_destroyed_volume_are_refused_and_stall_nobody() {
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
+    pool.create_volume("gone", 8 * MB, 16384, None).unwrap();
+    pool.create_volume("kept", 8 * MB, 16384, None).unwrap();
+    let gone = Volume::open(&pool, "gone").unwrap();
+    let kept = Volume::open(&pool, "kept").unwrap();
+    pool.destroy_volume("gone").unwrap();
+    let dirty = pool.dirty_bytes();
+    let err = gone.write(0, &pattern(1, MB as usize)).unwrap_err();
+    assert!(err.to_string().contains("gone"), "{err}");
+    assert_eq!(pool.dirty_bytes(), dirty);
+    // More than the dirty limit (16M in these options) through the dead handle, then a live write.
+    for i in 0..24u64 {
+        assert!(gone.write((i % 8) * MB, &pattern(2, MB as usize)).is_err());
+    }
+    let data = pattern(3, 4 * MB as usize);
+    kept.write(0, &data).unwrap();
+    kept.flush().unwrap();
+    assert!(read_back(&kept, 0, data.len()) == data);
+}
+
+fn read_back(vol: &Volume, off: u64, len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    vol.read(off, &mut got).unwrap();
+    got
+}

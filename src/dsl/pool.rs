@@ -6,7 +6,7 @@
 //! committed. See docs/format.md for why a crash at any point leaves the previous txg intact.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -218,6 +218,9 @@ pub struct Dataset {
     /// Blocks that records to replay point at (large writes logged by block pointer): held
     /// allocated until the replay's txg commits, so a crash before then finds them intact.
     replay_claims: Mutex<Vec<BlkPtr>>,
+    /// Set when the volume is destroyed: handles still open to it (a connected client) must
+    /// not dirty it any more, since no txg would ever sync, and undirty, what they wrote.
+    destroyed: AtomicBool,
 }
 
 impl Dataset {
@@ -931,6 +934,7 @@ impl Pool {
             log: Log::new_chain(&self.zil),
             replay_lock: Mutex::new(()),
             replay_claims: Mutex::new(Vec::new()),
+            destroyed: AtomicBool::new(false),
         });
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
@@ -949,6 +953,11 @@ impl Pool {
                 .write()
                 .remove(name)
                 .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))?;
+            // Under the open txg's lock, as `dirty_block` checks it: a change either sees the
+            // flag, or lands in the open txg before the sync below takes its destruction.
+            let hold = self.open_txg.write();
+            ds.destroyed.store(true, Ordering::Release);
+            drop(hold);
             mos.destroyed.push(ds);
             mos.dir_dirty = true;
         }
@@ -992,6 +1001,12 @@ impl Pool {
             self.reserve_space(len)?;
         }
         let hold = self.open_txg.read();
+        if ds.destroyed.load(Ordering::Acquire) {
+            return Err(PoolError::NoSuchVolume(format!(
+                "{}/{} (destroyed while open)",
+                self.name, ds.name
+            )));
+        }
         let txg = *hold;
         let delta = ds.object.dirty(blkid, change);
         let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
@@ -2513,6 +2528,7 @@ fn load_mos(
                 log: Log::off(),
                 replay_lock: Mutex::new(()),
                 replay_claims: Mutex::new(Vec::new()),
+                destroyed: AtomicBool::new(false),
             },
             ZilHeader::decode(&e.reserved[..ZilHeader::BYTES]),
         ));
