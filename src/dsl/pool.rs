@@ -320,37 +320,27 @@ impl Prewrite for InPlace<'_> {
         if !self.ds.object.is_open_dirty(blkid, buf) {
             return None;
         }
-        // Already there (a streaming write put it in place as it came): point at that copy.
-        if let Some(bp) = self.ds.object.override_of(blkid, buf) {
-            let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
-            return Some((
-                Record::Indirect {
-                    txg: *txg,
-                    offset: *offset,
-                    bp,
-                },
-                vdevs,
-            ));
-        }
-        if buf.len() < IN_PLACE_MIN_BYTES {
-            return None;
-        }
-        // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
-        if buf.iter().all(|&b| b == 0) {
-            return Some((
-                Record::Zero {
-                    txg: *txg,
-                    offset: *offset,
-                    len: bs,
-                },
-                Vec::new(),
-            ));
-        }
-        let bp = self
-            .pool
-            .write_ahead(self.ds, *txg, &[(blkid, buf)])
-            .ok()?
-            .pop()?;
+        let bp = match self.ds.object.override_of(blkid, buf) {
+            // Already there (a streaming write put it in place as it came): that copy.
+            Some(bp) => bp,
+            None if buf.len() < IN_PLACE_MIN_BYTES => return None,
+            // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
+            None if buf.iter().all(|&b| b == 0) => {
+                return Some((
+                    Record::Zero {
+                        txg: *txg,
+                        offset: *offset,
+                        len: bs,
+                    },
+                    Vec::new(),
+                ))
+            }
+            None => self
+                .pool
+                .write_ahead(self.ds, *txg, &[(blkid, buf)])
+                .ok()?
+                .pop()??,
+        };
         let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
         Some((
             Record::Indirect {
@@ -1074,6 +1064,8 @@ impl Pool {
     /// began to sync, meanwhile) is freed, but only as frees are: a txg later than any
     /// log record pointing at it can still need it.
     ///
+    /// All-zero blocks are not written (`None` in their place): the sync makes them holes.
+    ///
     /// Used for the data of streaming writes, written by the writer's thread while it is
     /// still in the processor's cache, and for large blocks a sync request needs (`InPlace`).
     pub fn write_ahead(
@@ -1081,20 +1073,35 @@ impl Pool {
         ds: &Dataset,
         txg: u64,
         blocks: &[(u64, &Arc<Vec<u8>>)],
-    ) -> Result<Vec<BlkPtr>, PoolError> {
+    ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
         // Allocated outside the space map until the txg's tree adopts the block.
         let props = WriteProps {
             class: AllocClass::Mos,
             ..ds.object.data_props()
         };
-        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
-        let bps = self.io.zio.write_batch(&bufs, props, txg)?;
-        for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
-            if let Some(old) = ds.object.set_override(blkid, buf, *bp) {
-                self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
-            }
+        let data: Vec<bool> = blocks
+            .iter()
+            .map(|(_, b)| b.iter().any(|&x| x != 0))
+            .collect();
+        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
+            .filter(|(_, &d)| d)
+            .map(|((_, b), _)| b.as_slice())
+            .collect();
+        if bufs.is_empty() {
+            return Ok(vec![None; blocks.len()]);
         }
-        Ok(bps)
+        let mut bps = self.io.zio.write_batch(&bufs, props, txg)?.into_iter();
+        let mut out = Vec::with_capacity(blocks.len());
+        for (&(blkid, buf), d) in blocks.iter().zip(data) {
+            let bp = d.then(|| bps.next().expect("a pointer per written block"));
+            if let Some(bp) = bp {
+                if let Some(old) = ds.object.set_override(blkid, buf, bp) {
+                    self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
+                }
+            }
+            out.push(bp);
+        }
+        Ok(out)
     }
 
     /// Makes every write to the volume so far durable, then calls `done` (maybe on another

@@ -454,7 +454,6 @@ impl Allocator {
         }
         let pending = std::mem::take(&mut ms.pending);
         let image = condensed_image(ms);
-        let appended = ms.sm_records + pending.len() as u64;
         if appended > 4 * image.len() as u64 + 64 {
             ms.sm_records = image.len() as u64;
             (image, true)

@@ -264,13 +264,12 @@ impl Zio {
             }
         };
         written.map_err(ZioError::Write)?;
-        let bytes: u64 = blocks.iter().map(|d| d.len() as u64).sum();
         self.stats
             .blocks_written
             .fetch_add(blocks.len() as u64, Ordering::Relaxed);
         self.stats
             .bytes_written
-            .fetch_add(bytes * props.copies as u64, Ordering::Relaxed);
+            .fetch_add((bytes * props.copies) as u64, Ordering::Relaxed);
         Ok(dvas
             .iter()
             .zip(blocks)
@@ -368,11 +367,7 @@ impl Zio {
         };
         // Up to a megabyte the calling thread reads it all: handing runs to the pool cost it a
         // quarter of a 1 MiB read in wakeups and waits, more than the pool's core gave back.
-        let bytes: usize = runs
-            .iter()
-            .flat_map(|r| &r.1)
-            .map(|bp| bp.psize.get() as usize)
-            .sum();
+        let bytes: usize = bps.iter().map(|bp| bp.psize.get() as usize).sum();
         if runs.len() == 1 || bytes <= PARALLEL_READ_BYTES {
             return runs.into_iter().flat_map(read_run).collect();
         }

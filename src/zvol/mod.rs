@@ -267,16 +267,13 @@ impl Volume {
             } else {
                 Payload::owned(src.to_vec())
             };
-            // All-zero blocks are left to the sync, which makes them holes.
-            if streaming && whole && block.iter().any(|&b| b != 0) {
-                ahead.push((sp.blkid, 0, block.clone()));
-            }
+            let write_ahead = (streaming && whole).then(|| block.clone());
             let txg = self
                 .pool
                 .dirty_block(&self.ds, sp.blkid, Dirty::Data(block))
                 .map_err(|e| self.err(e))?;
-            if let Some(a) = ahead.last_mut().filter(|a| a.0 == sp.blkid) {
-                a.1 = txg;
+            if let Some(block) = write_ahead {
+                ahead.push((sp.blkid, txg, block));
             }
             if log {
                 self.ds.log.append(Record::Write {
