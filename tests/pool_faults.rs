@@ -711,3 +711,35 @@ fn read_back(vol: &Volume, off: u64, len: usize) -> Vec<u8> {
     vol.read(off, &mut got).unwrap();
     got
 }
+
+/// Blocks a streaming write put in place ahead of its txg, on a volume destroyed before that
+/// txg synced, are given back: the pool's space returns to where it was (they are allocated
+/// outside the space map, so only the destruction can free them before a restart).
+#[test]
+fn destroying_a_volume_right_after_a_stream_leaks_no_space() {
+    let devs = mem_devs(1, 96 * MB);
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), o).unwrap();
+    let start = pool.space().alloc;
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &pattern(4, 2 * MB as usize)).unwrap();
+    assert!(
+        pool.space().alloc >= start + 2 * MB,
+        "the stream was written ahead"
+    );
+    pool.destroy_volume("v").unwrap();
+    // Two more txgs: the destruction's frees become free space again.
+    for _ in 0..3 {
+        pool.create_volume("w", 16384, 16384, None).unwrap();
+        pool.destroy_volume("w").unwrap();
+    }
+    let end = pool.space().alloc;
+    assert!(
+        end <= start + 256 * 1024,
+        "start {start}, end {end}: the stream's blocks stayed allocated"
+    );
+}

@@ -482,8 +482,19 @@ impl Object {
         Ok(st.dnode)
     }
 
-    /// Frees every block of the object in txg `txg` (the object is being destroyed).
+    /// Frees every block of the object in txg `txg` (the object is being destroyed), and the
+    /// copies written ahead for changes no sync will adopt now (allocated outside the space
+    /// map, they would stay taken until the next import).
     pub fn free_all(&self, io: &ObjectIo, txg: u64) -> Result<(), ZioError> {
+        let ahead: Vec<Override> = {
+            let mut st = self.state.lock();
+            let open = std::mem::take(&mut st.overrides);
+            let syncing = std::mem::take(&mut st.syncing_overrides);
+            open.into_values().chain(syncing.into_values()).collect()
+        };
+        for (_, bp) in ahead {
+            io.zio.free(&bp, txg, AllocClass::Mos);
+        }
         let dn = self.dnode();
         walk(io, &dn, &mut |bp, _| {
             io.zio.free(bp, txg, self.class);
