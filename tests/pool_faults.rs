@@ -743,3 +743,86 @@ fn destroying_a_volume_right_after_a_stream_leaks_no_space() {
         "start {start}, end {end}: the stream's blocks stayed allocated"
     );
 }
+
+/// A streaming write's blocks go to their place at once and hold no memory until their txg
+/// syncs (`Dirty::Placed`). Before that sync they must read back through every path (short
+/// reads, long reads, the read half of a partial write), a second stream over the same
+/// blocks in the same txg must free the first one's copies, all-zero blocks must become
+/// holes, and after the sync nothing may be left allocated that the tree does not use.
+#[test]
+fn placed_blocks_read_back_before_their_txg_and_superseded_copies_are_freed() {
+    let devs = mem_devs(2, 96 * MB);
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), o).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    pool.sync_now().unwrap();
+    let start = pool.space().alloc;
+    let vol = Volume::open(&pool, "v").unwrap();
+    let txg = pool.synced_txg();
+    let dirty0 = pool.dirty_bytes();
+
+    let mut model = vec![0u8; 8 * MB as usize];
+    let mut write = |vol: &Volume, off: usize, data: &[u8]| {
+        vol.write(off as u64, data).unwrap();
+        model[off..off + data.len()].copy_from_slice(data);
+    };
+    let first = pattern(1, 2 * MB as usize);
+    write(&vol, 0, &first);
+    // Counted against the dirty limit like buffered blocks, though they hold no memory.
+    assert!(pool.dirty_bytes() >= dirty0 + 2 * MB);
+    let after_first = pool.space().alloc;
+    assert!(
+        after_first >= start + 2 * MB,
+        "the stream went to its place"
+    );
+    // The same blocks again in the same txg: the first copies are superseded and freed.
+    let second = pattern(2, 2 * MB as usize);
+    write(&vol, 0, &second);
+    // Partial writes into placed blocks read them back and merge.
+    write(&vol, 4096 + 100, &pattern(3, 5000));
+    write(&vol, MB as usize - 10, &pattern(4, 20));
+    // A stream with all-zero blocks in it, over placed blocks and holes.
+    let mut zeros = pattern(5, MB as usize);
+    zeros[16384..5 * 16384].fill(0);
+    write(&vol, MB as usize + 16384, &zeros);
+    assert_eq!(pool.synced_txg(), txg, "all of it in one open txg");
+
+    let check = |vol: &Volume, model: &[u8]| {
+        // Short reads (one block at a time through the cache) and long reads (straight
+        // into the caller's buffer).
+        for off in (0..4 * MB as usize).step_by(16384) {
+            assert!(
+                read(vol, off as u64, 16384) == model[off..off + 16384],
+                "block at {off}"
+            );
+        }
+        assert!(read(vol, 0, 4 * MB as usize) == model[..4 * MB as usize]);
+    };
+    check(&vol, &model);
+    pool.sync_now().unwrap();
+    check(&vol, &model);
+    pool.verify().unwrap();
+    // Two more txgs release the frees; then only the tree's own blocks stay allocated.
+    pool.sync_now().unwrap();
+    pool.sync_now().unwrap();
+    vol.trim(0, 8 * MB).unwrap();
+    for _ in 0..3 {
+        pool.sync_now().unwrap();
+    }
+    let end = pool.space().alloc;
+    assert!(
+        end <= start + 256 * 1024,
+        "start {start}, end {end}: superseded copies stayed allocated"
+    );
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    assert!(
+        pool.space().alloc <= start + 256 * 1024,
+        "exact after a restart"
+    );
+}

@@ -73,6 +73,13 @@ impl ObjectIo {
     }
 }
 
+/// What the dirty maps tell `read_blocks` of a block.
+enum Known {
+    Fetched(Fetched),
+    /// Placed there in a txg not yet synced: read like a block of the tree.
+    At(BlkPtr),
+}
+
 /// What `Object::read_blocks` found for one block.
 #[derive(Clone, Debug)]
 pub enum Fetched {
@@ -87,6 +94,23 @@ pub enum Fetched {
 pub enum Dirty {
     Data(Arc<Vec<u8>>),
     Free,
+    /// New contents already written to their place (a streaming write, `Pool::place_blocks`)
+    /// in this very txg: the sync adopts the copy, and nothing is held in memory meanwhile.
+    /// Allocated outside the space map until then, so a copy no sync adopts must be freed by
+    /// whoever supersedes it (`dirty` returns it) or destroys the object (`free_all`).
+    Placed(BlkPtr),
+}
+
+impl Dirty {
+    /// The bytes this change counts for against the pool's dirty limit: what the sync still
+    /// has to do for it is proportional to the block, held in memory or not.
+    fn bytes(&self) -> u64 {
+        match self {
+            Dirty::Data(d) => d.len() as u64,
+            Dirty::Placed(bp) => bp.lsize.get() as u64,
+            Dirty::Free => 0,
+        }
+    }
 }
 
 /// A dirty block already written in place (by the intent log, ahead of its txg): the buffer
@@ -160,6 +184,11 @@ impl Object {
             match st.newest(blkid) {
                 Some(Dirty::Data(d)) => return Ok(Some(d.clone())),
                 Some(Dirty::Free) => return Ok(None),
+                Some(Dirty::Placed(bp)) => {
+                    let bp = *bp;
+                    drop(st);
+                    return io.read_bp(&bp).map(Some);
+                }
                 None => st.dnode,
             }
         };
@@ -184,14 +213,15 @@ impl Object {
         direct: Vec<Option<&mut [u8]>>,
     ) -> Vec<Result<Fetched, ZioError>> {
         let count = direct.len() as u64;
-        // What the dirty maps say of each block (data or a free); the rest are looked up in
-        // the tree as of the same moment.
-        let (dirty, dnode): (Vec<Option<Fetched>>, DnodePhys) = {
+        // What the dirty maps say of each block (data, a free, or where it was placed); the
+        // rest are looked up in the tree as of the same moment.
+        let (dirty, dnode): (Vec<Option<Known>>, DnodePhys) = {
             let st = self.state.lock();
             let dirty = (first..first + count)
                 .map(|blkid| match st.newest(blkid)? {
-                    Dirty::Data(d) => Some(Fetched::Data(d.clone())),
-                    Dirty::Free => Some(Fetched::Hole),
+                    Dirty::Data(d) => Some(Known::Fetched(Fetched::Data(d.clone()))),
+                    Dirty::Free => Some(Known::Fetched(Fetched::Hole)),
+                    Dirty::Placed(bp) => Some(Known::At(*bp)),
                 })
                 .collect();
             (dirty, st.dnode)
@@ -201,25 +231,30 @@ impl Object {
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
         let mut leaves = Leaves::new(&dnode);
         for (i, (known, buf)) in dirty.into_iter().zip(direct).enumerate() {
-            let found = match known {
-                Some(f) => Ok(f),
-                None => leaves.get(io, first + i as u64).map(|bp| {
-                    if bp.is_hole() {
-                        return Fetched::Hole;
-                    }
-                    if let Some(b) = io.cache.get(&bp) {
-                        return Fetched::Data(b);
-                    }
-                    match buf {
-                        Some(buf) if buf.len() == bp.psize.get() as usize => {
-                            to_direct.push((i, bp, buf))
-                        }
-                        _ => to_cache.push((i, bp)),
-                    }
-                    // A placeholder: the batch reads below fill it in.
-                    Fetched::Hole
-                }),
+            let at = match known {
+                Some(Known::Fetched(f)) => {
+                    out.push(Ok(f));
+                    continue;
+                }
+                Some(Known::At(bp)) => Ok(bp),
+                None => leaves.get(io, first + i as u64),
             };
+            let found = at.map(|bp| {
+                if bp.is_hole() {
+                    return Fetched::Hole;
+                }
+                if let Some(b) = io.cache.get(&bp) {
+                    return Fetched::Data(b);
+                }
+                match buf {
+                    Some(buf) if buf.len() == bp.psize.get() as usize => {
+                        to_direct.push((i, bp, buf))
+                    }
+                    _ => to_cache.push((i, bp)),
+                }
+                // A placeholder: the batch reads below fill it in.
+                Fetched::Hole
+            });
             out.push(found);
         }
         let bps: Vec<BlkPtr> = to_cache.iter().map(|m| m.1).collect();
@@ -239,22 +274,26 @@ impl Object {
         out
     }
 
-    /// Records a whole-block change in the open txg; returns the change in dirty bytes.
+    /// Records a whole-block change in the open txg; returns the change in dirty bytes, and
+    /// the copy of a placed change this one supersedes, which the caller must free (in the
+    /// open txg: an intent-log record may point at it until then).
     /// The caller holds the pool's txg open (so the open map cannot move to syncing meanwhile).
-    pub fn dirty(&self, blkid: u64, change: Dirty) -> i64 {
+    pub fn dirty(&self, blkid: u64, change: Dirty) -> (i64, Option<BlkPtr>) {
         let mut st = self.state.lock();
-        if let Dirty::Data(d) = &change {
-            assert_eq!(d.len(), st.dnode.data_block_bytes.get() as usize);
+        let block_bytes = st.dnode.data_block_bytes.get() as u64;
+        match &change {
+            Dirty::Data(d) => assert_eq!(d.len() as u64, block_bytes),
+            Dirty::Placed(bp) => assert_eq!(bp.lsize.get() as u64, block_bytes),
+            Dirty::Free => {}
         }
-        let added = match &change {
-            Dirty::Data(d) => d.len() as i64,
-            Dirty::Free => 0,
+        let added = change.bytes() as i64;
+        let old = st.open.insert(blkid, change);
+        let removed = old.as_ref().map_or(0, |o| o.bytes() as i64);
+        let superseded = match old {
+            Some(Dirty::Placed(bp)) => Some(bp),
+            _ => None,
         };
-        let removed = match st.open.insert(blkid, change) {
-            Some(Dirty::Data(d)) => d.len() as i64,
-            _ => 0,
-        };
-        added - removed
+        (added - removed, superseded)
     }
 
     /// How a data block of this object is written (its pointer's properties).
@@ -311,16 +350,7 @@ impl Object {
         }
         let map = std::mem::take(&mut st.open);
         st.syncing_overrides = std::mem::take(&mut st.overrides);
-        let bytes = map
-            .values()
-            .map(|d| {
-                if let Dirty::Data(d) = d {
-                    d.len() as u64
-                } else {
-                    0
-                }
-            })
-            .sum();
+        let bytes = map.values().map(Dirty::bytes).sum();
         st.syncing = Some(Arc::new(map));
         bytes
     }
@@ -364,9 +394,14 @@ impl Object {
         // next to each other in the object land and are written next to each other; all-zero
         // blocks become holes, blocks written ahead are adopted.
         let entries: Vec<(&u64, &Dirty)> = dirty.iter().collect();
+        // Blocks written ahead were checked for zeros then; scanning them again reads a
+        // whole txg of cold memory.
         let nonzero: Vec<bool> = entries
             .par_iter()
-            .map(|(_, change)| matches!(change, Dirty::Data(d) if d.iter().any(|&b| b != 0)))
+            .map(|(blkid, change)| match change {
+                Dirty::Data(d) => adopted.contains_key(blkid) || d.iter().any(|&b| b != 0),
+                _ => false,
+            })
             .collect();
         let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
@@ -383,6 +418,10 @@ impl Object {
                     children.insert(blkid, bp);
                 }
                 Dirty::Data(d) if nonzero => to_write.push((blkid, d)),
+                Dirty::Placed(bp) => {
+                    io.zio.adopt(bp);
+                    children.insert(blkid, *bp);
+                }
                 _ => {
                     children.insert(blkid, BlkPtr::HOLE);
                 }
@@ -486,13 +525,26 @@ impl Object {
     /// copies written ahead for changes no sync will adopt now (allocated outside the space
     /// map, they would stay taken until the next import).
     pub fn free_all(&self, io: &ObjectIo, txg: u64) -> Result<(), ZioError> {
-        let ahead: Vec<Override> = {
+        let ahead: Vec<BlkPtr> = {
             let mut st = self.state.lock();
             let open = std::mem::take(&mut st.overrides);
             let syncing = std::mem::take(&mut st.syncing_overrides);
-            open.into_values().chain(syncing.into_values()).collect()
+            let placed = |m: &BTreeMap<u64, Dirty>| -> Vec<BlkPtr> {
+                m.values()
+                    .filter_map(|d| match d {
+                        Dirty::Placed(bp) => Some(*bp),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            let mut ahead = placed(&st.open);
+            if let Some(s) = &st.syncing {
+                ahead.extend(placed(s));
+            }
+            ahead.extend(open.into_values().chain(syncing.into_values()).map(|o| o.1));
+            ahead
         };
-        for (_, bp) in ahead {
+        for bp in ahead {
             io.zio.free(&bp, txg, AllocClass::Mos);
         }
         let dn = self.dnode();
@@ -515,7 +567,7 @@ impl Object {
             let st = self.state.lock();
             let pick = |m: &BTreeMap<u64, Dirty>| -> Vec<(u64, bool)> {
                 m.range(from..to)
-                    .map(|(&k, d)| (k, matches!(d, Dirty::Data(_))))
+                    .map(|(&k, d)| (k, !matches!(d, Dirty::Free)))
                     .collect()
             };
             let syncing = st.syncing.as_ref().map(|s| pick(s)).unwrap_or_default();

@@ -967,8 +967,11 @@ impl Pool {
                 .allocated_blocks(&self.io, volsize / bs, old.div_ceil(bs))?;
             let hold = self.open_txg.read();
             for blkid in doomed {
-                let delta = ds.object.dirty(blkid, Dirty::Free);
+                let (delta, superseded) = ds.object.dirty(blkid, Dirty::Free);
                 self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
+                if let Some(bp) = superseded {
+                    self.io.zio.free(&bp, *hold, AllocClass::Mos);
+                }
             }
             ds.volsize.store(volsize, Ordering::Release);
             drop(hold);
@@ -998,13 +1001,84 @@ impl Pool {
             )));
         }
         let txg = *hold;
-        let delta = ds.object.dirty(blkid, change);
+        let (delta, superseded) = ds.object.dirty(blkid, change);
+        if let Some(bp) = superseded {
+            self.io.zio.free(&bp, txg, AllocClass::Mos);
+        }
         let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
         drop(hold);
         if now as u64 > self.opts.dirty_max_bytes / 4 {
             self.request_sync();
         }
         Ok(txg)
+    }
+
+    /// Writes whole blocks of a volume to their place now, straight from the caller's
+    /// buffers, and makes them the blocks' changes in the open txg (`Dirty::Placed`): the
+    /// txg's sync adopts them and holds no copy in memory meanwhile. All-zero blocks are not
+    /// written; they become holes (`Dirty::Free`, `None` in their place). Returns the txg
+    /// and where each block went.
+    ///
+    /// The open txg is held across the device write, so each copy is born in the txg that
+    /// adopts it (a resilver finds a block by its birth txg); a sync that begins meanwhile
+    /// waits for the write, as OpenZFS's txg holds do for a copy into the DMU. This is the
+    /// path of streaming writes: no copy into a block buffer, and the checksum and the
+    /// device write done by the writer's thread while the data is in its cache.
+    pub fn place_blocks(
+        &self,
+        ds: &Dataset,
+        blocks: &[(u64, &[u8])],
+    ) -> Result<(u64, Vec<Option<BlkPtr>>), PoolError> {
+        self.check_healthy()?;
+        let bs = ds.volblocksize as u64;
+        assert!(blocks.iter().all(|(_, b)| b.len() as u64 == bs));
+        self.throttle()?;
+        self.reserve_space(bs * blocks.len() as u64)?;
+        let data: Vec<bool> = blocks
+            .iter()
+            .map(|(_, b)| b.iter().any(|&x| x != 0))
+            .collect();
+        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
+            .filter(|(_, &d)| d)
+            .map(|((_, b), _)| *b)
+            .collect();
+        // Allocated outside the space map until the txg's tree adopts the block.
+        let props = WriteProps {
+            class: AllocClass::Mos,
+            ..ds.object.data_props()
+        };
+        let hold = self.open_txg.read();
+        if ds.destroyed.load(Ordering::Acquire) {
+            return Err(PoolError::NoSuchVolume(format!(
+                "{}/{} (destroyed while open)",
+                self.name, ds.name
+            )));
+        }
+        let txg = *hold;
+        let mut bps = if bufs.is_empty() {
+            Vec::new()
+        } else {
+            self.io.zio.write_batch(&bufs, props, txg)?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut delta = 0i64;
+        for (&(blkid, _), d) in blocks.iter().zip(data) {
+            let bp = d.then(|| bps.next().expect("a pointer per written block"));
+            let change = bp.map_or(Dirty::Free, Dirty::Placed);
+            let (dd, superseded) = ds.object.dirty(blkid, change);
+            delta += dd;
+            if let Some(old) = superseded {
+                self.io.zio.free(&old, txg, AllocClass::Mos);
+            }
+            out.push(bp);
+        }
+        let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
+        drop(hold);
+        if now as u64 > self.opts.dirty_max_bytes / 4 {
+            self.request_sync();
+        }
+        Ok((txg, out))
     }
 
     /// The txg that writes go into now.
@@ -1066,8 +1140,8 @@ impl Pool {
     ///
     /// All-zero blocks are not written (`None` in their place): the sync makes them holes.
     ///
-    /// Used for the data of streaming writes, written by the writer's thread while it is
-    /// still in the processor's cache, and for large blocks a sync request needs (`InPlace`).
+    /// Used for large blocks a sync request needs (`InPlace`). Streaming writes place their
+    /// blocks without a buffer at all (`place_blocks`).
     pub fn write_ahead(
         &self,
         ds: &Dataset,

@@ -157,9 +157,13 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         };
         let grant = budget.acquire(cost);
         let payload = if req.kind == CMD_WRITE {
-            let mut p = vec![0u8; req.length as usize];
-            if io::Read::read_exact(&mut reader, &mut p).is_err() {
-                break; // the client went away mid-payload: nothing was written
+            // Read into spare capacity: zeroing a buffer the socket overwrites at once cost
+            // as much as a memcpy of every payload.
+            let len = req.length as usize;
+            let mut p = Vec::with_capacity(len);
+            match io::Read::read_to_end(&mut io::Read::take(&mut reader, len as u64), &mut p) {
+                Ok(n) if n == len => {}
+                _ => break, // the client went away mid-payload: nothing was written
             }
             Some(p)
         } else {

@@ -379,11 +379,15 @@ impl Log {
                 drop(st);
                 for (_, rec) in batch.iter_mut() {
                     if let Some((r, vdevs)) = pre.prewrite(rec) {
-                        if matches!(r, Record::Indirect { .. }) {
-                            zil.note_in_place();
-                        }
                         *rec = r;
                         data_vdevs.extend(vdevs);
+                    } else if let Record::Indirect { bp, .. } = rec {
+                        // Put in place before it was queued (a streaming write): its
+                        // devices are flushed with the batch all the same.
+                        data_vdevs.extend(bp.dvas().map(|d| d.vdev.get()));
+                    }
+                    if matches!(rec, Record::Indirect { .. }) {
+                        zil.note_in_place();
                     }
                 }
                 st = self.state.lock();

@@ -246,56 +246,89 @@ impl Volume {
         let last = (offset + data.len() as u64 - 1) / bs;
         let _guard = self.locks.lock(first, last);
         let streaming = data.len() >= STREAMING_WRITE_BYTES;
-        let mut ahead: Vec<(u64, u64, Arc<Vec<u8>>)> = Vec::new();
+        let mut placed: Vec<(u64, &[u8])> = Vec::new();
         for sp in spans(offset, data.len(), bs) {
             let src = &data[sp.in_buf..sp.in_buf + sp.len];
-            let whole = sp.is_whole_block(bs);
-            let block = Arc::new(if whole {
-                src.to_vec()
-            } else {
-                let mut b = match self.read_block(sp.blkid)? {
-                    Some(b) => b.to_vec(),
-                    None => vec![0u8; bs as usize],
-                };
-                b[sp.in_block..sp.in_block + sp.len].copy_from_slice(src);
-                b
-            });
-            // A whole block's record shares its buffer; a partial one copies its bytes,
-            // rather than keep a whole block alive for a few.
-            let payload = if whole {
-                Payload::shared(block.clone(), 0, sp.len)
-            } else {
-                Payload::owned(src.to_vec())
-            };
-            let write_ahead = (streaming && whole).then(|| block.clone());
-            let txg = self
-                .pool
-                .dirty_block(&self.ds, sp.blkid, Dirty::Data(block))
-                .map_err(|e| self.err(e))?;
-            if let Some(block) = write_ahead {
-                ahead.push((sp.blkid, txg, block));
+            if streaming && sp.is_whole_block(bs) {
+                placed.push((sp.blkid, src));
+                continue;
             }
-            if log {
-                self.ds.log.append(Record::Write {
-                    txg,
-                    offset: sp.blkid * bs + sp.in_block as u64,
-                    data: payload,
-                });
-            }
+            self.write_span(sp.blkid, sp.in_block, src, log)?;
         }
-        self.write_ahead(&ahead);
+        if !placed.is_empty() {
+            self.place(&placed, log)?;
+        }
         Ok(())
     }
 
-    /// Writes a streaming write's blocks (`blkid`, txg, data) to their place now, a batch
-    /// per txg (a write that straddles a txg boundary has two). Best effort: a block that
-    /// cannot be written now (no space, a device error) is left to the sync, which will
-    /// write it, or report the error, as for any other.
-    fn write_ahead(&self, ahead: &[(u64, u64, Arc<Vec<u8>>)]) {
-        for group in ahead.chunk_by(|a, b| a.1 == b.1) {
-            let blocks: Vec<(u64, &Arc<Vec<u8>>)> = group.iter().map(|(b, _, d)| (*b, d)).collect();
-            let _ = self.pool.write_ahead(&self.ds, group[0].1, &blocks);
+    /// Writes the whole blocks of a streaming write to their place at once, from the
+    /// caller's buffer (`Pool::place_blocks`), and logs them by pointer. If they cannot be
+    /// placed (a device write failed, say), they take the ordinary path, whose sync writes
+    /// them or reports the error as for any other block.
+    fn place(&self, blocks: &[(u64, &[u8])], log: bool) -> Result<(), VolError> {
+        let bs = self.block_size();
+        let Ok((txg, bps)) = self.pool.place_blocks(&self.ds, blocks) else {
+            for &(blkid, src) in blocks {
+                self.write_span(blkid, 0, src, log)?;
+            }
+            return Ok(());
+        };
+        if log {
+            for (&(blkid, _), bp) in blocks.iter().zip(bps) {
+                let offset = blkid * bs;
+                self.ds.log.append(match bp {
+                    Some(bp) => Record::Indirect { txg, offset, bp },
+                    None => Record::Zero {
+                        txg,
+                        offset,
+                        len: bs,
+                    },
+                });
+            }
         }
+        Ok(())
+    }
+
+    /// Writes `src` at `in_block` of block `blkid` into the open txg, merging a partial
+    /// block with what it held (the caller holds the block's range lock).
+    fn write_span(
+        &self,
+        blkid: u64,
+        in_block: usize,
+        src: &[u8],
+        log: bool,
+    ) -> Result<(), VolError> {
+        let bs = self.block_size();
+        let whole = src.len() as u64 == bs;
+        let block = Arc::new(if whole {
+            src.to_vec()
+        } else {
+            let mut b = match self.read_block(blkid)? {
+                Some(b) => b.to_vec(),
+                None => vec![0u8; bs as usize],
+            };
+            b[in_block..in_block + src.len()].copy_from_slice(src);
+            b
+        });
+        // A whole block's record shares its buffer; a partial one copies its bytes,
+        // rather than keep a whole block alive for a few.
+        let payload = if whole {
+            Payload::shared(block.clone(), 0, src.len())
+        } else {
+            Payload::owned(src.to_vec())
+        };
+        let txg = self
+            .pool
+            .dirty_block(&self.ds, blkid, Dirty::Data(block))
+            .map_err(|e| self.err(e))?;
+        if log {
+            self.ds.log.append(Record::Write {
+                txg,
+                offset: blkid * bs + in_block as u64,
+                data: payload,
+            });
+        }
+        Ok(())
     }
 
     /// Frees the whole blocks inside the range and zeroes the partial ones at its edges, so the
