@@ -280,11 +280,10 @@ fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, grant: Grant
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let applied = match req.kind {
         CMD_READ => {
-            let mut buf = vec![0u8; req.length as usize];
-            match vol.read(req.offset, &mut buf) {
-                Ok(()) => sh.reply_data(&req, &buf),
+            with_read_buffer(req.length as usize, |buf| match vol.read(req.offset, buf) {
+                Ok(()) => sh.reply_data(&req, buf),
                 Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
-            }
+            });
             None
         }
         CMD_WRITE => Some((vol.write(req.offset, &payload.unwrap_or_default()), fua)),
@@ -315,6 +314,31 @@ fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, grant: Grant
             sh.finish_one();
         }
     }
+}
+
+/// Reads up to this long reuse their worker's buffer; longer ones allocate their own.
+const REUSED_READ_BYTES: usize = 256 << 10;
+
+thread_local! {
+    /// A worker's read buffer. A reply is sent before the worker takes its next request,
+    /// so one buffer a worker is enough; allocating and zeroing a fresh one per read cost
+    /// as much as copying the data into it.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a buffer of `len` bytes (contents unspecified: the volume read overwrites
+/// every byte).
+fn with_read_buffer<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    if len > REUSED_READ_BYTES {
+        return f(&mut vec![0u8; len]);
+    }
+    READ_BUFFER.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len {
+            b.resize(REUSED_READ_BYTES, 0);
+        }
+        f(&mut b[..len])
+    })
 }
 
 /// Replies to a change: at once if it failed or needs no durability, else once the volume's
