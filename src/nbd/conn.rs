@@ -25,9 +25,15 @@ const MAX_STATUS_SPAN: u64 = 1 << 30;
 /// The longest range one CACHE request prefetches; the rest is a hint we may ignore.
 const MAX_CACHE_SPAN: u64 = 64 << 20;
 
+/// Replies up to this long are queued and sent together with others (see `Shared::send`);
+/// longer ones are written from where they lie.
+const QUEUED_REPLY_BYTES: usize = 64 << 10;
+
 pub struct Shared {
     pub session: Session,
     send: Mutex<TcpStream>,
+    /// Replies waiting for whoever holds `send` to write them.
+    queued: Mutex<Vec<u8>>,
     inflight: Mutex<usize>,
     drained: Condvar,
 }
@@ -54,9 +60,48 @@ impl Shared {
 
     /// Sends bufs as one reply; a failed send means the client is gone, and the reader will
     /// see that too, so the error is dropped here.
+    ///
+    /// Replies are combined: a short one is appended to a queue, and whoever holds the socket
+    /// writes everything queued in one system call. On loopback every send also runs the
+    /// receiver's TCP processing, and under 32 requests in flight the workers queued up on
+    /// the socket lock, one small send each. A worker that finds the socket taken leaves its
+    /// reply to the holder, which looks at the queue again after letting the socket go.
     fn send(&self, bufs: &[&[u8]]) {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if len <= QUEUED_REPLY_BYTES {
+            let mut q = self.queued.lock();
+            bufs.iter().for_each(|b| q.extend_from_slice(b));
+            drop(q);
+            self.drain_queue();
+            return;
+        }
         let mut s = self.send.lock();
-        let _ = write_all_vectored(&mut s, bufs);
+        let queued = std::mem::take(&mut *self.queued.lock());
+        let mut all: Vec<&[u8]> = Vec::with_capacity(bufs.len() + 1);
+        all.push(&queued);
+        all.extend_from_slice(bufs);
+        let _ = write_all_vectored(&mut s, &all);
+        drop(s);
+        self.drain_queue();
+    }
+
+    /// Writes queued replies until the queue is empty or another thread holds the socket.
+    /// The queue is looked at again after the socket is let go: a reply queued while this
+    /// thread held it found the socket taken and was left to this thread.
+    fn drain_queue(&self) {
+        loop {
+            let Some(mut s) = self.send.try_lock() else {
+                return; // the holder will look at the queue after us
+            };
+            let batch = std::mem::take(&mut *self.queued.lock());
+            if !batch.is_empty() {
+                let _ = write_all_vectored(&mut s, &[&batch]);
+            }
+            drop(s);
+            if self.queued.lock().is_empty() {
+                return;
+            }
+        }
     }
 
     /// One structured reply chunk flagged DONE.
@@ -132,6 +177,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     let shared = Arc::new(Shared {
         session,
         send: Mutex::new(send),
+        queued: Mutex::new(Vec::new()),
         inflight: Mutex::new(0),
         drained: Condvar::new(),
     });
@@ -174,7 +220,11 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         workers.spawn(move || execute(sh, req, payload, grant));
     }
     shared.wait_drained();
-    let _ = shared.send.lock().shutdown(std::net::Shutdown::Both);
+    // Every reply is queued or written by now; write what a last holder may have left.
+    let mut s = shared.send.lock();
+    let rest = std::mem::take(&mut *shared.queued.lock());
+    let _ = write_all_vectored(&mut s, &[&rest]);
+    let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
 enum Admit {
