@@ -596,3 +596,43 @@ fn a_streaming_write_goes_to_its_place_at_once_and_a_flush_logs_only_pointers() 
     assert!(read(&vol, MB, stream.len()) == stream);
     pool.verify().unwrap();
 }
+
+/// A partial write's record shares its block's buffer, so a client that rewrites one block
+/// over and over without a flush keeps every version alive until a txg syncs: the pool must
+/// count those bytes (`Zil::pinned_bytes`) and sync on them as on dirty bytes, which stay at
+/// one block. And what was written must still be what reads back and what a crash keeps.
+#[test]
+fn rewriting_one_block_without_a_flush_pins_bounded_memory() {
+    let o = PoolOptions {
+        dirty_max_bytes: 4 * MB,
+        ..log_opts(CommitPolicy::Group, Placement::Global)
+    };
+    let (devs, pool) = three_stripes(1, &o);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    let txg = pool.synced_txg();
+    let mut last = Vec::new();
+    let mut peak = 0;
+    for i in 0..2000u64 {
+        last = pattern(i, 4096);
+        vol.write(4096, &last).unwrap();
+        peak = peak.max(pool.zil.pinned_bytes());
+    }
+    assert!(
+        peak <= 4 * MB + 16384,
+        "queued records pinned {peak} bytes for one dirty block"
+    );
+    assert!(
+        pool.synced_txg() > txg,
+        "the pinned bytes made the pool sync"
+    );
+    assert_eq!(read(&vol, 4096, 4096), last);
+    vol.flush().unwrap();
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    assert_eq!(read(&vol, 4096, 4096), last);
+    assert_eq!(pool.zil.pinned_bytes(), 0, "nothing queued after a replay");
+    pool.verify().unwrap();
+}

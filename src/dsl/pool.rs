@@ -1005,9 +1005,9 @@ impl Pool {
         if let Some(bp) = superseded {
             self.io.zio.free(&bp, txg, AllocClass::Mos);
         }
-        let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
+        self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
         drop(hold);
-        if now as u64 > self.opts.dirty_max_bytes / 4 {
+        if self.held_bytes() > self.opts.dirty_max_bytes / 4 {
             self.request_sync();
         }
         Ok(txg)
@@ -1073,9 +1073,9 @@ impl Pool {
             }
             out.push(bp);
         }
-        let now = self.dirty_bytes.fetch_add(delta, Ordering::AcqRel) + delta;
+        self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
         drop(hold);
-        if now as u64 > self.opts.dirty_max_bytes / 4 {
+        if self.held_bytes() > self.opts.dirty_max_bytes / 4 {
             self.request_sync();
         }
         Ok((txg, out))
@@ -1086,12 +1086,19 @@ impl Pool {
         *self.open_txg.read()
     }
 
+    /// What writes hold in memory until a txg syncs, as the throttle counts it: the dirty
+    /// bytes, or the buffers queued log records keep alive if those are more (a block
+    /// rewritten again and again dirties one block but pins every version of it).
+    fn held_bytes(&self) -> u64 {
+        self.dirty_bytes().max(self.zil.pinned_bytes())
+    }
+
     fn throttle(&self) -> Result<(), PoolError> {
-        if self.dirty_bytes() < self.opts.dirty_max_bytes {
+        if self.held_bytes() < self.opts.dirty_max_bytes {
             return Ok(());
         }
         let mut st = self.sync.lock();
-        while self.dirty_bytes() >= self.opts.dirty_max_bytes {
+        while self.held_bytes() >= self.opts.dirty_max_bytes {
             if let Some(why) = &st.error {
                 return Err(PoolError::Suspended {
                     pool: self.name.clone(),

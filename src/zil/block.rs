@@ -76,6 +76,11 @@ impl Payload {
         (self.start == 0 && self.len == self.buf.len()).then_some(&self.buf)
     }
 
+    /// Bytes this payload keeps alive: the whole buffer it is a slice of.
+    pub fn held_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     /// `buf[start..start + len]`, without copying.
     pub fn shared(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Payload {
         assert!(start + len <= buf.len());
@@ -125,6 +130,14 @@ impl Record {
             Record::Write { txg, .. } | Record::Zero { txg, .. } | Record::Indirect { txg, .. } => {
                 *txg
             }
+        }
+    }
+
+    /// Bytes of memory this record keeps alive while queued (its payload's buffer).
+    pub fn held_bytes(&self) -> u64 {
+        match self {
+            Record::Write { data, .. } => data.held_bytes() as u64,
+            Record::Zero { .. } | Record::Indirect { .. } => 0,
         }
     }
 

@@ -112,6 +112,8 @@ pub struct Zil {
     pub placement: Placement,
     stats: Stats,
     hooks: OnceLock<Box<dyn TxgHooks>>,
+    /// Bytes of buffers the queued records of every volume keep alive (`Record::held_bytes`).
+    pinned: AtomicU64,
 }
 
 impl Zil {
@@ -130,6 +132,7 @@ impl Zil {
             placement,
             stats: Stats::default(),
             hooks: OnceLock::new(),
+            pinned: AtomicU64::new(0),
         };
         for (top, region, dedicated) in tops {
             zil.add_vdev(top, region, dedicated, false);
@@ -285,6 +288,24 @@ impl Zil {
             if let Some(h) = self.hooks.get() {
                 h.request_sync();
             }
+        }
+    }
+
+    /// Bytes of buffers that records waiting for a log block or a txg keep alive, in every
+    /// volume of the pool. Mostly the dirty blocks themselves (a record shares its block's
+    /// buffer); more only where a block was rewritten and a record still holds an older
+    /// buffer of it. The pool syncs and throttles on this as on dirty bytes, so a client that
+    /// rewrites one block without flushing cannot make the log hold unbounded memory.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn pin(&self, records: &[&Record], add: bool) {
+        let n: u64 = records.iter().map(|r| r.held_bytes()).sum();
+        if add {
+            self.pinned.fetch_add(n, Ordering::Relaxed);
+        } else {
+            self.pinned.fetch_sub(n, Ordering::Relaxed);
         }
     }
 

@@ -278,14 +278,17 @@ impl Volume {
         if log {
             for (&(blkid, _), bp) in blocks.iter().zip(bps) {
                 let offset = blkid * bs;
-                self.ds.log.append(match bp {
-                    Some(bp) => Record::Indirect { txg, offset, bp },
-                    None => Record::Zero {
-                        txg,
-                        offset,
-                        len: bs,
+                self.ds.log.append(
+                    &self.pool.zil,
+                    match bp {
+                        Some(bp) => Record::Indirect { txg, offset, bp },
+                        None => Record::Zero {
+                            txg,
+                            offset,
+                            len: bs,
+                        },
                     },
-                });
+                );
             }
         }
         Ok(())
@@ -312,23 +315,23 @@ impl Volume {
             b[in_block..in_block + src.len()].copy_from_slice(src);
             b
         });
-        // A whole block's record shares its buffer; a partial one copies its bytes,
-        // rather than keep a whole block alive for a few.
-        let payload = if whole {
-            Payload::shared(block.clone(), 0, src.len())
-        } else {
-            Payload::owned(src.to_vec())
-        };
+        // The record shares the block's buffer, which the open txg holds anyway: no copy.
+        // (A record of a block rewritten since keeps an older buffer alive; the pool counts
+        // those bytes, `Zil::pinned_bytes`, and syncs and throttles on them.)
+        let payload = Payload::shared(block.clone(), in_block, src.len());
         let txg = self
             .pool
             .dirty_block(&self.ds, blkid, Dirty::Data(block))
             .map_err(|e| self.err(e))?;
         if log {
-            self.ds.log.append(Record::Write {
-                txg,
-                offset: blkid * bs + in_block as u64,
-                data: payload,
-            });
+            self.ds.log.append(
+                &self.pool.zil,
+                Record::Write {
+                    txg,
+                    offset: blkid * bs + in_block as u64,
+                    data: payload,
+                },
+            );
         }
         Ok(())
     }
@@ -373,11 +376,14 @@ impl Volume {
                     .map_err(|e| self.err(e))?;
             }
             if log {
-                self.ds.log.append(Record::Zero {
-                    txg,
-                    offset: first_whole * bs,
-                    len: (end_whole - first_whole) * bs,
-                });
+                self.ds.log.append(
+                    &self.pool.zil,
+                    Record::Zero {
+                        txg,
+                        offset: first_whole * bs,
+                        len: (end_whole - first_whole) * bs,
+                    },
+                );
             }
         }
         Ok(())
