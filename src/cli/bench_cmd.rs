@@ -101,6 +101,7 @@ fn peak_rss_bytes() -> u64 {
 }
 
 pub fn vol(args: BenchVolArgs) -> Result<()> {
+    super::start_heap_trimmer();
     let size = parse_size(&args.size)?;
     if size < 64 << 20 || size % (1 << 20) != 0 {
         return Err(usage(

@@ -61,6 +61,31 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// How often a long-running command hands freed heap memory back to the system.
+const HEAP_TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Starts a thread that returns freed heap pages to the system every `HEAP_TRIM_INTERVAL`,
+/// for as long as the process runs (the server, the benchmarks).
+///
+/// glibc returns free memory only from the top of a heap. Block buffers are freed in cache
+/// order, not allocation order, so under random writes the heaps held about as much free
+/// memory as live (489 MiB resident for 294 MiB in use, after fio's random 4K and 128K
+/// writes through `zeta serve`), and the server's resident size stayed at its high-water
+/// mark. `malloc_trim(0)` gives back every free page, wherever it lies in the heap.
+pub(crate) fn start_heap_trimmer() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    let _ = std::thread::Builder::new()
+        .name("heap-trim".into())
+        .spawn(|| loop {
+            std::thread::sleep(HEAP_TRIM_INTERVAL);
+            // SAFETY: malloc_trim takes the allocator's own locks and only releases pages
+            // of free chunks; it is safe to call from any thread at any time.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        });
+}
+
 /// Errors of the command line: a message for the user, one line.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -42,6 +42,7 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
 }
 
 pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
+    super::start_heap_trimmer();
     let cfg = config(&args.net)?;
     let names = if args.pools.is_empty() {
         let mut v: Vec<String> = home.load()?.pools.keys().cloned().collect();
@@ -75,6 +76,7 @@ const UP_DISK_SIZE: &str = "256M";
 /// The embedded default: the pool `zeta` (a raidz2 of six 256M sparse files in `dir`) and its
 /// volume `vol0` (256M), created on first use, served on 127.0.0.1:10809.
 pub fn up(home: &Home, args: UpArgs) -> Result<()> {
+    super::start_heap_trimmer();
     let cfg = config(&args.net)?;
     let disks: Vec<PathBuf> = (0..UP_DISKS)
         .map(|i| args.dir.join(format!("disk{i}")))

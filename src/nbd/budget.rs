@@ -1,13 +1,39 @@
 //! A server-wide budget of bytes in flight (request payloads and read buffers), so memory
 //! stays bounded however many connections and queued requests there are.
+//!
+//! The budget also keeps the payload buffers of finished writes for the next ones. Under a
+//! stream of large writes, a fresh buffer per request cost a malloc that searched a heap
+//! fragmented by the block cache, and each new one was carved from new heap. A kept buffer
+//! still counts against the budget (as if in flight), so payload memory, idle or not, stays
+//! within the capacity; a request that needs room the idle buffers hold frees them.
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 
+/// Payload buffers up to this size are kept for reuse; larger ones are rare and freed.
+const KEPT_BUFFER_BYTES: usize = 1 << 20;
+
 pub struct Budget {
     capacity: u64,
-    available: Mutex<u64>,
+    state: Mutex<State>,
     freed: Condvar,
+}
+
+struct State {
+    /// Bytes neither granted nor held by kept buffers.
+    available: u64,
+    /// Buffers of finished writes, each holding its capacity out of the budget.
+    kept: Vec<Vec<u8>>,
+}
+
+impl State {
+    /// Frees kept buffers until `bytes` are available or none is left.
+    fn make_room(&mut self, bytes: u64) {
+        while self.available < bytes {
+            let Some(b) = self.kept.pop() else { return };
+            self.available += b.capacity() as u64;
+        }
+    }
 }
 
 /// Bytes held by one request; returned to the budget on drop.
@@ -20,7 +46,10 @@ impl Budget {
     pub fn new(capacity: u64) -> Arc<Budget> {
         Arc::new(Budget {
             capacity,
-            available: Mutex::new(capacity),
+            state: Mutex::new(State {
+                available: capacity,
+                kept: Vec::new(),
+            }),
             freed: Condvar::new(),
         })
     }
@@ -29,23 +58,102 @@ impl Budget {
     /// forever) are available and takes them.
     pub fn acquire(self: &Arc<Self>, bytes: u64) -> Grant {
         let bytes = bytes.min(self.capacity);
-        let mut avail = self.available.lock();
-        while *avail < bytes {
-            self.freed.wait(&mut avail);
+        let mut st = self.state.lock();
+        st.make_room(bytes);
+        while st.available < bytes {
+            self.freed.wait(&mut st);
+            st.make_room(bytes);
         }
-        *avail -= bytes;
+        st.available -= bytes;
         Grant {
             budget: self.clone(),
             bytes,
         }
+    }
+
+    /// A grant and an empty buffer that can hold `len` bytes: a kept one if one fits
+    /// (at most twice as large), else a new one once the budget has room for it.
+    pub fn acquire_buffer(self: &Arc<Self>, len: usize) -> (Grant, Vec<u8>) {
+        let fits = |b: &Vec<u8>| b.capacity() >= len && b.capacity() <= len.max(4096) * 2;
+        {
+            let mut st = self.state.lock();
+            if let Some(i) = st.kept.iter().position(fits) {
+                let buf = st.kept.swap_remove(i);
+                let grant = Grant {
+                    budget: self.clone(),
+                    bytes: buf.capacity() as u64,
+                };
+                return (grant, buf);
+            }
+        }
+        let grant = self.acquire(len as u64);
+        (grant, Vec::with_capacity(len))
+    }
+
+    /// Bytes neither in flight nor in kept buffers.
+    #[cfg(test)]
+    fn available(&self) -> u64 {
+        self.state.lock().available
+    }
+}
+
+impl Grant {
+    /// Keeps `buf`, a payload this grant paid for, for a later request: its bytes stay out
+    /// of the budget, held by the kept buffer instead of by this grant.
+    pub fn keep(&mut self, buf: Vec<u8>) {
+        if buf.capacity() as u64 != self.bytes || buf.capacity() > KEPT_BUFFER_BYTES {
+            return; // larger than the budget charged for it (a huge request), or rare
+        }
+        let mut buf = buf;
+        buf.clear();
+        self.budget.state.lock().kept.push(buf);
+        self.bytes = 0;
     }
 }
 
 impl Drop for Grant {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            *self.budget.available.lock() += self.bytes;
+            self.budget.state.lock().available += self.bytes;
             self.budget.freed.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_buffers_count_against_the_budget_and_make_room_when_needed() {
+        let b = Budget::new(1 << 20);
+        let (mut g, buf) = b.acquire_buffer(256 << 10);
+        assert_eq!(b.available(), 768 << 10);
+        let ptr = buf.as_ptr();
+        g.keep(buf);
+        drop(g);
+        assert_eq!(
+            b.available(),
+            768 << 10,
+            "the kept buffer still holds its bytes"
+        );
+        // The same size again reuses it.
+        let (g, buf) = b.acquire_buffer(200 << 10);
+        assert_eq!(buf.as_ptr(), ptr);
+        assert!(buf.is_empty() && buf.capacity() >= 200 << 10);
+        drop((g, buf));
+        assert_eq!(
+            b.available(),
+            1 << 20,
+            "a buffer not kept gives its bytes back"
+        );
+        // A kept buffer too small to fit is freed when the room is needed.
+        let (mut g, buf) = b.acquire_buffer(512 << 10);
+        g.keep(buf);
+        drop(g);
+        let whole = b.acquire(1 << 20);
+        assert_eq!(b.available(), 0);
+        drop(whole);
+        assert_eq!(b.available(), 1 << 20);
     }
 }

@@ -197,23 +197,19 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
                 continue;
             }
         }
-        let cost = match req.kind {
-            CMD_READ | CMD_WRITE => req.length as u64,
-            _ => 0,
-        };
-        let grant = budget.acquire(cost);
-        let payload = if req.kind == CMD_WRITE {
-            // Read into spare capacity: zeroing a buffer the socket overwrites at once cost
-            // as much as a memcpy of every payload.
+        let (grant, payload) = if req.kind == CMD_WRITE {
+            // Read into spare capacity (of a kept buffer, mostly): zeroing a buffer the
+            // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
-            let mut p = Vec::with_capacity(len);
+            let (grant, mut p) = budget.acquire_buffer(len);
             match io::Read::read_to_end(&mut io::Read::take(&mut reader, len as u64), &mut p) {
                 Ok(n) if n == len => {}
                 _ => break, // the client went away mid-payload: nothing was written
             }
-            Some(p)
+            (grant, Some(p))
         } else {
-            None
+            let cost = if req.kind == CMD_READ { req.length } else { 0 };
+            (budget.acquire(cost as u64), None)
         };
         *shared.inflight.lock() += 1;
         let sh = shared.clone();
@@ -325,7 +321,7 @@ fn error_code(e: &VolError) -> u32 {
 
 /// Runs one request and replies; the request counts as in flight until its reply is sent,
 /// which for a FLUSH or FUA write may be after this returns (see `reply_when_durable`).
-fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, grant: Grant) {
+fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, mut grant: Grant) {
     let vol = sh.volume();
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let applied = match req.kind {
@@ -336,7 +332,13 @@ fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, grant: Grant
             });
             None
         }
-        CMD_WRITE => Some((vol.write(req.offset, &payload.unwrap_or_default()), fua)),
+        CMD_WRITE => {
+            let payload = payload.unwrap_or_default();
+            let written = vol.write(req.offset, &payload);
+            // The volume has what it needs of the bytes (copied or placed on disk).
+            grant.keep(payload);
+            Some((written, fua))
+        }
         CMD_FLUSH => Some((Ok(()), true)),
         CMD_TRIM => Some((vol.trim(req.offset, req.length as u64), fua)),
         CMD_WRITE_ZEROES => {
