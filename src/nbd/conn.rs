@@ -202,9 +202,8 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
             let (grant, mut p) = budget.acquire_buffer(len);
-            match io::Read::read_to_end(&mut io::Read::take(&mut reader, len as u64), &mut p) {
-                Ok(n) if n == len => {}
-                _ => break, // the client went away mid-payload: nothing was written
+            if read_payload(&mut reader, len, &mut p).is_err() {
+                break; // the client went away mid-payload: nothing was written
             }
             (grant, Some(p))
         } else {
@@ -221,6 +220,24 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     let rest = std::mem::take(&mut *shared.queued.lock());
     let _ = write_all_vectored(&mut s, &[&rest]);
     let _ = s.shutdown(std::net::Shutdown::Both);
+}
+
+/// Reads a request's `len` bytes of payload into `p`'s spare capacity: what the reader has
+/// buffered, then the rest straight from the socket. Through the reader, a payload shorter
+/// than its buffer was received into the buffer and copied again (a tenth of the server's
+/// time under 128K writes).
+fn read_payload(reader: &mut BufReader<TcpStream>, len: usize, p: &mut Vec<u8>) -> io::Result<()> {
+    let buffered = reader.buffer();
+    let n = buffered.len().min(len);
+    p.extend_from_slice(&buffered[..n]);
+    io::BufRead::consume(reader, n);
+    let rest = (len - n) as u64;
+    if rest > 0
+        && io::Read::read_to_end(&mut io::Read::take(reader.get_mut(), rest), p)? as u64 != rest
+    {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 enum Admit {
