@@ -343,6 +343,40 @@ fn fio_nbd_engine_verifies_at_several_sizes_and_depths() {
     s.stop();
 }
 
+/// 32 connections with 32 large writes in flight each ask for four times the server's
+/// in-flight budget: requests wait for room, payload buffers are kept and handed on, and
+/// every request must still be answered (a budget that let its waiters sleep through a
+/// kept buffer once hung this for good).
+#[test]
+fn many_connections_past_the_inflight_budget_all_finish() {
+    if !have("fio") {
+        return;
+    }
+    let mut s = Served::new();
+    let out = run(
+        Command::new("timeout").current_dir(s.dir.path()).args([
+            "120",
+            "fio",
+            "--name=many",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("tank/a")),
+            "--rw=randwrite",
+            "--bs=128k",
+            "--iodepth=32",
+            "--numjobs=32",
+            "--group_reporting",
+            "--size=64M",
+            "--time_based",
+            "--runtime=3",
+            "--output-format=terse",
+        ]),
+        "fio with 32 connections (killed after 120 s)",
+    );
+    let err: Vec<&str> = out.trim().split(';').collect();
+    assert_eq!(err.get(4), Some(&"0"), "fio: {out}");
+    s.stop();
+}
+
 /// The server is SIGKILLed while a client writes generations of stamped blocks and flushes
 /// after each; after a restart every block the client saw flushed reads back exactly.
 #[test]

@@ -108,6 +108,9 @@ impl Grant {
         buf.clear();
         self.budget.state.lock().kept.push(buf);
         self.bytes = 0;
+        // A request waiting for room can take it from this buffer now: without this, every
+        // grant of a busy server could end as a kept buffer and leave its waiters asleep.
+        self.budget.freed.notify_all();
     }
 }
 
@@ -155,5 +158,24 @@ mod tests {
         assert_eq!(b.available(), 0);
         drop(whole);
         assert_eq!(b.available(), 1 << 20);
+    }
+
+    #[test]
+    fn a_request_waiting_for_room_wakes_when_a_buffer_is_kept() {
+        let b = Budget::new(1 << 20);
+        let (mut g, buf) = b.acquire_buffer(1 << 20);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let waiter = std::thread::spawn(move || {
+            // Needs the room the grant holds; a buffer of another size will not fit.
+            let _g = b2.acquire(900 << 10);
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        g.keep(buf);
+        drop(g);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the waiter never woke: the kept buffer's room stayed out of reach");
+        waiter.join().unwrap();
     }
 }
