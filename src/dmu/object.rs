@@ -111,6 +111,14 @@ impl Dirty {
             Dirty::Free => 0,
         }
     }
+
+    /// Where a placed change's copy lies.
+    fn placed(&self) -> Option<BlkPtr> {
+        match self {
+            Dirty::Placed(bp) => Some(*bp),
+            _ => None,
+        }
+    }
 }
 
 /// A dirty block already written in place (by the intent log, ahead of its txg): the buffer
@@ -289,11 +297,7 @@ impl Object {
         let added = change.bytes() as i64;
         let old = st.open.insert(blkid, change);
         let removed = old.as_ref().map_or(0, |o| o.bytes() as i64);
-        let superseded = match old {
-            Some(Dirty::Placed(bp)) => Some(bp),
-            _ => None,
-        };
-        (added - removed, superseded)
+        (added - removed, old.and_then(|o| o.placed()))
     }
 
     /// How a data block of this object is written (its pointer's properties).
@@ -529,20 +533,14 @@ impl Object {
             let mut st = self.state.lock();
             let open = std::mem::take(&mut st.overrides);
             let syncing = std::mem::take(&mut st.syncing_overrides);
-            let placed = |m: &BTreeMap<u64, Dirty>| -> Vec<BlkPtr> {
-                m.values()
-                    .filter_map(|d| match d {
-                        Dirty::Placed(bp) => Some(*bp),
-                        _ => None,
-                    })
-                    .collect()
-            };
-            let mut ahead = placed(&st.open);
-            if let Some(s) = &st.syncing {
-                ahead.extend(placed(s));
-            }
-            ahead.extend(open.into_values().chain(syncing.into_values()).map(|o| o.1));
-            ahead
+            let unsynced = st
+                .open
+                .values()
+                .chain(st.syncing.iter().flat_map(|s| s.values()));
+            unsynced
+                .filter_map(Dirty::placed)
+                .chain(open.into_values().chain(syncing.into_values()).map(|o| o.1))
+                .collect()
         };
         for bp in ahead {
             io.zio.free(&bp, txg, AllocClass::Mos);

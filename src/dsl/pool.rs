@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
@@ -967,11 +967,7 @@ impl Pool {
                 .allocated_blocks(&self.io, volsize / bs, old.div_ceil(bs))?;
             let hold = self.open_txg.read();
             for blkid in doomed {
-                let (delta, superseded) = ds.object.dirty(blkid, Dirty::Free);
-                self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
-                if let Some(bp) = superseded {
-                    self.io.zio.free(&bp, *hold, AllocClass::Mos);
-                }
+                self.record_change(ds.as_ref(), *hold, blkid, Dirty::Free);
             }
             ds.volsize.store(volsize, Ordering::Release);
             drop(hold);
@@ -993,6 +989,16 @@ impl Pool {
             self.throttle()?;
             self.reserve_space(len)?;
         }
+        let hold = self.hold_open_txg(ds)?;
+        let txg = *hold;
+        self.record_change(ds, txg, blkid, change);
+        drop(hold);
+        self.sync_if_much_held();
+        Ok(txg)
+    }
+
+    /// The open txg, held (a sync cannot close it meanwhile), if the volume still exists.
+    fn hold_open_txg(&self, ds: &Dataset) -> Result<RwLockReadGuard<'_, u64>, PoolError> {
         let hold = self.open_txg.read();
         if ds.destroyed.load(Ordering::Acquire) {
             return Err(PoolError::NoSuchVolume(format!(
@@ -1000,17 +1006,54 @@ impl Pool {
                 self.name, ds.name
             )));
         }
-        let txg = *hold;
+        Ok(hold)
+    }
+
+    /// Makes `change` block `blkid`'s change in open txg `txg` (held by the caller), counts
+    /// its dirty bytes and frees the placed copy it supersedes, if any.
+    fn record_change(&self, ds: &Dataset, txg: u64, blkid: u64, change: Dirty) {
         let (delta, superseded) = ds.object.dirty(blkid, change);
         if let Some(bp) = superseded {
             self.io.zio.free(&bp, txg, AllocClass::Mos);
         }
         self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
-        drop(hold);
+    }
+
+    /// Asks for a sync once a quarter of the dirty limit is held.
+    fn sync_if_much_held(&self) {
         if self.held_bytes() > self.opts.dirty_max_bytes / 4 {
             self.request_sync();
         }
-        Ok(txg)
+    }
+
+    /// Writes the blocks that are not all zeros to new space outside the space map (the
+    /// txg's tree adopts them later) in txg `txg`; returns where each went, `None` for an
+    /// all-zero block, which is not written (the sync makes it a hole).
+    fn write_nonzero(
+        &self,
+        ds: &Dataset,
+        txg: u64,
+        blocks: &[&[u8]],
+    ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
+        let data: Vec<bool> = blocks.iter().map(|b| b.iter().any(|&x| x != 0)).collect();
+        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
+            .filter(|(_, &d)| d)
+            .map(|(b, _)| *b)
+            .collect();
+        let props = WriteProps {
+            class: AllocClass::Mos,
+            ..ds.object.data_props()
+        };
+        let mut bps = if bufs.is_empty() {
+            Vec::new()
+        } else {
+            self.io.zio.write_batch(&bufs, props, txg)?
+        }
+        .into_iter();
+        Ok(data
+            .into_iter()
+            .map(|d| d.then(|| bps.next().expect("a pointer per written block")))
+            .collect())
     }
 
     /// Writes whole blocks of a volume to their place now, straight from the caller's
@@ -1034,51 +1077,16 @@ impl Pool {
         assert!(blocks.iter().all(|(_, b)| b.len() as u64 == bs));
         self.throttle()?;
         self.reserve_space(bs * blocks.len() as u64)?;
-        let data: Vec<bool> = blocks
-            .iter()
-            .map(|(_, b)| b.iter().any(|&x| x != 0))
-            .collect();
-        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
-            .filter(|(_, &d)| d)
-            .map(|((_, b), _)| *b)
-            .collect();
-        // Allocated outside the space map until the txg's tree adopts the block.
-        let props = WriteProps {
-            class: AllocClass::Mos,
-            ..ds.object.data_props()
-        };
-        let hold = self.open_txg.read();
-        if ds.destroyed.load(Ordering::Acquire) {
-            return Err(PoolError::NoSuchVolume(format!(
-                "{}/{} (destroyed while open)",
-                self.name, ds.name
-            )));
-        }
+        let hold = self.hold_open_txg(ds)?;
         let txg = *hold;
-        let mut bps = if bufs.is_empty() {
-            Vec::new()
-        } else {
-            self.io.zio.write_batch(&bufs, props, txg)?
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| *b).collect();
+        let bps = self.write_nonzero(ds, txg, &bufs)?;
+        for (&(blkid, _), bp) in blocks.iter().zip(&bps) {
+            self.record_change(ds, txg, blkid, bp.map_or(Dirty::Free, Dirty::Placed));
         }
-        .into_iter();
-        let mut out = Vec::with_capacity(blocks.len());
-        let mut delta = 0i64;
-        for (&(blkid, _), d) in blocks.iter().zip(data) {
-            let bp = d.then(|| bps.next().expect("a pointer per written block"));
-            let change = bp.map_or(Dirty::Free, Dirty::Placed);
-            let (dd, superseded) = ds.object.dirty(blkid, change);
-            delta += dd;
-            if let Some(old) = superseded {
-                self.io.zio.free(&old, txg, AllocClass::Mos);
-            }
-            out.push(bp);
-        }
-        self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
         drop(hold);
-        if self.held_bytes() > self.opts.dirty_max_bytes / 4 {
-            self.request_sync();
-        }
-        Ok((txg, out))
+        self.sync_if_much_held();
+        Ok((txg, bps))
     }
 
     /// The txg that writes go into now.
@@ -1155,34 +1163,20 @@ impl Pool {
         txg: u64,
         blocks: &[(u64, &Arc<Vec<u8>>)],
     ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
-        // Allocated outside the space map until the txg's tree adopts the block.
-        let props = WriteProps {
-            class: AllocClass::Mos,
-            ..ds.object.data_props()
-        };
-        let data: Vec<bool> = blocks
-            .iter()
-            .map(|(_, b)| b.iter().any(|&x| x != 0))
-            .collect();
-        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
-            .filter(|(_, &d)| d)
-            .map(|((_, b), _)| b.as_slice())
-            .collect();
-        if bufs.is_empty() {
-            return Ok(vec![None; blocks.len()]);
-        }
-        let mut bps = self.io.zio.write_batch(&bufs, props, txg)?.into_iter();
-        let mut out = Vec::with_capacity(blocks.len());
-        for (&(blkid, buf), d) in blocks.iter().zip(data) {
-            let bp = d.then(|| bps.next().expect("a pointer per written block"));
-            if let Some(bp) = bp {
-                if let Some(old) = ds.object.set_override(blkid, buf, bp) {
-                    self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
-                }
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
+        let bps = self.write_nonzero(ds, txg, &bufs)?;
+        for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
+            if let Some(old) = bp.and_then(|bp| ds.object.set_override(blkid, buf, bp)) {
+                self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
             }
-            out.push(bp);
         }
-        Ok(out)
+        Ok(bps)
+    }
+
+    /// Queues a record of a change to the volume in its intent log (the pool counts what
+    /// queued records keep in memory: `Zil::pinned_bytes`).
+    pub fn append_log(&self, ds: &Dataset, rec: Record) {
+        ds.log.append(&self.zil, rec);
     }
 
     /// Makes every write to the volume so far durable, then calls `done` (maybe on another

@@ -236,14 +236,10 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         use std::sync::atomic::Ordering;
-        let before = self.unstarted.fetch_add(total, Ordering::Relaxed);
-        if before + total < WRITEBACK_BATCH_BYTES
-            || self
-                .unstarted
-                .compare_exchange(before + total, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
+        if self.unstarted.fetch_add(total, Ordering::Relaxed) + total < WRITEBACK_BATCH_BYTES
+            || self.unstarted.swap(0, Ordering::Relaxed) < WRITEBACK_BATCH_BYTES
         {
-            return Ok(()); // not enough yet, or another writer starts it now
+            return Ok(()); // not enough yet, or another writer has just started it
         }
         // SAFETY: sync_file_range takes only integers (0, 0: the whole file).
         unsafe {

@@ -292,7 +292,7 @@ impl Log {
     /// writes are queued in the order the writes were applied). Returns its id.
     pub fn append(&self, zil: &Zil, rec: Record) -> u64 {
         self.appended.fetch_add(1, Ordering::Relaxed);
-        zil.pin(&[&rec], true);
+        zil.pin(&rec);
         let mut st = self.state.lock();
         let id = st.next_id;
         st.next_id += 1;
@@ -369,7 +369,7 @@ impl Log {
                 return;
             }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
-            zil.pin(&batch.iter().map(|(_, r)| r).collect::<Vec<_>>(), false);
+            zil.unpin(batch.iter().map(|(_, r)| r));
             st.inflight_first = Some(batch[0].0);
             let bulk = batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= BULK_SYNC_BYTES;
             let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain && !bulk;
@@ -615,13 +615,7 @@ impl Log {
                 i += 1;
             }
         }
-        let covered: Vec<&Record> = st
-            .queue
-            .iter()
-            .map(|(_, r)| r)
-            .filter(|r| r.txg() <= txg)
-            .collect();
-        zil.pin(&covered, false);
+        zil.unpin(st.queue.iter().map(|(_, r)| r).filter(|r| r.txg() <= txg));
         st.queue.retain(|(_, r)| r.txg() > txg);
         let ready = st.take_satisfied();
         drop(st);
@@ -640,7 +634,7 @@ impl Log {
             all.push(st.next_slot);
         }
         st.mode = Mode::Off;
-        zil.pin(&st.queue.iter().map(|(_, r)| r).collect::<Vec<_>>(), false);
+        zil.unpin(st.queue.iter().map(|(_, r)| r));
         st.queue.clear();
         let waiting: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
         drop(st);

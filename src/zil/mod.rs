@@ -300,13 +300,15 @@ impl Zil {
         self.pinned.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn pin(&self, records: &[&Record], add: bool) {
-        let n: u64 = records.iter().map(|r| r.held_bytes()).sum();
-        if add {
-            self.pinned.fetch_add(n, Ordering::Relaxed);
-        } else {
-            self.pinned.fetch_sub(n, Ordering::Relaxed);
-        }
+    /// A record was queued: it keeps `rec.held_bytes()` alive.
+    pub(crate) fn pin(&self, rec: &Record) {
+        self.pinned.fetch_add(rec.held_bytes(), Ordering::Relaxed);
+    }
+
+    /// Queued records left the queue (logged, covered by a txg, or discarded).
+    pub(crate) fn unpin<'a>(&self, records: impl Iterator<Item = &'a Record>) {
+        let n: u64 = records.map(Record::held_bytes).sum();
+        self.pinned.fetch_sub(n, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> ZilStats {

@@ -278,20 +278,22 @@ impl Volume {
         if log {
             for (&(blkid, _), bp) in blocks.iter().zip(bps) {
                 let offset = blkid * bs;
-                self.ds.log.append(
-                    &self.pool.zil,
-                    match bp {
-                        Some(bp) => Record::Indirect { txg, offset, bp },
-                        None => Record::Zero {
-                            txg,
-                            offset,
-                            len: bs,
-                        },
+                self.append_log(match bp {
+                    Some(bp) => Record::Indirect { txg, offset, bp },
+                    None => Record::Zero {
+                        txg,
+                        offset,
+                        len: bs,
                     },
-                );
+                });
             }
         }
         Ok(())
+    }
+
+    /// Queues a change's record in the volume's intent log.
+    fn append_log(&self, rec: Record) {
+        self.pool.append_log(&self.ds, rec);
     }
 
     /// Writes `src` at `in_block` of block `blkid` into the open txg, merging a partial
@@ -324,14 +326,11 @@ impl Volume {
             .dirty_block(&self.ds, blkid, Dirty::Data(block))
             .map_err(|e| self.err(e))?;
         if log {
-            self.ds.log.append(
-                &self.pool.zil,
-                Record::Write {
-                    txg,
-                    offset: blkid * bs + in_block as u64,
-                    data: payload,
-                },
-            );
+            self.append_log(Record::Write {
+                txg,
+                offset: blkid * bs + in_block as u64,
+                data: payload,
+            });
         }
         Ok(())
     }
@@ -376,14 +375,11 @@ impl Volume {
                     .map_err(|e| self.err(e))?;
             }
             if log {
-                self.ds.log.append(
-                    &self.pool.zil,
-                    Record::Zero {
-                        txg,
-                        offset: first_whole * bs,
-                        len: (end_whole - first_whole) * bs,
-                    },
-                );
+                self.append_log(Record::Zero {
+                    txg,
+                    offset: first_whole * bs,
+                    len: (end_whole - first_whole) * bs,
+                });
             }
         }
         Ok(())
