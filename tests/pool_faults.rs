@@ -826,3 +826,45 @@ fn placed_blocks_read_back_before_their_txg_and_superseded_copies_are_freed() {
         "exact after a restart"
     );
 }
+
+/// Streams of whole large blocks rewrite a volume again and again, while a second volume of
+/// small blocks scatters slivers between them: the pool's free bytes stay above the
+/// admission margin, yet many of them are in pieces too small for a 128K block, and the
+/// rest waits in deferred frees. Both volumes fill 44 MiB of a 64 MiB pool: every write
+/// must succeed (the writer waits for txgs to give the frees back), and no sync may run
+/// out of space, which would suspend the pool.
+#[test]
+fn rewrites_of_large_blocks_never_run_out_of_space_among_slivers() {
+    let devs = mem_devs(1, 64 * MB);
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), o).unwrap();
+    pool.create_volume("big", 40 * MB, 128 << 10, None).unwrap();
+    pool.create_volume("small", 4 * MB, 4096, None).unwrap();
+    let big = Volume::open(&pool, "big").unwrap();
+    let small = Volume::open(&pool, "small").unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut chunk = vec![0u8; MB as usize];
+    let mut sliver = vec![0u8; 4096];
+    for round in 0..60 {
+        for _ in 0..512 {
+            rng.fill_bytes(&mut sliver);
+            let off = (rng.next_u64() % (4 * MB / 4096)) * 4096;
+            small.write(off, &sliver).unwrap();
+        }
+        for off in (0..40 * MB).step_by(MB as usize) {
+            rng.fill_bytes(&mut chunk);
+            big.write(off, &chunk).unwrap_or_else(|e| {
+                panic!("round {round}, offset {off}: {e}; space {:?}", pool.space())
+            });
+        }
+        if round % 3 == 0 {
+            // The small blocks get their places among the large ones.
+            pool.sync_now().unwrap();
+        }
+    }
+    pool.sync_now().unwrap();
+    pool.verify().unwrap();
+}

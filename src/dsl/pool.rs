@@ -987,7 +987,7 @@ impl Pool {
         let len = ds.volblocksize as u64;
         if matches!(change, Dirty::Data(_)) {
             self.throttle()?;
-            self.reserve_space(len)?;
+            self.reserve_space(len, len)?;
         }
         let hold = self.hold_open_txg(ds)?;
         let txg = *hold;
@@ -1075,18 +1075,36 @@ impl Pool {
         self.check_healthy()?;
         let bs = ds.volblocksize as u64;
         assert!(blocks.iter().all(|(_, b)| b.len() as u64 == bs));
-        self.throttle()?;
-        self.reserve_space(bs * blocks.len() as u64)?;
-        let hold = self.hold_open_txg(ds)?;
-        let txg = *hold;
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| *b).collect();
-        let bps = self.write_nonzero(ds, txg, &bufs)?;
-        for (&(blkid, _), bp) in blocks.iter().zip(&bps) {
-            self.record_change(ds, txg, blkid, bp.map_or(Dirty::Free, Dirty::Placed));
+        for attempt in 0.. {
+            self.throttle()?;
+            self.reserve_space(bs * blocks.len() as u64, bs)?;
+            let hold = self.hold_open_txg(ds)?;
+            let txg = *hold;
+            let bps = match self.write_nonzero(ds, txg, &bufs) {
+                Ok(bps) => bps,
+                // Admission passed, yet the allocator found no segment for a block (the
+                // free space moved into deferred frees meanwhile, say): the frees come back
+                // a txg or two later. A block left unplaced here would fail the sync
+                // instead, which suspends the pool; refuse the write cleanly rather.
+                Err(PoolError::Zio(ZioError::Alloc(AllocError::NoSpace(_)))) => {
+                    drop(hold);
+                    if attempt == 3 || self.space().freeing == 0 {
+                        return Err(PoolError::NoSpace(self.name.clone()));
+                    }
+                    self.sync_releasing_frees()?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for (&(blkid, _), bp) in blocks.iter().zip(&bps) {
+                self.record_change(ds, txg, blkid, bp.map_or(Dirty::Free, Dirty::Placed));
+            }
+            drop(hold);
+            self.sync_if_much_held();
+            return Ok((txg, bps));
         }
-        drop(hold);
-        self.sync_if_much_held();
-        Ok((txg, bps))
+        unreachable!("the loop returns")
     }
 
     /// The txg that writes go into now.
@@ -1126,20 +1144,29 @@ impl Pool {
 
     /// Admission control: a write is accepted only if the pool can still hold every dirty
     /// block plus its metadata and a reserve, so a txg sync never runs out of space.
-    fn reserve_space(&self, len: u64) -> Result<(), PoolError> {
+    ///
+    /// `block` is the size of the blocks being written. Near full, the free space is counted
+    /// only in segments such blocks can take (`Zio::usable_space`): a pool of slivers
+    /// between blocks has free bytes but no room for one more block, and a txg sync that
+    /// cannot place a block suspends the pool.
+    fn reserve_space(&self, len: u64, block: u64) -> Result<(), PoolError> {
         for attempt in 0..4 {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
             let dirty = (self.dirty_bytes() + len) * self.io.zio.max_inflation();
             let need = dirty + dirty / 8 + slop;
-            if space.free >= need {
+            // Counting in pieces walks every free segment: only when the bytes alone are
+            // no longer far above the need.
+            if space.free >= 2 * need
+                || space.free >= need && self.io.zio.usable_space(block) >= need
+            {
                 return Ok(());
             }
             if attempt == 3 || space.freeing == 0 && self.dirty_bytes() == 0 {
                 break;
             }
             // Deferred frees return after two more txgs: sync and try again.
-            self.sync_now()?;
+            self.sync_releasing_frees()?;
         }
         Err(PoolError::NoSpace(self.name.clone()))
     }
@@ -1349,6 +1376,14 @@ impl Pool {
             }
             self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
         }
+    }
+
+    /// Syncs a txg even if nothing else is dirty (the directory is rewritten): frees
+    /// return to use only as later txgs commit, and a writer short of space that waits
+    /// for them must not wait on an idle pool.
+    fn sync_releasing_frees(&self) -> Result<(), PoolError> {
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
     }
 
     /// Syncs one txg if anything is dirty. Returns the txg committed, if any.

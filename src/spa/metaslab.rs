@@ -174,6 +174,19 @@ impl Allocator {
         s
     }
 
+    /// The free space of top-level vdev `v` that blocks taking `piece` bytes there can use:
+    /// each free segment counts in whole pieces. Near a full pool this, not `space().free`,
+    /// says what still fits, for a block needs its bytes in one segment (there are no gang
+    /// blocks) and the rest is slivers between blocks.
+    pub fn free_in_pieces(&self, v: usize, piece: u64) -> u64 {
+        assert!(piece > 0);
+        self.tops[v]
+            .metaslabs
+            .iter()
+            .map(|ms| ms.free.space_in_pieces(piece))
+            .sum()
+    }
+
     fn ms_index(&self, vdev: u32, offset: u64) -> usize {
         (offset >> self.tops[vdev as usize].ms_shift) as usize
     }

@@ -33,6 +33,16 @@ impl RangeTree {
         self.by_size.iter().next_back().map_or(0, |&(len, _)| len)
     }
 
+    /// The space in segments counted in whole `piece`s: what blocks of that size can take.
+    pub fn space_in_pieces(&self, piece: u64) -> u64 {
+        self.by_size
+            .iter()
+            .rev()
+            .take_while(|&&(len, _)| len >= piece)
+            .map(|&(len, _)| len - len % piece)
+            .sum()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.segs.iter().map(|(&s, &e)| (s, e))
     }
@@ -158,6 +168,18 @@ impl RangeTree {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn space_in_pieces_counts_only_whole_pieces_of_each_segment() {
+        let mut t = RangeTree::new();
+        t.add(0, 300);
+        t.add(1000, 99);
+        t.add(2000, 100);
+        assert_eq!(t.space(), 499);
+        assert_eq!(t.space_in_pieces(100), 300 + 100);
+        assert_eq!(t.space_in_pieces(1), 499);
+        assert_eq!(t.space_in_pieces(301), 0);
+    }
 
     #[test]
     fn merge_split_and_queries() {

@@ -271,7 +271,15 @@ impl Zio {
                 a.and(b)
             }
         };
-        written.map_err(ZioError::Write)?;
+        if let Err(e) = written {
+            // Nothing will point at this batch's copies: give them back as the allocation
+            // failure above does (some may hold part of the data; they are free space now).
+            let mut alloc = self.alloc.lock();
+            for d in dvas.iter().flatten() {
+                alloc.free(d, txg, props.class);
+            }
+            return Err(ZioError::Write(e));
+        }
         self.stats
             .blocks_written
             .fetch_add(blocks.len() as u64, Ordering::Relaxed);
@@ -552,6 +560,16 @@ impl Zio {
             .map(|t| t.raidz.as_ref().map_or(1, |r| r.nparity() as u64 + 1))
             .max()
             .unwrap_or(1)
+    }
+
+    /// The free space that blocks of `psize` bytes can still take: on each top-level vdev,
+    /// the free segments counted in whole allocations of such a block there.
+    pub fn usable_space(&self, psize: u64) -> u64 {
+        let alloc = self.alloc.lock();
+        (self.tops.iter().enumerate())
+            .take(alloc.tops.len())
+            .map(|(v, top)| alloc.free_in_pieces(v, top.asize_of(psize)))
+            .sum()
     }
 
     /// Frees every copy of a block in txg `txg`.

@@ -18,6 +18,7 @@ use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
 use crate::zil::{Done, Payload, Record};
+use crate::zio::ZioError;
 pub use range_lock::RangeLocks;
 
 /// Replays every volume's intent log (what `Volume::open` does for one): run after an
@@ -265,15 +266,19 @@ impl Volume {
 
     /// Writes the whole blocks of a streaming write to their place at once, from the
     /// caller's buffer (`Pool::place_blocks`), and logs them by pointer. If they cannot be
-    /// placed (a device write failed, say), they take the ordinary path, whose sync writes
-    /// them or reports the error as for any other block.
+    /// placed because a device write failed, they take the ordinary path, whose sync writes
+    /// them or reports the error as for any other block. A full pool refuses the write.
     fn place(&self, blocks: &[(u64, &[u8])], log: bool) -> Result<(), VolError> {
         let bs = self.block_size();
-        let Ok((txg, bps)) = self.pool.place_blocks(&self.ds, blocks) else {
-            for &(blkid, src) in blocks {
-                self.write_span(blkid, 0, src, log)?;
+        let (txg, bps) = match self.pool.place_blocks(&self.ds, blocks) {
+            Ok(placed) => placed,
+            Err(PoolError::Zio(ZioError::Write(_))) => {
+                for &(blkid, src) in blocks {
+                    self.write_span(blkid, 0, src, log)?;
+                }
+                return Ok(());
             }
-            return Ok(());
+            Err(e) => return Err(self.err(e)),
         };
         if log {
             for (&(blkid, _), bp) in blocks.iter().zip(bps) {
