@@ -121,6 +121,23 @@ impl Dirty {
     }
 }
 
+/// What a txg's changes to an object held when its sync began: all dirty bytes, and those
+/// of them already written to their place (`Dirty::Placed`), whose space is allocated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncBytes {
+    pub dirty: u64,
+    pub placed: u64,
+}
+
+impl std::iter::Sum for SyncBytes {
+    fn sum<I: Iterator<Item = SyncBytes>>(iter: I) -> SyncBytes {
+        iter.fold(SyncBytes::default(), |a, b| SyncBytes {
+            dirty: a.dirty + b.dirty,
+            placed: a.placed + b.placed,
+        })
+    }
+}
+
 /// A dirty block already written in place (by the intent log, ahead of its txg): the buffer
 /// it was written from, and where.
 type Override = (Arc<Vec<u8>>, BlkPtr);
@@ -346,15 +363,21 @@ impl Object {
     }
 
     /// Moves the open txg's changes to syncing; returns their dirty bytes.
-    pub fn begin_sync(&self) -> u64 {
+    pub fn begin_sync(&self) -> SyncBytes {
         let mut st = self.state.lock();
         assert!(st.syncing.is_none(), "a txg is already syncing this object");
         if st.open.is_empty() {
-            return 0;
+            return SyncBytes::default();
         }
         let map = std::mem::take(&mut st.open);
         st.syncing_overrides = std::mem::take(&mut st.overrides);
-        let bytes = map.values().map(Dirty::bytes).sum();
+        let mut bytes = SyncBytes::default();
+        for d in map.values() {
+            bytes.dirty += d.bytes();
+            if matches!(d, Dirty::Placed(_)) {
+                bytes.placed += d.bytes();
+            }
+        }
         st.syncing = Some(Arc::new(map));
         bytes
     }

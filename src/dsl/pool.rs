@@ -17,6 +17,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
 use super::scan::Scanner;
 use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
+use crate::dmu::object::SyncBytes;
 use crate::dmu::object::{spans, walk};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::math::ChecksumKind;
@@ -280,6 +281,12 @@ pub struct Pool {
     mos: Mutex<Mos>,
     datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
     dirty_bytes: AtomicI64,
+    /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
+    /// is allocated, so admission must not count it again.
+    placed_bytes: AtomicI64,
+    /// The free space admission last found in slivers too small for a block (open txg,
+    /// block size, bytes): reused within the txg instead of walking every segment again.
+    slivers: Mutex<(u64, u64, u64)>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The last scrub's state (saved in the config) and the thread running one.
     pub(super) scan: Mutex<ScanState>,
@@ -499,6 +506,8 @@ impl Pool {
             mos: Mutex::new(mos),
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
+            placed_bytes: AtomicI64::new(0),
+            slivers: Mutex::new((0, 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
             scanner: Mutex::new(None),
@@ -1012,11 +1021,17 @@ impl Pool {
     /// Makes `change` block `blkid`'s change in open txg `txg` (held by the caller), counts
     /// its dirty bytes and frees the placed copy it supersedes, if any.
     fn record_change(&self, ds: &Dataset, txg: u64, blkid: u64, change: Dirty) {
+        let mut placed = match &change {
+            Dirty::Placed(bp) => bp.lsize.get() as i64,
+            _ => 0,
+        };
         let (delta, superseded) = ds.object.dirty(blkid, change);
         if let Some(bp) = superseded {
             self.io.zio.free(&bp, txg, AllocClass::Mos);
+            placed -= bp.lsize.get() as i64;
         }
         self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
+        self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
     }
 
     /// Asks for a sync once a quarter of the dirty limit is held.
@@ -1153,13 +1168,12 @@ impl Pool {
         for attempt in 0..4 {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
-            let dirty = (self.dirty_bytes() + len) * self.io.zio.max_inflation();
+            // Placed blocks already hold their space: only the rest is still to allocate.
+            let placed = self.placed_bytes.load(Ordering::Acquire).max(0) as u64;
+            let unplaced = self.dirty_bytes().saturating_sub(placed);
+            let dirty = (unplaced + len) * self.io.zio.max_inflation();
             let need = dirty + dirty / 8 + slop;
-            // Counting in pieces walks every free segment: only when the bytes alone are
-            // no longer far above the need.
-            if space.free >= 2 * need
-                || space.free >= need && self.io.zio.usable_space(block) >= need
-            {
+            if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
                 return Ok(());
             }
             if attempt == 3 || space.freeing == 0 && self.dirty_bytes() == 0 {
@@ -1169,6 +1183,22 @@ impl Pool {
             self.sync_releasing_frees()?;
         }
         Err(PoolError::NoSpace(self.name.clone()))
+    }
+
+    /// Whether blocks of `block` bytes still find `need` bytes of room among the free
+    /// segments. Counting walks every segment, so within a txg the slivers found last time
+    /// are taken as still there (they only change much as a txg's frees return); a
+    /// doubtful answer is counted afresh.
+    fn fits(&self, space: &Space, block: u64, need: u64) -> bool {
+        let txg = self.open_txg();
+        let mut cached = self.slivers.lock();
+        let (at, size, slivers) = *cached;
+        if at == txg && size == block && space.free.saturating_sub(slivers) >= need {
+            return true;
+        }
+        let usable = self.io.zio.usable_space(block);
+        *cached = (txg, block, space.free.saturating_sub(usable));
+        usable >= need
     }
 
     // ----- intent log ---------------------------------------------------------------------
@@ -1400,7 +1430,7 @@ impl Pool {
             }
             let txg = *open;
             *open += 1;
-            let bytes: u64 = datasets.iter().map(|d| d.object.begin_sync()).sum();
+            let bytes: SyncBytes = datasets.iter().map(|d| d.object.begin_sync()).sum();
             (txg, bytes, datasets)
         };
         let io = &self.io;
@@ -1437,7 +1467,9 @@ impl Pool {
         let destroyed = std::mem::take(&mut mos.destroyed);
         for ds in &destroyed {
             // Its unsynced writes die with it; they no longer count as dirty.
-            syncing_bytes += ds.object.begin_sync();
+            let b = ds.object.begin_sync();
+            syncing_bytes.dirty += b.dirty;
+            syncing_bytes.placed += b.placed;
             ds.object.free_all(io, txg)?;
             let os_bp = *ds.objset_bp.lock();
             if !os_bp.is_hole() {
@@ -1530,7 +1562,9 @@ impl Pool {
         }
         io.zio.alloc.lock().txg_synced(txg);
         self.dirty_bytes
-            .fetch_sub(syncing_bytes as i64, Ordering::AcqRel);
+            .fetch_sub(syncing_bytes.dirty as i64, Ordering::AcqRel);
+        self.placed_bytes
+            .fetch_sub(syncing_bytes.placed as i64, Ordering::AcqRel);
         drop(mos);
         // The log blocks this txg covers are free; sync requests it covers are answered.
         for ds in &datasets {
@@ -2030,8 +2064,9 @@ impl Pool {
         }
     }
 
-    /// Reads every block of the pool (MOS and every volume), verifying each checksum.
-    /// Returns the number of blocks verified.
+    /// Reads every block of the pool (MOS and every volume), verifying each checksum, and
+    /// checks the allocator's running totals against its metaslabs. Returns the number of
+    /// blocks verified.
     pub fn verify(&self) -> Result<u64, PoolError> {
         let mut n = 0u64;
         let mut count = |_: &BlkPtr, _: u8| -> Result<(), ZioError> {
@@ -2054,6 +2089,15 @@ impl Pool {
                 }
                 count(bp, level)
             })?;
+        }
+        let alloc = self.io.zio.alloc.lock();
+        let (kept, counted) = (alloc.space(), alloc.space_recounted());
+        if kept != counted {
+            return Err(invalid(format!(
+                "pool '{}': the allocator's running totals {kept:?} drifted from its \
+                 metaslabs {counted:?}",
+                self.name
+            )));
         }
         Ok(n)
     }

@@ -118,6 +118,10 @@ pub struct Allocator {
     /// (admission control), and summing a txg's worth of freed extents each time cost more
     /// than the write.
     freeing: u64,
+    /// The sizes of all metaslabs, and the bytes in their free trees, kept as they change
+    /// for the same reason (`space_recounted` checks them).
+    size: u64,
+    free: u64,
     frees_held: u32,
     rotor: usize,
     rotor_bytes: u64,
@@ -150,11 +154,14 @@ impl Allocator {
                     active: 0,
                 }
             })
-            .collect();
+            .collect::<Vec<TopSpace>>();
+        let size = tops.iter().flat_map(|t| &t.metaslabs).map(|m| m.size).sum();
         Allocator {
             tops,
             deferred: VecDeque::new(),
             freeing: 0,
+            size,
+            free: size,
             frees_held: 0,
             rotor: 0,
             rotor_bytes: 0,
@@ -162,6 +169,16 @@ impl Allocator {
     }
 
     pub fn space(&self) -> Space {
+        Space {
+            size: self.size,
+            free: self.free,
+            freeing: self.freeing,
+            alloc: self.size - self.free - self.freeing,
+        }
+    }
+
+    /// `space`, counted afresh from every metaslab (`Pool::verify` compares the two).
+    pub fn space_recounted(&self) -> Space {
         let mut s = Space::default();
         for top in &self.tops {
             for ms in &top.metaslabs {
@@ -224,6 +241,7 @@ impl Allocator {
                 let hint = if copies > 1 && n == 1 { copy } else { 0 };
                 let asize = asize_of(v as u32, psize);
                 if let Some(off) = self.alloc_on(v, asize, hint, copies) {
+                    self.free -= asize;
                     total += asize;
                     placed = Some(Dva::new(v as u32, off, asize as u32));
                     break;
@@ -300,6 +318,7 @@ impl Allocator {
         self.tops[d.vdev.get() as usize].metaslabs[ms_i]
             .free
             .add(d.offset.get(), d.asize.get() as u64);
+        self.free += d.asize.get() as u64;
     }
 
     /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
@@ -353,6 +372,7 @@ impl Allocator {
                 let ms = &mut self.tops[v as usize].metaslabs[ms_i];
                 ms.deferred.remove(off, len);
                 ms.free.add(off, len);
+                self.free += len;
             }
         }
     }
@@ -366,7 +386,8 @@ impl Allocator {
     ) -> Result<(), AllocError> {
         let m = &mut self.tops[vdev as usize].metaslabs[ms];
         let corrupt = |what: String| AllocError::Corrupt { vdev, ms, what };
-        for r in records {
+        let before = m.free.space();
+        let applied = records.iter().try_for_each(|r| {
             if r.len == 0 || r.offset < m.start || r.offset + r.len > m.start + m.size {
                 return Err(corrupt(format!("record {r:?} outside the metaslab")));
             }
@@ -375,10 +396,12 @@ impl Allocator {
             } else {
                 m.free.try_remove(r.offset, r.len)
             };
-            res.map_err(|_| corrupt(format!("record {r:?} contradicts earlier records")))?;
-        }
+            res.map_err(|_| corrupt(format!("record {r:?} contradicts earlier records")))
+        });
+        let after = m.free.space();
         m.sm_records = records.len() as u64;
-        Ok(())
+        self.free = self.free + after - before;
+        applied
     }
 
     /// Moves an unrecorded (`AllocClass::Mos`) allocation into the space map: a block written
@@ -417,6 +440,7 @@ impl Allocator {
             .try_remove(off, len)
             .map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
         ms.mos.add(off, len);
+        self.free -= len;
         Ok(())
     }
 
@@ -431,6 +455,7 @@ impl Allocator {
                     let ms = &mut self.tops[v as usize].metaslabs[ms_i];
                     ms.mos.remove(off, len);
                     ms.free.add(off, len);
+                    self.free += len;
                 }
                 return Err(e);
             }
