@@ -41,6 +41,8 @@ pub const MIN_LEAF_BYTES: u64 = 64 << 20;
 const DIR_BLOCK_BYTES: u32 = 16 * 1024;
 const MSTABLE_BLOCK_BYTES: u32 = 16 * 1024;
 const SM_BLOCK_BYTES: u32 = 4096;
+/// How long admission trusts a count of the free space in slivers (`Pool::fits`).
+const SLIVERS_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -284,9 +286,9 @@ pub struct Pool {
     /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
     /// is allocated, so admission must not count it again.
     placed_bytes: AtomicI64,
-    /// The free space admission last found in slivers too small for a block (open txg,
-    /// block size, bytes): reused within the txg instead of walking every segment again.
-    slivers: Mutex<(u64, u64, u64)>,
+    /// The free space admission last found in slivers too small for a block (when, block
+    /// size, bytes): reused for a while instead of walking every free segment again.
+    slivers: Mutex<(std::time::Instant, u64, u64)>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The last scrub's state (saved in the config) and the thread running one.
     pub(super) scan: Mutex<ScanState>,
@@ -507,7 +509,7 @@ impl Pool {
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
             placed_bytes: AtomicI64::new(0),
-            slivers: Mutex::new((0, 0, 0)),
+            slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
             scanner: Mutex::new(None),
@@ -1186,18 +1188,22 @@ impl Pool {
     }
 
     /// Whether blocks of `block` bytes still find `need` bytes of room among the free
-    /// segments. Counting walks every segment, so within a txg the slivers found last time
-    /// are taken as still there (they only change much as a txg's frees return); a
-    /// doubtful answer is counted afresh.
+    /// segments. Counting walks every free segment under the allocator's lock (a pool
+    /// fragmented by small random writes has hundreds of thousands), so the slivers found
+    /// are taken as still there for `SLIVERS_FOR`; a doubtful answer is counted afresh.
     fn fits(&self, space: &Space, block: u64, need: u64) -> bool {
-        let txg = self.open_txg();
         let mut cached = self.slivers.lock();
         let (at, size, slivers) = *cached;
-        if at == txg && size == block && space.free.saturating_sub(slivers) >= need {
+        if size == block && at.elapsed() < SLIVERS_FOR && space.free.saturating_sub(slivers) >= need
+        {
             return true;
         }
         let usable = self.io.zio.usable_space(block);
-        *cached = (txg, block, space.free.saturating_sub(usable));
+        *cached = (
+            std::time::Instant::now(),
+            block,
+            space.free.saturating_sub(usable),
+        );
         usable >= need
     }
 
