@@ -177,13 +177,6 @@ impl Volume {
         }
     }
 
-    fn read_block(&self, blkid: u64) -> Result<Option<Arc<Vec<u8>>>, VolError> {
-        self.ds
-            .object
-            .read_block(&self.pool.io, blkid)
-            .map_err(|e| self.unreadable(blkid, e))
-    }
-
     /// The first block and the number of blocks that `len > 0` bytes at `offset` touch.
     fn blocks_of(&self, offset: u64, len: u64) -> (u64, u64) {
         let bs = self.block_size();
@@ -315,10 +308,22 @@ impl Volume {
         let block = Arc::new(if whole {
             src.to_vec()
         } else {
-            let mut b = match self.read_block(blkid)? {
-                Some(b) => b.to_vec(),
-                None => vec![0u8; bs as usize],
-            };
+            // The old contents are read straight into the new buffer, uncached: the write
+            // supersedes them at once (the sync caches the new block).
+            let mut b = vec![0u8; bs as usize];
+            let old = self
+                .ds
+                .object
+                .read_blocks(&self.pool.io, blkid, vec![Some(&mut b)]);
+            match old
+                .into_iter()
+                .next()
+                .expect("one block asked, one answered")
+            {
+                Ok(Fetched::Data(d)) => b.copy_from_slice(&d),
+                Ok(Fetched::Hole | Fetched::Direct) => {}
+                Err(e) => return Err(self.unreadable(blkid, e)),
+            }
             b[in_block..in_block + src.len()].copy_from_slice(src);
             b
         });
