@@ -1036,11 +1036,19 @@ impl Pool {
         self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
     }
 
-    /// Asks for a sync once a quarter of the dirty limit is held.
+    /// Asks for a sync once a quarter of the dirty limit is held in memory, or once blocks
+    /// placed ahead of their txg hold a quarter of the free space (they hold no memory, but
+    /// the copies they replace are freed only as txgs commit).
     fn sync_if_much_held(&self) {
-        if self.held_bytes() > self.opts.dirty_max_bytes / 4 {
+        if self.held_bytes() > self.opts.dirty_max_bytes / 4
+            || self.placed_bytes() > self.space().free / 4
+        {
             self.request_sync();
         }
+    }
+
+    fn placed_bytes(&self) -> u64 {
+        self.placed_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     /// Writes the blocks that are not all zeros to new space outside the space map (the
@@ -1130,10 +1138,14 @@ impl Pool {
     }
 
     /// What writes hold in memory until a txg syncs, as the throttle counts it: the dirty
-    /// bytes, or the buffers queued log records keep alive if those are more (a block
-    /// rewritten again and again dirties one block but pins every version of it).
+    /// bytes not yet placed, or the buffers queued log records keep alive if those are more
+    /// (a block rewritten again and again dirties one block but pins every version of it).
+    /// Placed blocks are on their devices already: a txg of them costs its sync only their
+    /// pointers, and syncing after every 32 MiB of them rewrote the volume's indirect blocks
+    /// for every few hundred writes.
     fn held_bytes(&self) -> u64 {
-        self.dirty_bytes().max(self.zil.pinned_bytes())
+        let unplaced = self.dirty_bytes().saturating_sub(self.placed_bytes());
+        unplaced.max(self.zil.pinned_bytes())
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
@@ -1171,8 +1183,7 @@ impl Pool {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
             // Placed blocks already hold their space: only the rest is still to allocate.
-            let placed = self.placed_bytes.load(Ordering::Acquire).max(0) as u64;
-            let unplaced = self.dirty_bytes().saturating_sub(placed);
+            let unplaced = self.dirty_bytes().saturating_sub(self.placed_bytes());
             let dirty = (unplaced + len) * self.io.zio.max_inflation();
             let need = dirty + dirty / 8 + slop;
             if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
