@@ -281,3 +281,69 @@ fn a_failing_device_is_faulted_and_clear_brings_it_back() {
         "a pool whose only device fails every read cannot import"
     );
 }
+
+/// A second device replaced while the first one's resilver is under way, with no txg in
+/// between (so both owe the same txgs): the resilver must start over for both, not go on
+/// from its bookmark, past which the second device would never get the blocks before it.
+/// Foreground I/O holds the first resilver part-way (a scan yields to it) at a known point.
+#[test]
+fn a_device_replaced_during_a_resilver_is_rebuilt_in_full() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (devs, data) = filled_pool(Layout::Raidz2, 96 * MB, VOL, 16384, 1);
+    let present: Vec<Arc<MemDevice>> = [0, 2, 3, 5].iter().map(|&i| devs[i].clone()).collect();
+    let pool = Pool::import(as_leaves(&present), None, opts()).unwrap();
+    let hold = Arc::new(AtomicBool::new(true));
+    let done = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (pool, hold, done) = (pool.clone(), hold.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if hold.load(Ordering::SeqCst) {
+                    pool.note_foreground_io();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let replace = |gone: usize, name: &str| {
+        let fresh = Arc::new(MemDevice::new(name, 96 * MB)) as Arc<dyn BlockDevice>;
+        pool.replace(devs[gone].name(), fresh, name.to_string(), false)
+            .unwrap();
+    };
+    replace(1, "new1");
+    // Let the first resilver pass its first chunk of the volume (it moves its bookmark past
+    // those blocks), then hold it again.
+    hold.store(false, Ordering::SeqCst);
+    while pool.scan_status().bookmark.is_none_or(|b| b.blkid == 0) {
+        std::thread::yield_now();
+    }
+    hold.store(true, Ordering::SeqCst);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mid = pool.scan_status();
+    assert_eq!(mid.state, ScanPhase::Scanning, "held part-way: {mid:?}");
+    assert!(mid.examined_bytes < mid.to_examine / 2, "{mid:?}");
+    replace(4, "new4");
+    eprintln!(
+        "DBG mid {mid:?}\nDBG after {:?} synced {}",
+        pool.scan_status(),
+        pool.synced_txg()
+    );
+    hold.store(false, Ordering::SeqCst);
+    pool.wait_scrub();
+    done.store(true, Ordering::SeqCst);
+    busy.join().unwrap();
+
+    let scan = pool.scan_status();
+    assert_eq!(scan.state, ScanPhase::Finished, "{scan:?}");
+    for i in [1, 4] {
+        assert!(
+            repaired_on(&pool, i) >= VOL / 4,
+            "leaf {i} got {} bytes",
+            repaired_on(&pool, i)
+        );
+    }
+    // The two new devices and two old ones must carry every byte.
+    pool.set_offline("mem0", true).unwrap();
+    pool.set_offline("mem3", true).unwrap();
+    assert!(read_volume(&pool) == data, "a new device lacks data");
+}

@@ -41,6 +41,8 @@ pub const MIN_LEAF_BYTES: u64 = 64 << 20;
 const DIR_BLOCK_BYTES: u32 = 16 * 1024;
 const MSTABLE_BLOCK_BYTES: u32 = 16 * 1024;
 const SM_BLOCK_BYTES: u32 = 4096;
+/// The longest a scan waits for busy volumes before its next batch of blocks.
+const SCAN_YIELD_MAX: Duration = Duration::from_millis(50);
 /// How long admission trusts a count of the free space in slivers (`Pool::fits`).
 const SLIVERS_FOR: Duration = Duration::from_secs(1);
 
@@ -2047,13 +2049,22 @@ impl Pool {
         self.last_io_nanos.store(now.max(1), Ordering::Relaxed);
     }
 
-    /// Pauses a scrub briefly while volumes are busy, so it takes what they leave.
-    pub(super) fn yield_to_foreground(&self) {
+    /// Pauses a scrub briefly while volumes are busy, so it takes what they leave: until
+    /// they have been idle for 10 ms, but never more than `SCAN_YIELD_MAX` at a time (a
+    /// scan under constant load still advances, if slowly: a resilver that waited for
+    /// idleness would leave a pool with busy clients degraded for good) and not once
+    /// `stop` is set (a pause, an export, a replacement waits for the scanner to stop).
+    pub(super) fn yield_to_foreground(&self, stop: &AtomicBool) {
         const BUSY_WINDOW: u64 = 10_000_000;
+        let until = std::time::Instant::now() + SCAN_YIELD_MAX;
         loop {
             let last = self.last_io_nanos.load(Ordering::Relaxed);
             let now = self.born.elapsed().as_nanos() as u64;
-            if last == 0 || now.saturating_sub(last) > BUSY_WINDOW {
+            if last == 0
+                || now.saturating_sub(last) > BUSY_WINDOW
+                || stop.load(Ordering::SeqCst)
+                || std::time::Instant::now() >= until
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -9,7 +9,8 @@
 //! save). Each chunk of work starts from the volume's current tree and holds the allocator's
 //! frees (`Allocator::hold_frees`) while it works, so no block it still points at can be
 //! reallocated under it. Between blocks the scrub yields to foreground I/O: when the pool saw
-//! reads or writes in the last few milliseconds, it pauses.
+//! reads or writes in the last few milliseconds, it pauses, for at most 50 ms at a time, so
+//! that it still advances under constant load.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -113,13 +114,19 @@ impl Pool {
     /// unless there is none or one already runs. Returns whether one runs now.
     pub fn start_resilver(self: &Arc<Self>) -> bool {
         let mut owed = TxgRanges::default();
+        let mut leaves = Vec::new();
         for top in &self.io.zio.tops {
             for leaf in top.children.iter().filter(|l| !l.is_offline()) {
-                for &r in &leaf.missed.lock().0 {
+                let missed = leaf.missed.lock();
+                if !missed.0.is_empty() {
+                    leaves.push(leaf.guid());
+                }
+                for &r in &missed.0 {
                     owed.add_range(r);
                 }
             }
         }
+        leaves.sort_unstable();
         if owed.is_empty() {
             return false;
         }
@@ -129,13 +136,17 @@ impl Pool {
         }
         {
             let mut st = self.scan.lock();
-            if st.state == ScanPhase::Scanning && st.func == ScanFunc::Resilver && st.txgs == owed.0
+            if st.state == ScanPhase::Scanning
+                && st.func == ScanFunc::Resilver
+                && st.txgs == owed.0
+                && st.leaves == leaves
             {
                 // The same resilver, paused: go on with it.
             } else {
                 *st = ScanState {
                     func: ScanFunc::Resilver,
                     txgs: owed.0,
+                    leaves,
                     state: ScanPhase::Scanning,
                     to_examine: self.space().alloc,
                     start_secs: now_secs(),
@@ -337,7 +348,7 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
             }
         }
         if level > 0 {
-            pool.yield_to_foreground();
+            pool.yield_to_foreground(stop);
             return if check(t, bp, level, first) {
                 Visit::Descend
             } else {
@@ -363,7 +374,7 @@ const BATCH: usize = 32;
 
 fn check_batch(t: &TreeScan, batch: &mut Vec<(BlkPtr, u64)>) {
     use rayon::prelude::*;
-    t.pool.yield_to_foreground();
+    t.pool.yield_to_foreground(t.stop);
     // The scanner is a plain thread, so rayon runs these on its pool and blocks here: the
     // jobs only read, verify and rewrite blocks, and take no lock that waits.
     batch.par_iter().for_each(|(bp, first)| {

@@ -52,6 +52,11 @@ pub struct ScanState {
     /// For a resilver: the txgs whose blocks it rewrites (inclusive ranges).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub txgs: Vec<[u64; 2]>,
+    /// For a resilver: the GUIDs of the leaves it rebuilds. A paused resilver is resumed
+    /// only for the same leaves: one that joined since (a second replacement, another
+    /// device back online) owes the blocks before the bookmark too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaves: Vec<u64>,
     pub state: ScanPhase,
     /// Allocated bytes read so far (every copy counts).
     pub examined_bytes: u64,
