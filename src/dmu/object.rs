@@ -129,11 +129,18 @@ pub struct SyncBytes {
     pub placed: u64,
 }
 
+impl std::ops::AddAssign for SyncBytes {
+    fn add_assign(&mut self, b: SyncBytes) {
+        self.dirty += b.dirty;
+        self.placed += b.placed;
+    }
+}
+
 impl std::iter::Sum for SyncBytes {
     fn sum<I: Iterator<Item = SyncBytes>>(iter: I) -> SyncBytes {
-        iter.fold(SyncBytes::default(), |a, b| SyncBytes {
-            dirty: a.dirty + b.dirty,
-            placed: a.placed + b.placed,
+        iter.fold(SyncBytes::default(), |mut a, b| {
+            a += b;
+            a
         })
     }
 }

@@ -288,6 +288,9 @@ pub struct Pool {
     /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
     /// is allocated, so admission must not count it again.
     placed_bytes: AtomicI64,
+    /// Placed bytes past which a sync is asked: a quarter of the free space when the last
+    /// txg committed (kept here so writers need not take the allocator's lock to ask).
+    placed_limit: AtomicU64,
     /// The free space admission last found in slivers too small for a block (when, block
     /// size, bytes): reused for a while instead of walking every free segment again.
     slivers: Mutex<(std::time::Instant, u64, u64)>,
@@ -490,6 +493,7 @@ impl Pool {
             .map(|(top, _)| top.clone())
             .collect();
         let zio = Arc::new(Zio::new(data_tops, alloc));
+        let placed_limit = zio.alloc.lock().space().free / 4;
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -511,6 +515,7 @@ impl Pool {
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
             placed_bytes: AtomicI64::new(0),
+            placed_limit: AtomicU64::new(placed_limit),
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
@@ -1043,7 +1048,7 @@ impl Pool {
     /// the copies they replace are freed only as txgs commit).
     fn sync_if_much_held(&self) {
         if self.held_bytes() > self.opts.dirty_max_bytes / 4
-            || self.placed_bytes() > self.space().free / 4
+            || self.placed_bytes() > self.placed_limit.load(Ordering::Relaxed)
         {
             self.request_sync();
         }
@@ -1051,6 +1056,11 @@ impl Pool {
 
     fn placed_bytes(&self) -> u64 {
         self.placed_bytes.load(Ordering::Acquire).max(0) as u64
+    }
+
+    /// The dirty bytes whose space is still to be allocated (all but the placed ones).
+    fn unplaced_bytes(&self) -> u64 {
+        self.dirty_bytes().saturating_sub(self.placed_bytes())
     }
 
     /// Writes the blocks that are not all zeros to new space outside the space map (the
@@ -1146,8 +1156,7 @@ impl Pool {
     /// pointers, and syncing after every 32 MiB of them rewrote the volume's indirect blocks
     /// for every few hundred writes.
     fn held_bytes(&self) -> u64 {
-        let unplaced = self.dirty_bytes().saturating_sub(self.placed_bytes());
-        unplaced.max(self.zil.pinned_bytes())
+        self.unplaced_bytes().max(self.zil.pinned_bytes())
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
@@ -1185,8 +1194,7 @@ impl Pool {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
             // Placed blocks already hold their space: only the rest is still to allocate.
-            let unplaced = self.dirty_bytes().saturating_sub(self.placed_bytes());
-            let dirty = (unplaced + len) * self.io.zio.max_inflation();
+            let dirty = (self.unplaced_bytes() + len) * self.io.zio.max_inflation();
             let need = dirty + dirty / 8 + slop;
             if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
                 return Ok(());
@@ -1486,9 +1494,7 @@ impl Pool {
         let destroyed = std::mem::take(&mut mos.destroyed);
         for ds in &destroyed {
             // Its unsynced writes die with it; they no longer count as dirty.
-            let b = ds.object.begin_sync();
-            syncing_bytes.dirty += b.dirty;
-            syncing_bytes.placed += b.placed;
+            syncing_bytes += ds.object.begin_sync();
             ds.object.free_all(io, txg)?;
             let os_bp = *ds.objset_bp.lock();
             if !os_bp.is_hole() {
@@ -1579,7 +1585,12 @@ impl Pool {
         for leaf in commit.dropped_leaves() {
             leaf.missed.lock().add(txg);
         }
-        io.zio.alloc.lock().txg_synced(txg);
+        let free = {
+            let mut alloc = io.zio.alloc.lock();
+            alloc.txg_synced(txg);
+            alloc.space().free
+        };
+        self.placed_limit.store(free / 4, Ordering::Relaxed);
         self.dirty_bytes
             .fetch_sub(syncing_bytes.dirty as i64, Ordering::AcqRel);
         self.placed_bytes
