@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,7 +99,7 @@ fn apply(vol: &Volume, records: &[Record]) {
         match r {
             Record::Write { offset, data, .. } => vol.write(*offset, data).unwrap(),
             Record::Zero { offset, len, .. } => vol.trim(*offset, *len).unwrap(),
-            Record::Indirect { .. } => panic!("import hands over writes in place as data"),
+            Record::Indirect { .. } => panic!("records_with_data reads writes in place"),
         }
     }
 }
@@ -133,6 +133,7 @@ fn replay_is_idempotent_even_when_cut_short() {
     let records = pool
         .pending_replay(&pool.dataset("v0").unwrap())
         .expect("records to replay");
+    let records = records_with_data(&pool, records);
     assert!(!records.is_empty());
     let vol = Volume::open(&pool, "v0").unwrap();
     let once = read(&vol, 0, 8 * MB as usize);
@@ -635,4 +636,217 @@ fn rewriting_one_block_without_a_flush_pins_bounded_memory() {
     assert_eq!(read(&vol, 4096, 4096), last);
     assert_eq!(pool.zil.pinned_bytes(), 0, "nothing queued after a replay");
     pool.verify().unwrap();
+}
+
+/// Records taken from a log after a crash belong to the txgs the crash cut off. A txg that
+/// commits before their replay (another volume's replay, an admin command, the timer) has
+/// a newer number than theirs, yet holds none of them: the next import must still find
+/// them, here after two crashes in a row.
+#[test]
+fn txgs_committed_before_a_replay_keep_its_records() {
+    let o = log_opts(CommitPolicy::Group, Placement::Global);
+    let (devs, pool) = three_stripes(2, &o);
+    let mut want = Vec::new();
+    for v in 0..2 {
+        let vol = Volume::open(&pool, &format!("v{v}")).unwrap();
+        let data = pattern(70 + v, 200_000);
+        vol.write(4096, &data).unwrap();
+        vol.flush().unwrap();
+        want.push(data);
+    }
+    let synced = pool.synced_txg();
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(pool);
+
+    // v0 is replayed (its replay commits a txg) and a volume is created (another one);
+    // v1 is not, and the power goes.
+    let pool = reimport(&cut);
+    Volume::open(&pool, "v0").unwrap();
+    pool.create_volume("other", MB, 16384, None).unwrap();
+    assert!(pool.synced_txg() >= synced + 2, "txg {}", pool.synced_txg());
+    let cut = power_cut(&cut, PowerCut::DropUnflushed);
+    drop(pool);
+
+    let pool = reimport(&cut);
+    assert!(
+        pool.pending_replay(&pool.dataset("v1").unwrap()).is_some(),
+        "v1's records were dropped as if the newer txgs held them"
+    );
+    for (v, data) in want.iter().enumerate() {
+        let vol = Volume::open(&pool, &format!("v{v}")).unwrap();
+        assert!(
+            read(&vol, 4096, data.len()) == *data,
+            "v{v} lost a flushed write"
+        );
+    }
+    // Once replayed, the records are gone for good.
+    let cut = power_cut(&cut, PowerCut::KeepUnflushed);
+    drop(pool);
+    let pool = reimport(&cut);
+    assert!(pool.pending_replay(&pool.dataset("v1").unwrap()).is_none());
+    pool.verify().unwrap();
+}
+
+/// When import falls back to an older uberblock it restates that tree under a newer txg
+/// (so new txgs outrank the skipped ones). The log's records newer than the tree must
+/// still replay if the pool crashes before their replay.
+#[test]
+fn records_survive_a_crash_after_an_import_that_skipped_an_uberblock() {
+    use zeta::spa::label::read_labels;
+    use zeta::vdev::Leaf;
+    let o = log_opts(CommitPolicy::Group, Placement::Global);
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create(
+        "tank",
+        as_leaves(&devs).into_iter().map(TopSpec::stripe).collect(),
+        o,
+    )
+    .unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let good = pool.synced_txg();
+    let data = pattern(90, 100_000);
+    vol.write(0, &data).unwrap();
+    vol.flush().unwrap();
+    // The next txg commits the write; its tree then rots (every copy of its MOS block), so
+    // import falls back to `good`, whose log still holds the write.
+    pool.sync_now().unwrap();
+    let newest = pool.synced_txg();
+    assert!(newest > good);
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    let dev = &devs[0];
+    let labels = read_labels(&Leaf::new(dev.clone() as Arc<dyn BlockDevice>, 0)).unwrap();
+    for ub in labels.uberblocks.iter().filter(|u| u.txg.get() > good) {
+        for d in ub.root.dvas() {
+            dev.corrupt(RESERVE_BYTES + d.offset.get(), &[0x5a; 64]);
+        }
+    }
+    let pool = reimport(&devs);
+    assert!(
+        pool.synced_txg() > newest,
+        "the tree of txg {good} is restated above"
+    );
+    assert!(pool.pending_replay(&pool.dataset("v").unwrap()).is_some());
+    // The power goes before the replay.
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "v").unwrap();
+    assert!(
+        read(&vol, 0, data.len()) == data,
+        "the flushed write was lost"
+    );
+    pool.verify().unwrap();
+}
+
+/// Counts the bytes written to a device.
+struct Counting {
+    dev: Arc<MemDevice>,
+    written: Arc<AtomicU64>,
+}
+
+impl BlockDevice for Counting {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.dev.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.discard(offset, len)
+    }
+    fn len_bytes(&self) -> u64 {
+        self.dev.len_bytes()
+    }
+    fn name(&self) -> &str {
+        self.dev.name()
+    }
+}
+
+/// Streaming writes go to their place at once and are logged by pointer, so a log can point
+/// at many versions of each block: up to the pool's free space. The replay copies the last
+/// version of each block only (the import holds them all meanwhile, and a copy of each
+/// could need more space than the pool has), reading them one at a time.
+#[test]
+fn a_log_of_many_versions_of_large_blocks_replays_only_the_last_of_each() {
+    const BLK: usize = 128 << 10;
+    const SLOTS: u64 = 64;
+    let o = log_opts(CommitPolicy::Group, Placement::Global);
+    let devs = mem_devs(3, 64 * MB);
+    let pool = Pool::create(
+        "tank",
+        as_leaves(&devs).into_iter().map(TopSpec::stripe).collect(),
+        o.clone(),
+    )
+    .unwrap();
+    pool.create_volume("v", SLOTS * BLK as u64, BLK as u32, None)
+        .unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut want = vec![0u8; SLOTS as usize * BLK];
+    // Fewer than the bytes placed ahead that make the pool ask for a txg (a quarter of the
+    // free space): every one of them stays in the log.
+    for i in 0..280u64 {
+        let slot = rng.gen_range(0..SLOTS) as usize;
+        let data = pattern(1000 + i, BLK);
+        vol.write((slot * BLK) as u64, &data).unwrap();
+        want[slot * BLK..(slot + 1) * BLK].copy_from_slice(&data);
+        if i % 4 == 3 {
+            vol.flush().unwrap();
+        }
+    }
+    vol.flush().unwrap();
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+
+    let written = Arc::new(AtomicU64::new(0));
+    let leaves = cut
+        .iter()
+        .map(|d| {
+            let c = Counting {
+                dev: d.clone(),
+                written: written.clone(),
+            };
+            (Arc::new(c) as Arc<dyn BlockDevice>, d.name().to_string())
+        })
+        .collect();
+    let pool = Pool::import(leaves, None, o).unwrap();
+    let records = pool.pending_replay(&pool.dataset("v").unwrap()).unwrap();
+    let in_place = records
+        .iter()
+        .filter(|r| matches!(r, Record::Indirect { .. }))
+        .count();
+    assert!(
+        in_place > 4 * SLOTS as usize,
+        "only {in_place} records of writes in place"
+    );
+    written.store(0, Ordering::Relaxed);
+    let vol = Volume::open(&pool, "v").unwrap();
+    let replay_wrote = written.load(Ordering::Relaxed);
+    // One copy of each block, and the metadata of a txg or two.
+    assert!(
+        replay_wrote < SLOTS * BLK as u64 + 4 * MB,
+        "the replay of {in_place} records wrote {replay_wrote} bytes"
+    );
+    assert!(
+        read(&vol, 0, want.len()) == want,
+        "the replay lost a flushed write"
+    );
+    pool.verify().unwrap();
+    // The versions the replay skipped were freed with the rest of the claims.
+    drop(vol);
+    pool.close().unwrap();
+    let pool = reimport(&cut);
+    assert!(
+        pool.space().alloc < SLOTS * BLK as u64 + 4 * MB,
+        "{:?}",
+        pool.space()
+    );
 }

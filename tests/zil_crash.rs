@@ -183,6 +183,7 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
         let pool = import(tmp.path());
         let ds = pool.dataset("v").unwrap();
         let records: Vec<Record> = pool.pending_replay(&ds).unwrap_or_default();
+        let records = common::records_with_data(&pool, records);
         log_writes += records.len() as u64;
         let vol = Volume::open(&pool, "v").unwrap();
         let mut once = vec![0u8; (SLOTS * SLOT as u64) as usize];
@@ -204,7 +205,7 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
             match r {
                 Record::Write { offset, data, .. } => vol.write(*offset, data).unwrap(),
                 Record::Zero { offset, len, .. } => vol.trim(*offset, *len).unwrap(),
-                Record::Indirect { .. } => panic!("import hands over writes in place as data"),
+                Record::Indirect { .. } => panic!("records_with_data reads writes in place"),
             }
         }
         let mut twice = vec![0u8; once.len()];

@@ -19,7 +19,12 @@ pub struct DirEntryPhys {
     pub checksum: u8,
     pub pad: [u8; 3],
     pub created_txg: U64,
-    pub reserved: [u8; 96],
+    /// The volume's intent-log header (`zil::ZilHeader`).
+    pub zil: [u8; 32],
+    /// While the volume's log waits for its replay: the txg its records are counted from
+    /// (those of later txgs are replayed). Zero otherwise.
+    pub replay_after: U64,
+    pub reserved: [u8; 56],
     pub objset: BlkPtr,
 }
 const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);

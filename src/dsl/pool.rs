@@ -33,7 +33,7 @@ use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
 use crate::zil::block::{is_intact, walk_chain, EndOfChain};
 use crate::zil::log::MAX_BLOCK;
-use crate::zil::{BlockAddr, Done, Log, Payload, Prewrite, Record, TxgHooks, Zil, ZilHeader};
+use crate::zil::{BlockAddr, Done, Log, Prewrite, Record, TxgHooks, Zil, ZilHeader};
 use crate::zio::{WriteProps, Zio, ZioError};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -756,17 +756,38 @@ impl Pool {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
                     // New txgs must outrank every uberblock skipped on the way here.
-                    let txg = commit_above_skipped(&tops_arc, n_data, guid, ub, newest_seen)?;
+                    let txg = commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?;
                     let scan = config.scan.clone().unwrap_or_default();
                     let discard_log = opts.discard_log;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     let mut opened = Vec::new();
-                    for (mut ds, header) in datasets {
-                        let (log, claims) =
-                            pool.open_log(&ds.name, header, ub.txg.get(), discard_log)?;
+                    for LoadedVolume {
+                        mut ds,
+                        zil: header,
+                        replay_after,
+                    } in datasets
+                    {
+                        // Records newer than the tree are replayed; a replay cut short by a
+                        // crash kept the txg it counted from, which may be older.
+                        let after = match replay_after {
+                            0 => ub.tree_txg(),
+                            t => t.min(ub.tree_txg()),
+                        };
+                        let (log, claims) = pool.open_log(&ds.name, header, after, discard_log)?;
+                        if log.replay_after() != 0 {
+                            // The first txg to commit, whatever it holds, must carry the
+                            // txg counted from (`Log::replay_after`).
+                            pool.mos.lock().dir_dirty = true;
+                        }
                         ds.log = log;
                         *ds.replay_claims.lock() = claims;
                         opened.push(ds);
+                    }
+                    // Every chain is claimed: the logs with nothing to replay start anew.
+                    for ds in &opened {
+                        if ds.log.pending_replay().is_none() {
+                            ds.log.start_chain(&pool.zil);
+                        }
                     }
                     {
                         let mut map = pool.datasets.write();
@@ -1296,18 +1317,18 @@ impl Pool {
     }
 
     /// Loads a volume's log at import: walks its chain from the header, claims the blocks in
-    /// log space, and keeps the records newer than `synced_txg` for replay. Records of
-    /// writes made in place get their data read now, and their blocks claimed (returned)
+    /// log space, and keeps the records newer than txg `after` for replay. The blocks that
+    /// records of writes made in place point at are verified now and claimed (returned)
     /// until the replay is committed.
     fn open_log(
         &self,
         vol: &str,
         header: ZilHeader,
-        synced_txg: u64,
+        after: u64,
         discard: bool,
     ) -> Result<(Log, Vec<BlkPtr>), PoolError> {
         if header.chain == 0 {
-            return Ok((Log::new_chain(&self.zil), Vec::new()));
+            return Ok((Log::off(), Vec::new()));
         }
         let mut read = |a: BlockAddr| -> Result<Vec<u8>, String> {
             // An address no log block can have (a damaged chain): no block there.
@@ -1348,7 +1369,7 @@ impl Pool {
             }
             addrs.push(at);
             at = b.next;
-            records.extend(b.records.iter().filter(|r| r.txg() > synced_txg).cloned());
+            records.extend(b.records.iter().filter(|r| r.txg() > after).cloned());
         }
         if let EndOfChain::Unreadable(why) = end {
             if !discard {
@@ -1363,41 +1384,42 @@ impl Pool {
             }
             self.import_notes.lock().push(format!(
                 "{}/{vol}: intent log unreadable after {} blocks ({why}): writes acknowledged \
-                 after txg {synced_txg} and not in those blocks are lost",
+                 after txg {after} and not in those blocks are lost",
                 self.name,
                 blocks.len()
             ));
         }
-        let (records, claims) = self.read_in_place_records(records);
-        Ok((Log::imported(&self.zil, header, addrs, records), claims))
+        let (records, claims) = self.claim_in_place_records(records);
+        Ok((Log::imported(header, addrs, records, after), claims))
     }
 
-    /// Turns records of writes made in place into records carrying their data, read (and
-    /// verified) from the block each points at, and claims those blocks. A block that does
-    /// not verify was written by a batch whose flush never completed, so nothing from that
-    /// record on was acknowledged: the log ends there, as at a torn log block.
-    fn read_in_place_records(&self, records: Vec<Record>) -> (Vec<Record>, Vec<BlkPtr>) {
+    /// Verifies the block each record of a write made in place points at, and claims it so
+    /// that nothing is allocated over it before the replay has copied what it needs. A block
+    /// that does not verify was written by a batch whose flush never completed, so nothing
+    /// from that record on was acknowledged: the log ends there, as at a torn log block.
+    /// The data is read again at the replay, one block at a time: a log may point at far
+    /// more than fits in memory.
+    fn claim_in_place_records(&self, mut records: Vec<Record>) -> (Vec<Record>, Vec<BlkPtr>) {
         let mut claims = Vec::new();
-        let mut kept = Vec::with_capacity(records.len());
-        for r in records {
-            let Record::Indirect { txg, offset, bp } = r else {
-                kept.push(r);
+        let mut end = records.len();
+        for (i, r) in records.iter().enumerate() {
+            let Record::Indirect { bp, .. } = r else {
                 continue;
             };
-            let Ok(data) = self.io.zio.read(&bp) else {
-                break;
-            };
-            if self.io.zio.claim(&bp).is_err() {
+            if self.io.zio.read(bp).is_err() || self.io.zio.claim(bp).is_err() {
+                end = i;
                 break;
             }
-            claims.push(bp);
-            kept.push(Record::Write {
-                txg,
-                offset,
-                data: Payload::owned(data),
-            });
+            claims.push(*bp);
         }
-        (kept, claims)
+        records.truncate(end);
+        (records, claims)
+    }
+
+    /// The data of a block an intent-log record of a write made in place points at (one the
+    /// import claimed), for its replay.
+    pub fn read_in_place(&self, bp: &BlkPtr) -> Result<Vec<u8>, PoolError> {
+        Ok(self.io.zio.read(bp)?)
     }
 
     // ----- sync ---------------------------------------------------------------------------
@@ -1521,7 +1543,8 @@ impl Pool {
                 e.checksum = ds.checksum as u8;
                 e.created_txg = ds.created_txg.into();
                 e.objset = *ds.objset_bp.lock();
-                e.reserved[..ZilHeader::BYTES].copy_from_slice(&ds.log.header().encode());
+                e.zil = ds.log.header().encode();
+                e.replay_after = ds.log.replay_after().into();
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
@@ -2210,7 +2233,6 @@ fn sync_thread(pool: Weak<Pool>) {
 fn commit_above_skipped(
     tops: &[Arc<TopVdev>],
     required: usize,
-    pool_guid: u64,
     imported: &Uberblock,
     newest_seen: u64,
 ) -> Result<u64, PoolError> {
@@ -2219,7 +2241,7 @@ fn commit_above_skipped(
         return Ok(imported_txg);
     }
     let txg = txg_above_skipped(imported_txg, newest_seen);
-    let ub = Uberblock::new(txg, pool_guid, imported.root);
+    let ub = Uberblock::restating(txg, imported);
     let what =
         format!("the uberblock of txg {txg} (txg {imported_txg} again, above txg {newest_seen})");
     let mut update = LabelUpdate::new(tops, required, what);
@@ -2601,6 +2623,13 @@ fn rewrite_object(obj: &Object, bytes: &[u8]) -> Result<(), ZioError> {
     Ok(())
 }
 
+/// A volume as its directory entry describes it, with its log not yet opened.
+struct LoadedVolume {
+    ds: Dataset,
+    zil: ZilHeader,
+    replay_after: u64,
+}
+
 /// Loads the MOS of one uberblock: directory, metaslab table, every space map (replayed into
 /// the allocator) and every volume's objset, claiming each MOS block. Any checksum failure or
 /// inconsistency rejects this uberblock.
@@ -2608,7 +2637,7 @@ fn load_mos(
     io: &ObjectIo,
     config: &PoolConfig,
     ub: &Uberblock,
-) -> Result<(Mos, Vec<(Dataset, ZilHeader)>), PoolError> {
+) -> Result<(Mos, Vec<LoadedVolume>), PoolError> {
     let root = ub.root;
     if root.is_hole() {
         return Err(invalid("uberblock has no MOS"));
@@ -2715,8 +2744,8 @@ fn load_mos(
             }
             os.dnodes[0]
         };
-        datasets.push((
-            Dataset {
+        datasets.push(LoadedVolume {
+            ds: Dataset {
                 name,
                 guid: e.guid.get(),
                 volblocksize,
@@ -2730,8 +2759,9 @@ fn load_mos(
                 replay_claims: Mutex::new(Vec::new()),
                 destroyed: AtomicBool::new(false),
             },
-            ZilHeader::decode(&e.reserved[..ZilHeader::BYTES]),
-        ));
+            zil: ZilHeader::decode(&e.zil),
+            replay_after: e.replay_after.get(),
+        });
     }
     let _ = (config, OBJSET_BYTES);
     Ok((mos, datasets))

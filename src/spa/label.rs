@@ -230,7 +230,11 @@ pub struct Uberblock {
     pub txg: U64,
     pub pool_guid: U64,
     pub timestamp_ns: U64,
-    pub reserved: [u8; 24],
+    /// The txg whose tree `root` is: `txg` itself, except in an uberblock that restates an
+    /// older tree under a newer number (`restating`). Zero in pools written before the field
+    /// existed, meaning `txg`.
+    pub tree_txg: U64,
+    pub reserved: [u8; 16],
     /// Points at the meta object set (MOS) block of this txg.
     pub root: BlkPtr,
     /// SHA-256 of every byte above.
@@ -241,6 +245,18 @@ const _: () = assert!(std::mem::size_of::<Uberblock>() == UB_BYTES);
 
 impl Uberblock {
     pub fn new(txg: u64, pool_guid: u64, root: BlkPtr) -> Uberblock {
+        Self::with_tree(txg, txg, pool_guid, root)
+    }
+
+    /// An uberblock numbered `txg` that points at the tree of `older`: import writes one so
+    /// that new txgs outrank uberblocks it skipped. The tree's own txg is kept, since what
+    /// the tree holds (and which intent-log records it already covers) is that of the older
+    /// txg.
+    pub fn restating(txg: u64, older: &Uberblock) -> Uberblock {
+        Self::with_tree(txg, older.tree_txg(), older.pool_guid.get(), older.root)
+    }
+
+    fn with_tree(txg: u64, tree_txg: u64, pool_guid: u64, root: BlkPtr) -> Uberblock {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -251,12 +267,21 @@ impl Uberblock {
             txg: txg.into(),
             pool_guid: pool_guid.into(),
             timestamp_ns: now.into(),
-            reserved: [0; 24],
+            tree_txg: tree_txg.into(),
+            reserved: [0; 16],
             root,
             checksum: [0; 32],
         };
         ub.checksum = Sha256::digest(&ub.as_bytes()[..UB_BYTES - 32]).into();
         ub
+    }
+
+    /// The txg whose changes the tree holds (see the `tree_txg` field).
+    pub fn tree_txg(&self) -> u64 {
+        match self.tree_txg.get() {
+            0 => self.txg.get(),
+            t => t,
+        }
     }
 
     pub fn encode_slot(&self) -> Vec<u8> {

@@ -120,6 +120,30 @@ impl RangeTree {
         Ok(())
     }
 
+    /// Adds a range that may overlap present ones (the set becomes their union).
+    pub fn union(&mut self, start: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let (mut s, mut e) = (start, start + len);
+        // Every segment that overlaps or touches [s, e) merges into it.
+        let touching: Vec<(u64, u64)> = self
+            .segs
+            .range(..=e)
+            .rev()
+            .take_while(|&(_, &se)| se >= s)
+            .map(|(&a, &b)| (a, b))
+            .collect();
+        for (a, b) in touching {
+            self.remove_seg(a, b);
+            self.space -= b - a;
+            s = s.min(a);
+            e = e.max(b);
+        }
+        self.insert_seg(s, e);
+        self.space += e - s;
+    }
+
     pub fn add(&mut self, start: u64, len: u64) {
         self.try_add(start, len)
             .expect("range tree: adding an overlapping range")
@@ -199,6 +223,31 @@ mod tests {
         assert_eq!(t.find(10, 0), Some(15));
         assert_eq!(t.find(3, 1), Some(1));
         assert_eq!(t.find(16, 0), None);
+    }
+
+    #[test]
+    fn union_matches_a_bitmap_model() {
+        let seed = 0x5eed_0002u64;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut t = RangeTree::new();
+        let mut model = vec![false; 600];
+        for _ in 0..3_000 {
+            let s = rng.gen_range(0..500u64);
+            let l = rng.gen_range(0..40u64);
+            t.union(s, l);
+            model[s as usize..(s + l) as usize]
+                .iter_mut()
+                .for_each(|b| *b = true);
+            assert_eq!(t.space(), model.iter().filter(|&&b| b).count() as u64);
+            let q = rng.gen_range(0..560u64);
+            let ql = rng.gen_range(1..40u64);
+            let all = model[q as usize..(q + ql) as usize].iter().all(|&b| b);
+            assert_eq!(t.contains(q, ql), all, "seed {seed}: [{q}, +{ql})");
+        }
+        let runs = (0..600)
+            .filter(|&i| model[i] && (i == 0 || !model[i - 1]))
+            .count();
+        assert_eq!(t.segments(), runs);
     }
 
     #[test]

@@ -114,9 +114,12 @@ struct ChainBlock {
 enum Mode {
     /// Sync requests commit a txg (no log space, or none could be taken).
     Off,
-    /// Found at import with records newer than the last txg; nothing is written to this log
+    /// Found at import with records newer than txg `after`; nothing is written to this log
     /// until they have been replayed and a new chain started.
-    NeedsReplay(Vec<Record>),
+    NeedsReplay {
+        records: Vec<Record>,
+        after: u64,
+    },
     Active,
 }
 
@@ -236,20 +239,23 @@ impl Log {
     }
 
     /// The log found at import: the blocks of its chain (already claimed in log space) and
-    /// the records in them newer than the last committed txg. With nothing to replay, the
-    /// old blocks are retired and a new chain starts at once.
+    /// the records in them newer than txg `after`, the last whose changes the volume's tree
+    /// holds. With nothing to replay, the old blocks are retired and the log stays off until
+    /// `start_chain`, which import calls once every volume's chain is claimed: a slot taken
+    /// for a new chain before then could be a block of a chain still to be found.
     pub fn imported(
-        zil: &Zil,
         header: ZilHeader,
         blocks: Vec<BlockAddr>,
         records: Vec<Record>,
+        after: u64,
     ) -> Log {
-        let nothing = records.is_empty();
-        let log = Log::with_mode(Mode::NeedsReplay(records), header);
+        let mode = if records.is_empty() {
+            Mode::Off
+        } else {
+            Mode::NeedsReplay { records, after }
+        };
+        let log = Log::with_mode(mode, header);
         log.state.lock().retired = blocks;
-        if nothing {
-            log.start_chain(zil);
-        }
         log
     }
 
@@ -261,8 +267,20 @@ impl Log {
     /// The records left to replay, if the log still waits for its replay.
     pub fn pending_replay(&self) -> Option<Vec<Record>> {
         match &self.state.lock().mode {
-            Mode::NeedsReplay(r) => Some(r.clone()),
+            Mode::NeedsReplay { records, .. } => Some(records.clone()),
             _ => None,
+        }
+    }
+
+    /// While the log waits for its replay: the txg its records are counted from, which every
+    /// txg committed meanwhile must keep on disk (`DirEntryPhys::replay_after`). A txg that
+    /// commits part of the replay, or none of it, holds a newer txg number than the
+    /// records', yet only the whole replay covers them: a crash before it ends must find
+    /// them all again. 0 once replayed.
+    pub fn replay_after(&self) -> u64 {
+        match &self.state.lock().mode {
+            Mode::NeedsReplay { after, .. } => *after,
+            _ => 0,
         }
     }
 

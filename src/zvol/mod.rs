@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
+use crate::spa::range_tree::RangeTree;
 use crate::zil::{Done, Payload, Record};
 use crate::zio::ZioError;
 pub use range_lock::RangeLocks;
@@ -33,6 +34,28 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
         }
     }
     Ok(n)
+}
+
+/// Which records of a log to replay, on a volume of `size` bytes: those that set some byte
+/// no later record sets again. (Skipping the others changes nothing: every byte ends with the
+/// value of the last record that sets it, whichever of the earlier ones were applied.) A
+/// record past the end is not applied, so it hides nothing.
+fn surviving(records: &[Record], size: u64) -> Vec<bool> {
+    let mut covered = RangeTree::new();
+    let mut live = vec![true; records.len()];
+    for (i, r) in records.iter().enumerate().rev() {
+        let (offset, len) = match r {
+            Record::Write { offset, data, .. } => (*offset, data.len() as u64),
+            Record::Zero { offset, len, .. } => (*offset, *len),
+            Record::Indirect { offset, bp, .. } => (*offset, bp.lsize.get() as u64),
+        };
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+            continue;
+        }
+        live[i] = !covered.contains(offset, len);
+        covered.union(offset, len);
+    }
+    live
 }
 
 /// Reads of at least this many bytes are streaming reads: whole blocks not in memory go
@@ -103,6 +126,12 @@ impl Volume {
     /// Applies the records the log kept from before a crash, in order, then commits them
     /// with a new log chain in one txg. Replaying again (a crash before that commit) gives
     /// the same volume: each record sets bytes to fixed contents.
+    ///
+    /// A record whose bytes later records all set again is skipped: its effect would not
+    /// survive the replay. A log of large writes made in place may point at many versions
+    /// of each block (as much as the pool had free when it crashed); copying every one of
+    /// them again while the import still holds them all could need more space than the pool
+    /// has. Records of writes in place are read one at a time, as they are applied.
     fn replay(&self) -> Result<(), PoolError> {
         let _once = self.ds.replay_lock.lock();
         let Some(records) = self.pool.pending_replay(&self.ds) else {
@@ -110,7 +139,8 @@ impl Volume {
         };
         let size = self.size();
         let in_range = |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= size);
-        for r in &records {
+        let live = surviving(&records, size);
+        for (r, _) in records.iter().zip(&live).filter(|(_, &l)| l) {
             let applied = match r {
                 Record::Write { offset, data, .. } if in_range(*offset, data.len() as u64) => {
                     self.write_logged(*offset, data, false)
@@ -118,13 +148,10 @@ impl Volume {
                 Record::Zero { offset, len, .. } if in_range(*offset, *len) => {
                     self.trim_logged(*offset, *len, false)
                 }
-                // Import turns these into writes carrying their data.
-                Record::Indirect { .. } => Err(VolError::Pool {
-                    vol: self.full_name.clone(),
-                    source: PoolError::Invalid(
-                        "a log record of a write in place reached the replay unread".into(),
-                    ),
-                }),
+                Record::Indirect { offset, bp, .. } if in_range(*offset, bp.lsize.get() as u64) => {
+                    let data = self.pool.read_in_place(bp)?;
+                    self.write_logged(*offset, &data, false)
+                }
                 // Past the end: cannot come from this volume's history; skipped.
                 _ => Ok(()),
             };
@@ -482,5 +509,43 @@ impl Volume {
     /// another thread: the caller's thread is not parked while the log commits).
     pub fn flush_then(&self, done: Done) {
         self.pool.commit_log(&self.ds, done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(offset: u64, len: usize) -> Record {
+        Record::Write {
+            txg: 5,
+            offset,
+            data: Payload::owned(vec![1; len]),
+        }
+    }
+
+    #[test]
+    fn records_whose_bytes_later_records_all_set_again_are_skipped() {
+        let records = vec![
+            write(0, 100),  // hidden by the zero below
+            write(50, 100), // hidden too: [50, 150) lies inside [0, 200)
+            write(300, 10), // nothing later touches it
+            Record::Zero {
+                txg: 6,
+                offset: 0,
+                len: 200,
+            },
+            write(150, 100), // sets [200, 250), which nothing later sets
+            write(210, 20),
+            write(900, 200), // past the end of a 1000-byte volume: not applied, hides nothing
+            write(950, 40),
+        ];
+        assert_eq!(
+            surviving(&records, 1000),
+            vec![false, false, true, true, true, true, true, true]
+        );
+        // Two halves together hide a record neither hides alone.
+        let records = vec![write(10, 20), write(0, 20), write(20, 20)];
+        assert_eq!(surviving(&records, 1000), vec![false, true, true]);
     }
 }
