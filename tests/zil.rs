@@ -850,3 +850,70 @@ fn a_log_of_many_versions_of_large_blocks_replays_only_the_last_of_each() {
         pool.space()
     );
 }
+
+/// Overwriting a few large blocks again and again places a new copy each time, and the log
+/// points at every copy until their txg commits; after a crash, import holds them all while
+/// the replay copies what it needs. The pool syncs before those copies could outgrow the
+/// room a replay needs, even though the dirty data (one block per slot) stays tiny: a crash
+/// at any point leaves a log that fits.
+#[test]
+fn a_stream_of_overwrites_never_leaves_a_log_too_large_to_replay() {
+    const BLK: usize = 128 << 10;
+    const SLOTS: u64 = 64;
+    // The default options, as `zeta serve` runs (the timer does not fire in this test).
+    let o = PoolOptions::default();
+    let devs = mem_devs(3, 64 * MB);
+    let specs = as_leaves(&devs).into_iter().map(TopSpec::stripe).collect();
+    let pool = Pool::create("tank", specs, o.clone()).unwrap();
+    pool.create_volume("v", SLOTS * BLK as u64, BLK as u32, None)
+        .unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut want = vec![0u8; SLOTS as usize * BLK];
+    let mut most = 0;
+    // Three times the pool's size in all, with a power cut looked at every 100 writes.
+    for i in 0..4500u64 {
+        let slot = rng.gen_range(0..SLOTS) as usize;
+        let data = pattern(5000 + i, BLK);
+        vol.write((slot * BLK) as u64, &data).unwrap();
+        want[slot * BLK..(slot + 1) * BLK].copy_from_slice(&data);
+        if i % 4 == 3 {
+            vol.flush().unwrap();
+        }
+        if i % 100 != 99 {
+            continue;
+        }
+        let cut = power_cut(&devs, PowerCut::DropUnflushed);
+        let crashed = Pool::import(as_leaves(&cut), None, o.clone()).unwrap();
+        let records = crashed
+            .pending_replay(&crashed.dataset("v").unwrap())
+            .unwrap_or_default();
+        let held: u64 = records
+            .iter()
+            .map(|r| match r {
+                Record::Indirect { bp, .. } => bp.lsize.get() as u64,
+                _ => 0,
+            })
+            .sum();
+        let free = crashed.space().free;
+        assert!(
+            held <= free,
+            "after write {i}: the log holds {held} bytes written in place, with {free} bytes \
+             free to replay them"
+        );
+        most = most.max(held);
+        if i == 4499 {
+            let vol = Volume::open(&crashed, "v").unwrap();
+            assert!(
+                read(&vol, 0, want.len()) == want,
+                "the replay lost a flushed write"
+            );
+            crashed.verify().unwrap();
+        }
+    }
+    // Or the test looked at nothing.
+    assert!(
+        most >= 8 * MB,
+        "the log never held more than {most} bytes written in place"
+    );
+}

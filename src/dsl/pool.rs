@@ -288,9 +288,14 @@ pub struct Pool {
     /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
     /// is allocated, so admission must not count it again.
     placed_bytes: AtomicI64,
-    /// Placed bytes past which a sync is asked: a quarter of the free space when the last
-    /// txg committed (kept here so writers need not take the allocator's lock to ask).
+    /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
+    /// last txg committed (kept here so writers need not take the allocator's lock to ask).
     placed_limit: AtomicU64,
+    /// Bytes written ahead of their txg (placed, or written in place for the log), by txg,
+    /// until that txg commits; superseded copies included: the intent log may point at
+    /// every one of them, and after a crash import holds them all until the replay ends.
+    ahead: Mutex<BTreeMap<u64, u64>>,
+    ahead_bytes: AtomicU64,
     /// The free space admission last found in slivers too small for a block (when, block
     /// size, bytes): reused for a while instead of walking every free segment again.
     slivers: Mutex<(std::time::Instant, u64, u64)>,
@@ -516,6 +521,8 @@ impl Pool {
             dirty_bytes: AtomicI64::new(0),
             placed_bytes: AtomicI64::new(0),
             placed_limit: AtomicU64::new(placed_limit),
+            ahead: Mutex::new(BTreeMap::new()),
+            ahead_bytes: AtomicU64::new(0),
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
@@ -1065,11 +1072,11 @@ impl Pool {
     }
 
     /// Asks for a sync once a quarter of the dirty limit is held in memory, or once blocks
-    /// placed ahead of their txg hold a quarter of the free space (they hold no memory, but
-    /// the copies they replace are freed only as txgs commit).
+    /// written ahead of their txg hold a quarter of the free space (they hold no memory, but
+    /// they, and the copies they replace, are freed only as txgs commit).
     fn sync_if_much_held(&self) {
         if self.held_bytes() > self.opts.dirty_max_bytes / 4
-            || self.placed_bytes() > self.placed_limit.load(Ordering::Relaxed)
+            || self.ahead_bytes.load(Ordering::Relaxed) > self.placed_limit.load(Ordering::Relaxed)
         {
             self.request_sync();
         }
@@ -1108,6 +1115,11 @@ impl Pool {
             self.io.zio.write_batch(&bufs, props, txg)?
         }
         .into_iter();
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        if bytes > 0 {
+            *self.ahead.lock().entry(txg).or_default() += bytes;
+            self.ahead_bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
         Ok(data
             .into_iter()
             .map(|d| d.then(|| bps.next().expect("a pointer per written block")))
@@ -1206,6 +1218,13 @@ impl Pool {
     /// Admission control: a write is accepted only if the pool can still hold every dirty
     /// block plus its metadata and a reserve, so a txg sync never runs out of space.
     ///
+    /// Blocks written ahead of their txg hold their space already, but as much room is kept
+    /// free again for them (`ahead_bytes`, superseded copies included): after a crash the
+    /// intent log points at them, import holds them until the replay commits, and the replay
+    /// copies them (one copy per block at most) into that room. Without it, a stream of
+    /// writes could leave a log that no replay has room for, and the volume could not be
+    /// opened.
+    ///
     /// `block` is the size of the blocks being written. Near full, the free space is counted
     /// only in segments such blocks can take (`Zio::usable_space`): a pool of slivers
     /// between blocks has free bytes but no room for one more block, and a txg sync that
@@ -1215,8 +1234,10 @@ impl Pool {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
             // Placed blocks already hold their space: only the rest is still to allocate.
-            let dirty = (self.unplaced_bytes() + len) * self.io.zio.max_inflation();
-            let need = dirty + dirty / 8 + slop;
+            let inflation = self.io.zio.max_inflation();
+            let dirty = (self.unplaced_bytes() + len) * inflation;
+            let ahead = self.ahead_bytes.load(Ordering::Acquire);
+            let need = dirty + dirty / 8 + slop + ahead * inflation;
             if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
                 return Ok(());
             }
@@ -1614,6 +1635,12 @@ impl Pool {
             alloc.space().free
         };
         self.placed_limit.store(free / 4, Ordering::Relaxed);
+        {
+            let mut ahead = self.ahead.lock();
+            let later = ahead.split_off(&(txg + 1));
+            let done: u64 = std::mem::replace(&mut *ahead, later).values().sum();
+            self.ahead_bytes.fetch_sub(done, Ordering::AcqRel);
+        }
         self.dirty_bytes
             .fetch_sub(syncing_bytes.dirty as i64, Ordering::AcqRel);
         self.placed_bytes
