@@ -1,7 +1,8 @@
-//! The intent log under real crashes: a client writes over NBD with FUA and FLUSH while
-//! `zeta serve` is killed with SIGKILL at random moments. After every kill the pool is
-//! imported here: every write acknowledged as durable reads back exactly, every slot holds a
-//! whole version, and replaying the log's records a second time changes nothing. Once with
+//! The intent log under real crashes: clients write to two volumes over NBD with FUA and
+//! FLUSH while `zeta serve` is killed with SIGKILL at random moments, some of them before it
+//! serves (perhaps while it replays what the last one left). After about half the kills the
+//! pool is imported here: every write acknowledged as durable reads back exactly, every slot
+//! holds a whole version, and replaying the log's records a second time changes nothing. Once with
 //! 16K volume blocks (writes logged by value) and once with 128K blocks written whole (written
 //! in place and logged by block pointer).
 
@@ -82,7 +83,12 @@ fn sigkill_under_fua_and_flush_with_large_writes_made_in_place() {
     crash_cycles(128 << 10, cycles(25));
 }
 
-/// Writes of whole `SLOT`-byte slots to a volume of `SLOT`-byte blocks.
+const VOLS: [&str; 2] = ["v", "w"];
+
+/// Writes of whole `SLOT`-byte slots to two volumes of `SLOT`-byte blocks, through one client
+/// each. After some kills the pool is checked here; after the others the next server replays
+/// the logs itself when it starts, and some servers are killed before they are up, perhaps
+/// in the middle of that replay. A check always ends the run.
 #[allow(non_snake_case)]
 fn crash_cycles(SLOT: usize, cycles: u64) {
     let seed = seed_from_env("ZETA_CRASH_SEED");
@@ -99,32 +105,51 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
     args.push("tank".into());
     args.extend(files(tmp.path()).iter().map(|p| p.display().to_string()));
     assert!(zeta(&home).args(&args).status().unwrap().success());
-    assert!(zeta(&home)
-        .args([
-            "vol",
-            "create",
-            "-b",
-            &format!("{}K", SLOT >> 10),
-            "tank/v",
-            &format!("{}", SLOTS * SLOT as u64)
-        ])
-        .status()
-        .unwrap()
-        .success());
+    for vol in VOLS {
+        assert!(zeta(&home)
+            .args([
+                "vol",
+                "create",
+                "-b",
+                &format!("{}K", SLOT >> 10),
+                &format!("tank/{vol}"),
+                &format!("{}", SLOTS * SLOT as u64)
+            ])
+            .status()
+            .unwrap()
+            .success());
+    }
 
-    // durable[slot]: the newest version acknowledged durable; written[slot]: the newest sent.
-    let mut durable = vec![0u64; SLOTS as usize];
+    // durable[vol][slot]: the newest version acknowledged durable.
+    let mut durable = vec![vec![0u64; SLOTS as usize]; VOLS.len()];
     let mut next_version = 1u64;
     let mut log_writes = 0u64;
     let mut in_place = 0u64;
     for cycle in 0..cycles {
+        if rng.gen_ratio(1, 5) {
+            // Killed before it serves: maybe while it replays what the last one left.
+            let mut cmd = zeta(&home);
+            cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = cmd.spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..60)));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            continue;
+        }
         let (mut child, addr) = serve(&home);
-        let mut c = Client::open(addr, "tank/v");
+        let mut clients: Vec<Client> = VOLS
+            .iter()
+            .map(|v| Client::open(addr, &format!("tank/{v}")))
+            .collect();
         let kill_at = Instant::now() + Duration::from_millis(rng.gen_range(20..250));
-        // Writes acknowledged but not yet covered by a FLUSH reply.
-        let mut unflushed: Vec<(u64, u64)> = Vec::new();
+        // Writes acknowledged but not yet covered by a FLUSH reply, per volume.
+        let mut unflushed: Vec<Vec<(u64, u64)>> = vec![Vec::new(); VOLS.len()];
         let mut cookie = 0u64;
-        while Instant::now() < kill_at {
+        'run: while Instant::now() < kill_at {
+            let vi = rng.gen_range(0..VOLS.len());
+            let c = &mut clients[vi];
             cookie += 1;
             let slot = rng.gen_range(0..SLOTS);
             let v = next_version;
@@ -149,22 +174,22 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
                 _ => break,
             }
             if fua {
-                durable[slot as usize] = durable[slot as usize].max(v);
+                durable[vi][slot as usize] = durable[vi][slot as usize].max(v);
             } else {
-                unflushed.push((slot, v));
+                unflushed[vi].push((slot, v));
             }
             if rng.gen_ratio(1, 4) {
                 cookie += 1;
                 if c.send(CMD_FLUSH, 0, cookie, 0, 0, &[]).is_err() {
-                    break;
+                    break 'run;
                 }
                 match c.recv() {
                     Ok(r) if r.error == 0 => {
-                        for (s, v) in unflushed.drain(..) {
-                            durable[s as usize] = durable[s as usize].max(v);
+                        for (s, v) in unflushed[vi].drain(..) {
+                            durable[vi][s as usize] = durable[vi][s as usize].max(v);
                         }
                     }
-                    _ => break,
+                    _ => break 'run,
                 }
             }
         }
@@ -178,26 +203,48 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        drop(c);
+        drop(clients);
+        if cycle + 1 == cycles || rng.gen_bool(0.5) {
+            log_writes += check(tmp.path(), SLOT, &durable, seed, cycle);
+        }
+    }
+    log_writes += check(tmp.path(), SLOT, &durable, seed, cycles);
+    // The crashes must have caught acknowledged writes in the log, or this tested nothing.
+    assert!(log_writes > 0, "no cycle left records in the log to replay");
+    if SLOT >= 32 << 10 {
+        // And those writes went to their place, the log holding only their pointers.
+        assert!(
+            in_place > 0,
+            "no acknowledged write was logged by block pointer"
+        );
+    }
+}
 
-        let pool = import(tmp.path());
-        let ds = pool.dataset("v").unwrap();
+/// Imports the pool, replays each volume's log and checks that every slot holds a whole
+/// version, no older than the one acknowledged durable; then that applying the replayed
+/// records once more changes nothing. Returns how many records were replayed.
+#[allow(non_snake_case)]
+fn check(dir: &Path, SLOT: usize, durable: &[Vec<u64>], seed: u64, cycle: u64) -> u64 {
+    let pool = import(dir);
+    let mut replayed = 0;
+    for (vi, name) in VOLS.iter().enumerate() {
+        let ds = pool.dataset(name).unwrap();
         let records: Vec<Record> = pool.pending_replay(&ds).unwrap_or_default();
         let records = common::records_with_data(&pool, records);
-        log_writes += records.len() as u64;
-        let vol = Volume::open(&pool, "v").unwrap();
+        replayed += records.len() as u64;
+        let vol = Volume::open(&pool, name).unwrap();
         let mut once = vec![0u8; (SLOTS * SLOT as u64) as usize];
         vol.read(0, &mut once).unwrap();
         for slot in 0..SLOTS {
             let got = &once[slot as usize * SLOT..(slot as usize + 1) * SLOT];
             let v = version_of(got, slot).unwrap_or_else(|| {
-                panic!("seed {seed} cycle {cycle}: slot {slot} is not a whole version")
+                panic!("seed {seed} cycle {cycle}: {name} slot {slot} is not a whole version")
             });
             assert!(
-                v >= durable[slot as usize],
-                "seed {seed} cycle {cycle}: slot {slot} holds version {v}, but version {} was \
-                 acknowledged durable",
-                durable[slot as usize]
+                v >= durable[vi][slot as usize],
+                "seed {seed} cycle {cycle}: {name} slot {slot} holds version {v}, but version \
+                 {} was acknowledged durable",
+                durable[vi][slot as usize]
             );
         }
         // Replaying the same records once more over the result changes nothing.
@@ -212,20 +259,11 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
         vol.read(0, &mut twice).unwrap();
         assert!(
             once == twice,
-            "seed {seed} cycle {cycle}: a second replay changed the volume"
-        );
-        pool.verify()
-            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: verify failed: {e}"));
-        drop(vol);
-        pool.close().unwrap();
-    }
-    // The crashes must have caught acknowledged writes in the log, or this tested nothing.
-    assert!(log_writes > 0, "no cycle left records in the log to replay");
-    if SLOT >= 32 << 10 {
-        // And those writes went to their place, the log holding only their pointers.
-        assert!(
-            in_place > 0,
-            "no acknowledged write was logged by block pointer"
+            "seed {seed} cycle {cycle}: a second replay changed {name}"
         );
     }
+    pool.verify()
+        .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: verify failed: {e}"));
+    pool.close().unwrap();
+    replayed
 }
