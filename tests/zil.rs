@@ -741,6 +741,20 @@ fn records_survive_a_crash_after_an_import_that_skipped_an_uberblock() {
     pool.verify().unwrap();
 }
 
+/// Blocks of the volume of `small_pool_128k`.
+const SLOTS: u64 = 64;
+
+/// Three stripes of 64 MiB (183 MiB of space) and a volume `v` of `SLOTS` 128K blocks: a
+/// pool small enough for a log of many versions of those blocks to fill it.
+fn small_pool_128k(o: &PoolOptions) -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
+    let devs = mem_devs(3, 64 * MB);
+    let specs = as_leaves(&devs).into_iter().map(TopSpec::stripe).collect();
+    let pool = Pool::create("tank", specs, o.clone()).unwrap();
+    pool.create_volume("v", SLOTS * BLK as u64, BLK as u32, None)
+        .unwrap();
+    (devs, pool)
+}
+
 /// Counts the bytes written to a device.
 struct Counting {
     dev: Arc<MemDevice>,
@@ -775,18 +789,8 @@ impl BlockDevice for Counting {
 /// could need more space than the pool has), reading them one at a time.
 #[test]
 fn a_log_of_many_versions_of_large_blocks_replays_only_the_last_of_each() {
-    const BLK: usize = 128 << 10;
-    const SLOTS: u64 = 64;
     let o = log_opts(CommitPolicy::Group, Placement::Global);
-    let devs = mem_devs(3, 64 * MB);
-    let pool = Pool::create(
-        "tank",
-        as_leaves(&devs).into_iter().map(TopSpec::stripe).collect(),
-        o.clone(),
-    )
-    .unwrap();
-    pool.create_volume("v", SLOTS * BLK as u64, BLK as u32, None)
-        .unwrap();
+    let (devs, pool) = small_pool_128k(&o);
     let vol = Volume::open(&pool, "v").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut want = vec![0u8; SLOTS as usize * BLK];
@@ -858,15 +862,9 @@ fn a_log_of_many_versions_of_large_blocks_replays_only_the_last_of_each() {
 /// at any point leaves a log that fits.
 #[test]
 fn a_stream_of_overwrites_never_leaves_a_log_too_large_to_replay() {
-    const BLK: usize = 128 << 10;
-    const SLOTS: u64 = 64;
     // The default options, as `zeta serve` runs (the timer does not fire in this test).
     let o = PoolOptions::default();
-    let devs = mem_devs(3, 64 * MB);
-    let specs = as_leaves(&devs).into_iter().map(TopSpec::stripe).collect();
-    let pool = Pool::create("tank", specs, o.clone()).unwrap();
-    pool.create_volume("v", SLOTS * BLK as u64, BLK as u32, None)
-        .unwrap();
+    let (devs, pool) = small_pool_128k(&o);
     let vol = Volume::open(&pool, "v").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
     let mut want = vec![0u8; SLOTS as usize * BLK];

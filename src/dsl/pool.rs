@@ -290,7 +290,7 @@ pub struct Pool {
     placed_bytes: AtomicI64,
     /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
     /// last txg committed (kept here so writers need not take the allocator's lock to ask).
-    placed_limit: AtomicU64,
+    ahead_limit: AtomicU64,
     /// Bytes written ahead of their txg (placed, or written in place for the log), by txg,
     /// until that txg commits; superseded copies included: the intent log may point at
     /// every one of them, and after a crash import holds them all until the replay ends.
@@ -498,7 +498,7 @@ impl Pool {
             .map(|(top, _)| top.clone())
             .collect();
         let zio = Arc::new(Zio::new(data_tops, alloc));
-        let placed_limit = zio.alloc.lock().space().free / 4;
+        let ahead_limit = zio.alloc.lock().space().free / 4;
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -520,7 +520,7 @@ impl Pool {
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
             placed_bytes: AtomicI64::new(0),
-            placed_limit: AtomicU64::new(placed_limit),
+            ahead_limit: AtomicU64::new(ahead_limit),
             ahead: Mutex::new(BTreeMap::new()),
             ahead_bytes: AtomicU64::new(0),
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
@@ -1076,7 +1076,7 @@ impl Pool {
     /// they, and the copies they replace, are freed only as txgs commit).
     fn sync_if_much_held(&self) {
         if self.held_bytes() > self.opts.dirty_max_bytes / 4
-            || self.ahead_bytes.load(Ordering::Relaxed) > self.placed_limit.load(Ordering::Relaxed)
+            || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
         {
             self.request_sync();
         }
@@ -1634,7 +1634,7 @@ impl Pool {
             alloc.txg_synced(txg);
             alloc.space().free
         };
-        self.placed_limit.store(free / 4, Ordering::Relaxed);
+        self.ahead_limit.store(free / 4, Ordering::Relaxed);
         {
             let mut ahead = self.ahead.lock();
             let later = ahead.split_off(&(txg + 1));

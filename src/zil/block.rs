@@ -133,6 +133,15 @@ impl Record {
         }
     }
 
+    /// The bytes of the volume the record sets: (offset, length).
+    pub fn extent(&self) -> (u64, u64) {
+        match self {
+            Record::Write { offset, data, .. } => (*offset, data.len() as u64),
+            Record::Zero { offset, len, .. } => (*offset, *len),
+            Record::Indirect { offset, bp, .. } => (*offset, bp.lsize.get() as u64),
+        }
+    }
+
     /// Bytes of memory this record keeps alive while queued (its payload's buffer).
     pub fn held_bytes(&self) -> u64 {
         match self {
@@ -152,14 +161,15 @@ impl Record {
     }
 
     fn encode(&self, out: &mut Vec<u8>) {
-        let (kind, txg, offset, len) = match self {
-            Record::Write { txg, offset, data } => (1u8, *txg, *offset, data.len() as u64),
-            Record::Zero { txg, offset, len } => (2u8, *txg, *offset, *len),
-            Record::Indirect { txg, offset, bp } => (3u8, *txg, *offset, bp.lsize.get() as u64),
+        let kind = match self {
+            Record::Write { .. } => 1u8,
+            Record::Zero { .. } => 2,
+            Record::Indirect { .. } => 3,
         };
+        let (offset, len) = self.extent();
         out.push(kind);
         out.extend_from_slice(&[0u8; 7]);
-        out.extend_from_slice(&txg.to_le_bytes());
+        out.extend_from_slice(&self.txg().to_le_bytes());
         out.extend_from_slice(&offset.to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
         match self {

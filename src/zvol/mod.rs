@@ -36,23 +36,20 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
     Ok(n)
 }
 
-/// Which records of a log to replay, on a volume of `size` bytes: those that set some byte
-/// no later record sets again. (Skipping the others changes nothing: every byte ends with the
-/// value of the last record that sets it, whichever of the earlier ones were applied.) A
-/// record past the end is not applied, so it hides nothing.
+/// Which records of a log to apply, on a volume of `size` bytes: those within the volume
+/// that set some byte no later record sets again. (Skipping the others changes nothing:
+/// every byte ends with the value of the last record that sets it, whichever of the earlier
+/// ones were applied.) A record past the end cannot come from the volume's history as it
+/// stands (it was shrunk since): it is not applied, and hides nothing.
 fn surviving(records: &[Record], size: u64) -> Vec<bool> {
     let mut covered = RangeTree::new();
-    let mut live = vec![true; records.len()];
+    let mut live = vec![false; records.len()];
     for (i, r) in records.iter().enumerate().rev() {
-        let (offset, len) = match r {
-            Record::Write { offset, data, .. } => (*offset, data.len() as u64),
-            Record::Zero { offset, len, .. } => (*offset, *len),
-            Record::Indirect { offset, bp, .. } => (*offset, bp.lsize.get() as u64),
-        };
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+        let (offset, len) = r.extent();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
             continue;
         }
-        live[i] = !covered.contains(offset, len);
+        live[i] = len > 0 && !covered.contains(offset, len);
         covered.union(offset, len);
     }
     live
@@ -137,23 +134,15 @@ impl Volume {
         let Some(records) = self.pool.pending_replay(&self.ds) else {
             return Ok(());
         };
-        let size = self.size();
-        let in_range = |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= size);
-        let live = surviving(&records, size);
+        let live = surviving(&records, self.size());
         for (r, _) in records.iter().zip(&live).filter(|(_, &l)| l) {
             let applied = match r {
-                Record::Write { offset, data, .. } if in_range(*offset, data.len() as u64) => {
-                    self.write_logged(*offset, data, false)
-                }
-                Record::Zero { offset, len, .. } if in_range(*offset, *len) => {
-                    self.trim_logged(*offset, *len, false)
-                }
-                Record::Indirect { offset, bp, .. } if in_range(*offset, bp.lsize.get() as u64) => {
+                Record::Write { offset, data, .. } => self.write_logged(*offset, data, false),
+                Record::Zero { offset, len, .. } => self.trim_logged(*offset, *len, false),
+                Record::Indirect { offset, bp, .. } => {
                     let data = self.pool.read_in_place(bp)?;
                     self.write_logged(*offset, &data, false)
                 }
-                // Past the end: cannot come from this volume's history; skipped.
-                _ => Ok(()),
             };
             applied.map_err(|e| match e {
                 VolError::Pool { source, .. } => source,
@@ -542,7 +531,7 @@ mod tests {
         ];
         assert_eq!(
             surviving(&records, 1000),
-            vec![false, false, true, true, true, true, true, true]
+            vec![false, false, true, true, true, true, false, true]
         );
         // Two halves together hide a record neither hides alone.
         let records = vec![write(10, 20), write(0, 20), write(20, 20)];
