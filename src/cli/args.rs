@@ -283,6 +283,8 @@ pub struct UpArgs {
     pub dir: PathBuf,
     #[command(flatten)]
     pub net: NetArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 }
 
 #[derive(Args, Debug)]
@@ -291,6 +293,22 @@ pub struct ServeArgs {
     pub pools: Vec<String>,
     #[command(flatten)]
     pub net: NetArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+}
+
+/// The memory a long-running command uses for each pool it holds. Together with the
+/// server's --max-inflight they bound the process: it keeps its resident size within their
+/// sum, giving up cached blocks (never below a quarter of --cache) when the rest of its
+/// memory needs the room.
+#[derive(Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Recently used blocks kept in memory, per pool.
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    pub cache: String,
+    /// Written data a pool holds in memory before writers wait for a txg to sync.
+    #[arg(long, default_value = "128M", value_name = "SIZE")]
+    pub dirty_max: String,
 }
 
 #[derive(Args, Debug)]
@@ -304,7 +322,8 @@ pub struct NetArgs {
     /// Export every volume read-only.
     #[arg(long)]
     pub read_only: bool,
-    /// Request payloads and read buffers held in memory at once, server-wide.
+    /// Request payloads and read buffers held in memory at once, server-wide (at least 32M,
+    /// the largest request).
     #[arg(long, default_value = "32M", value_name = "SIZE")]
     pub max_inflight: String,
 }
@@ -439,6 +458,8 @@ pub struct BenchVolArgs {
     pub only: Vec<String>,
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 }
 
 #[derive(Args, Debug)]

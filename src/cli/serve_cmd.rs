@@ -9,6 +9,7 @@ use signal_hook::iterator::Signals;
 
 use super::args::{NetArgs, ServeArgs, UpArgs};
 use super::fmt::{human, parse_size};
+use super::memory::{self, Limits};
 use super::pool_cmd::create_pool;
 use super::state::Home;
 use super::{usage, CliError, Result};
@@ -29,8 +30,11 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
         return Err(usage("--max-connections must be at least 1"));
     }
     let inflight = parse_size(&net.max_inflight)?;
-    if inflight < 1 << 20 {
-        return Err(usage("--max-inflight must be at least 1M"));
+    if inflight < crate::nbd::proto::MAX_PAYLOAD as u64 {
+        return Err(usage(format!(
+            "--max-inflight must be at least {} (the largest request the server accepts)",
+            human(crate::nbd::proto::MAX_PAYLOAD as u64)
+        )));
     }
     Ok(ServerConfig {
         listen,
@@ -42,8 +46,8 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
 }
 
 pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
-    super::start_heap_trimmer();
     let cfg = config(&args.net)?;
+    let limits = Limits::parse(&args.memory)?;
     let names = if args.pools.is_empty() {
         let mut v: Vec<String> = home.load()?.pools.keys().cloned().collect();
         v.sort();
@@ -66,7 +70,7 @@ pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
             }
         }
     }
-    run(home, cfg, pools, None)
+    run(home, cfg, limits, pools, None)
 }
 
 /// Devices of the embedded default pool: six files, raidz2 (any two may be lost).
@@ -76,8 +80,8 @@ const UP_DISK_SIZE: &str = "256M";
 /// The embedded default: the pool `zeta` (a raidz2 of six 256M sparse files in `dir`) and its
 /// volume `vol0` (256M), created on first use, served on 127.0.0.1:10809.
 pub fn up(home: &Home, args: UpArgs) -> Result<()> {
-    super::start_heap_trimmer();
     let cfg = config(&args.net)?;
+    let limits = Limits::parse(&args.memory)?;
     let disks: Vec<PathBuf> = (0..UP_DISKS)
         .map(|i| args.dir.join(format!("disk{i}")))
         .collect();
@@ -117,6 +121,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
     run(
         home,
         cfg,
+        limits,
         vec![pool],
         Some(format!("{UP_POOL}/{UP_VOLUME}")),
     )
@@ -133,9 +138,15 @@ fn close_all(pools: &[Arc<Pool>]) {
 fn run(
     home: &Home,
     cfg: ServerConfig,
+    limits: Limits,
     pools: Vec<Arc<Pool>>,
     default: Option<String>,
 ) -> Result<()> {
+    for p in &pools {
+        limits.apply(p);
+    }
+    // The request buffers in flight are memory configured apart from the pools'.
+    memory::govern(&pools, cfg.inflight_bytes);
     // Acknowledged writes from before a crash come back before any client connects.
     for p in &pools {
         if let Err(e) = crate::zvol::replay_logs(p) {

@@ -19,9 +19,24 @@ struct Shard {
     bytes: u64,
 }
 
+impl Shard {
+    fn evict_to(&mut self, limit: u64) {
+        while self.bytes > limit {
+            match self.lru.pop_lru() {
+                Some((_, v)) => self.bytes -= v.len() as u64,
+                None => break,
+            }
+        }
+    }
+}
+
 pub struct BlockCache {
     shards: Vec<Mutex<Shard>>,
-    shard_capacity_bytes: u64,
+    /// The configured size: the most the cache ever holds.
+    capacity_bytes: AtomicU64,
+    /// What it may hold now (at most `capacity_bytes`): lowered while the process as a whole
+    /// is short of memory (see `set_limit`).
+    limit_bytes: AtomicU64,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
 }
@@ -45,15 +60,21 @@ impl BlockCache {
                     })
                 })
                 .collect(),
-            shard_capacity_bytes: capacity_bytes / SHARDS as u64,
+            capacity_bytes: AtomicU64::new(capacity_bytes),
+            limit_bytes: AtomicU64::new(capacity_bytes),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
     }
 
+    /// The shard of a key: every bit of the address and txg mixed in (multiplied by an odd
+    /// constant, the top bits taken). Block addresses are multiples of the block size, so
+    /// their low bits are zero: picked by the low bits of `offset >> 12`, 16K blocks used a
+    /// quarter of the shards and 128K blocks one, and the cache held that share of its size.
     fn shard(&self, k: &Key) -> &Mutex<Shard> {
-        let h = (k.1 >> 12) ^ k.2.rotate_left(17) ^ k.0 as u64;
-        &self.shards[(h as usize) % SHARDS]
+        let mixed = (k.1 ^ k.2.rotate_left(40) ^ (k.0 as u64).rotate_left(56))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.shards[(mixed >> 60) as usize % SHARDS]
     }
 
     pub fn get(&self, bp: &BlkPtr) -> Option<Arc<Vec<u8>>> {
@@ -66,22 +87,50 @@ impl BlockCache {
         hit
     }
 
+    fn shard_limit(&self) -> u64 {
+        self.limit_bytes.load(Ordering::Relaxed) / SHARDS as u64
+    }
+
     pub fn insert(&self, bp: &BlkPtr, data: Arc<Vec<u8>>) {
         let k = key(bp);
+        let limit = self.shard_limit();
         let mut s = self.shard(&k).lock();
         let len = data.len() as u64;
-        if len > self.shard_capacity_bytes {
+        if len > limit {
             return;
         }
         if let Some(old) = s.lru.put(k, data) {
             s.bytes -= old.len() as u64;
         }
         s.bytes += len;
-        while s.bytes > self.shard_capacity_bytes {
-            match s.lru.pop_lru() {
-                Some((_, v)) => s.bytes -= v.len() as u64,
-                None => break,
-            }
+        s.evict_to(limit);
+    }
+
+    /// The configured size.
+    pub fn capacity(&self) -> u64 {
+        self.capacity_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the configured size; the cache may hold all of it again.
+    pub fn set_capacity(&self, bytes: u64) {
+        self.capacity_bytes.store(bytes, Ordering::Relaxed);
+        self.set_limit(bytes);
+    }
+
+    /// What the cache may hold now.
+    pub fn limit(&self) -> u64 {
+        self.limit_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Lets the cache hold `bytes` (at most its capacity) from now on, evicting the least
+    /// recently used blocks at once if it holds more. A process short of memory lowers it
+    /// and raises it again as memory comes back; blocks never depend on being cached.
+    pub fn set_limit(&self, bytes: u64) {
+        let bytes = bytes.min(self.capacity());
+        self.limit_bytes.store(bytes, Ordering::Relaxed);
+        let limit = bytes / SHARDS as u64;
+        for s in &self.shards {
+            s.lock().evict_to(limit);
         }
     }
 
@@ -111,5 +160,55 @@ mod tests {
         assert!(c.get(&bp).is_some());
         bp.birth_txg = 2.into();
         assert!(c.get(&bp).is_none());
+    }
+
+    #[test]
+    fn fills_to_nearly_its_size_with_blocks_at_aligned_addresses() {
+        for bs in [4096u64, 16384, 131072] {
+            let c = BlockCache::new(256 * bs);
+            for i in 0..4096 {
+                let mut bp = BlkPtr::HOLE;
+                bp.dva[0] = Dva::new(0, (1 << 22) + i * bs, bs as u32);
+                bp.birth_txg = (7 + i / 100).into();
+                c.insert(&bp, Arc::new(vec![0u8; bs as usize]));
+            }
+            assert!(
+                c.bytes() >= 256 * bs * 3 / 4,
+                "{bs}: {} of {}",
+                c.bytes(),
+                256 * bs
+            );
+        }
+    }
+
+    #[test]
+    fn a_lowered_limit_evicts_at_once_and_caps_later_inserts() {
+        let c = BlockCache::new(64 * 16384);
+        let bp = |i: u64| {
+            let mut bp = BlkPtr::HOLE;
+            bp.dva[0] = Dva::new(0, i * 16384, 16384);
+            bp.birth_txg = 1.into();
+            bp
+        };
+        for i in 0..1000 {
+            c.insert(&bp(i), Arc::new(vec![0u8; 16384]));
+        }
+        assert!(c.bytes() > 32 * 16384, "filled: {}", c.bytes());
+        c.set_limit(16 * 16384);
+        assert!(c.bytes() <= 16 * 16384);
+        for i in 1000..2000 {
+            c.insert(&bp(i), Arc::new(vec![0u8; 16384]));
+            assert!(c.bytes() <= 16 * 16384);
+        }
+        // Never above the configured size, and back to it when raised.
+        c.set_limit(1 << 40);
+        assert_eq!(c.limit(), 64 * 16384);
+        for i in 2000..3000 {
+            c.insert(&bp(i), Arc::new(vec![0u8; 16384]));
+        }
+        assert!(c.bytes() > 32 * 16384 && c.bytes() <= 64 * 16384);
+        c.set_capacity(8 * 16384);
+        assert!(c.bytes() <= 8 * 16384);
+        assert_eq!((c.capacity(), c.limit()), (8 * 16384, 8 * 16384));
     }
 }

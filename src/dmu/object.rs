@@ -232,12 +232,12 @@ impl Object {
     }
 
     /// Reads blocks `first..first + direct.len()` as of the newest writes (`read_block` for a
-    /// range). Dirty and cached blocks come from memory; the rest are read in batches, so
-    /// blocks lying next to each other on disk cost one request. A block with a buffer in
-    /// `direct` (of the block's size) that is not in memory is read straight into it and not
-    /// cached: what a long sequential read wants, which gets no hits from the cache and would
-    /// only evict what others use. An error stands for the block it names; the others are
-    /// still read.
+    /// range). Dirty blocks come from memory, and so do cached ones without a buffer in
+    /// `direct`; the rest are read in batches, so blocks lying next to each other on disk
+    /// cost one request. A block with a buffer in `direct` (of the block's size) that is not
+    /// dirty is read straight into it and not cached: what a long sequential read wants,
+    /// which gets no hits from the cache and would only evict what others use. An error
+    /// stands for the block it names; the others are still read.
     pub fn read_blocks(
         &self,
         io: &ObjectIo,
@@ -275,14 +275,19 @@ impl Object {
                 if bp.is_hole() {
                     return Fetched::Hole;
                 }
-                if let Some(b) = io.cache.get(&bp) {
-                    return Fetched::Data(b);
-                }
+                // A block a streaming read takes whole goes straight from its device into
+                // the caller's buffer, without a look in the cache first: streaming reads
+                // and writes do not fill the cache, so the look almost always missed, and
+                // its hash-table misses cost a tenth of a 1 MiB read. The device holds the
+                // same verified bytes a cached copy would.
                 match buf {
                     Some(buf) if buf.len() == bp.psize.get() as usize => {
                         to_direct.push((i, bp, buf))
                     }
-                    _ => to_cache.push((i, bp)),
+                    _ => match io.cache.get(&bp) {
+                        Some(b) => return Fetched::Data(b),
+                        None => to_cache.push((i, bp)),
+                    },
                 }
                 // A placeholder: the batch reads below fill it in.
                 Fetched::Hole

@@ -285,6 +285,9 @@ pub struct Pool {
     mos: Mutex<Mos>,
     datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
     dirty_bytes: AtomicI64,
+    /// What writes may hold in memory before they wait for a sync (`PoolOptions::
+    /// dirty_max_bytes` at first; `set_memory_limits` changes it).
+    dirty_max: AtomicU64,
     /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
     /// is allocated, so admission must not count it again.
     placed_bytes: AtomicI64,
@@ -500,6 +503,7 @@ impl Pool {
         let zio = Arc::new(Zio::new(data_tops, alloc));
         let ahead_limit = zio.alloc.lock().space().free / 4;
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
+        let dirty_max = opts.dirty_max_bytes;
         let pool = Arc::new(Pool {
             name: config.name.clone(),
             guid: config.pool_guid,
@@ -519,6 +523,7 @@ impl Pool {
             mos: Mutex::new(mos),
             datasets: RwLock::new(BTreeMap::new()),
             dirty_bytes: AtomicI64::new(0),
+            dirty_max: AtomicU64::new(dirty_max),
             placed_bytes: AtomicI64::new(0),
             ahead_limit: AtomicU64::new(ahead_limit),
             ahead: Mutex::new(BTreeMap::new()),
@@ -1075,7 +1080,7 @@ impl Pool {
     /// written ahead of their txg hold a quarter of the free space (they hold no memory, but
     /// they, and the copies they replace, are freed only as txgs commit).
     fn sync_if_much_held(&self) {
-        if self.held_bytes() > self.opts.dirty_max_bytes / 4
+        if self.held_bytes() > self.dirty_max() / 4
             || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
         {
             self.request_sync();
@@ -1192,12 +1197,31 @@ impl Pool {
         self.unplaced_bytes().max(self.zil.pinned_bytes())
     }
 
+    /// What writes hold in memory now (the throttle's measure, see `held_bytes`).
+    pub fn memory_held(&self) -> u64 {
+        self.held_bytes()
+    }
+
+    /// What writes may hold in memory before they wait for a sync.
+    pub fn dirty_max(&self) -> u64 {
+        self.dirty_max.load(Ordering::Relaxed)
+    }
+
+    /// Sets the block cache's size and the dirty limit for as long as the pool stays open
+    /// (they are settings of the process that holds it, not of the pool on disk).
+    pub fn set_memory_limits(&self, cache_bytes: u64, dirty_max_bytes: u64) {
+        self.io.cache.set_capacity(cache_bytes);
+        self.dirty_max.store(dirty_max_bytes, Ordering::Relaxed);
+        // Writers waiting under a lower limit may go on.
+        self.sync_cv.notify_all();
+    }
+
     fn throttle(&self) -> Result<(), PoolError> {
-        if self.held_bytes() < self.opts.dirty_max_bytes {
+        if self.held_bytes() < self.dirty_max() {
             return Ok(());
         }
         let mut st = self.sync.lock();
-        while self.held_bytes() >= self.opts.dirty_max_bytes {
+        while self.held_bytes() >= self.dirty_max() {
             if let Some(why) = &st.error {
                 return Err(PoolError::Suspended {
                     pool: self.name.clone(),

@@ -1,0 +1,231 @@
+//! The memory of a long-running command (the server, the benchmarks): the limits it is given
+//! and a governor that keeps its resident size within them.
+//!
+//! Each pool's block cache and dirty limit are the memory the user configures (`--cache`,
+//! `--dirty-max`, and the server's `--max-inflight` for request buffers). The rest of the
+//! process — its code, the pools' metadata, free memory the heap has not handed back —
+//! takes room too. The governor measures that rest a few times a second and lowers the
+//! caches' limits by as much, so that with every cache full and every pool at its dirty
+//! limit the process still stays within the sum. ZFS's ARC gives way to memory pressure
+//! the same way; here the pressure is the configured budget, not the machine's free memory.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::args::MemoryArgs;
+use super::fmt::parse_size;
+use super::{usage, Result};
+use crate::dsl::Pool;
+
+/// Parsed `MemoryArgs`.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub cache: u64,
+    pub dirty_max: u64,
+}
+
+impl Limits {
+    pub fn parse(args: &MemoryArgs) -> Result<Limits> {
+        let cache = parse_size(&args.cache)?;
+        let dirty_max = parse_size(&args.dirty_max)?;
+        if cache < 1 << 20 {
+            return Err(usage("--cache must be at least 1M"));
+        }
+        if dirty_max < 1 << 20 {
+            return Err(usage("--dirty-max must be at least 1M"));
+        }
+        Ok(Limits { cache, dirty_max })
+    }
+
+    /// Gives `pool` these limits.
+    pub fn apply(&self, pool: &Pool) {
+        pool.set_memory_limits(self.cache, self.dirty_max);
+    }
+}
+
+/// How often the governor looks at the process's memory. Under random NBD writes and reads
+/// the resident size moved by ~10 MiB between looks 100 ms apart, and passed the budget.
+const INTERVAL: Duration = Duration::from_millis(25);
+
+/// The freed heap memory kept before handing it back, whatever the budget.
+const HEAP_TRIM_SLACK: usize = 48 << 20;
+
+/// Near the budget, freed heap memory above this is handed back.
+const HEAP_TRIM_NEAR_BUDGET: usize = 2 << 20;
+
+/// Sets the allocator up for a long-running command; call before its threads start.
+///
+/// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
+/// memory in each: with the NBD server's many threads this alone added ~100 MiB of resident
+/// memory over the configured cache and dirty limits. Two arenas are plenty for 2-core-class
+/// contention, and the server's large buffers are freed to the arena they came from anyway.
+/// Freed memory at the top of a heap goes back once `HEAP_TRIM_SLACK` of it piles up, and
+/// allocations from 2 MiB up are mapped apart, so they go back when freed.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts allocator tuning; called before the threads that
+    // allocate much exist.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_TRIM_SLACK as i32);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 2 << 20);
+    }
+}
+
+/// What the governor steers by, per pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Reading {
+    /// The process's resident bytes.
+    resident: u64,
+    /// Bytes the pools' caches hold.
+    cached: u64,
+    /// Bytes the pools' writes hold (`Pool::memory_held`).
+    held: u64,
+}
+
+/// The governor's rule: what the caches may hold in all, given the budget, the pools' dirty
+/// limits and their configured cache sizes, and what the rest of the process takes (`rest`:
+/// resident bytes that are neither cached blocks nor written data). Never less than a
+/// quarter of the configured caches: below that the rest is more than the budget can cover,
+/// and a cache too small to hold a volume's indirect blocks makes every read slower without
+/// making the process much smaller.
+fn caches_room(budget: u64, dirty_max: u64, capacity: u64, rest: u64) -> u64 {
+    let margin = (8 << 20) + budget / 16;
+    budget
+        .saturating_sub(dirty_max + rest + margin)
+        .clamp(capacity / 4, capacity)
+}
+
+/// Starts the governor for `pools`, whose configured caches and dirty limits plus
+/// `allowance` (memory configured elsewhere, such as the server's in-flight request
+/// buffers) make the budget. It runs until the last of the pools is dropped.
+pub fn govern(pools: &[Arc<Pool>], allowance: u64) {
+    let pools: Vec<Weak<Pool>> = pools.iter().map(Arc::downgrade).collect();
+    let _ = std::thread::Builder::new()
+        .name("memory".into())
+        .spawn(move || {
+            // The rest, as the caches are sized for it: it jumps up at once and comes down
+            // a megabyte per pass, so the caches do not grow back into a passing dip.
+            let mut rest_seen = 0u64;
+            loop {
+                std::thread::sleep(INTERVAL);
+                let live: Vec<Arc<Pool>> = pools.iter().filter_map(Weak::upgrade).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let capacity: u64 = live.iter().map(|p| p.io.cache.capacity()).sum();
+                let dirty_max: u64 = live.iter().map(|p| p.dirty_max()).sum();
+                let budget = capacity + dirty_max + allowance;
+                let r = read(&live, budget);
+                let rest = r.resident.saturating_sub(r.cached + r.held);
+                rest_seen = rest.max(rest_seen.saturating_sub(1 << 20));
+                let room = caches_room(budget, dirty_max, capacity, rest_seen);
+                for p in &live {
+                    let share = p.io.cache.capacity();
+                    p.io.cache
+                        .set_limit((room as u128 * share as u128 / capacity.max(1) as u128) as u64);
+                }
+            }
+        });
+}
+
+/// Reads the process's memory, first handing freed heap memory back to the system if much
+/// has piled up, or if the process is near `budget` and some has.
+fn read(pools: &[Arc<Pool>], budget: u64) -> Reading {
+    let mut resident = resident_bytes();
+    if trim_heap(resident + (16 << 20) > budget) {
+        resident = resident_bytes();
+    }
+    Reading {
+        resident,
+        cached: pools.iter().map(|p| p.io.cache.bytes()).sum(),
+        held: pools.iter().map(|p| p.memory_held()).sum(),
+    }
+}
+
+/// glibc returns free memory only from the top of a heap. Block buffers are freed in cache
+/// order, not allocation order, so under random writes the heaps held about as much free
+/// memory as live (489 MiB resident for 294 MiB in use, after fio's random 4K and 128K
+/// writes through `zeta serve`). `malloc_trim(0)` gives back every free page, wherever it
+/// lies in the heap. It is not free: each page given back is faulted in and zeroed again
+/// when reused, and the unmapping interrupts every core. Trimming every 250 ms whatever the
+/// heap held cost 4K random writes over NBD a tenth of the server's time in page faults, so
+/// it trims only past `HEAP_TRIM_SLACK`, or past `HEAP_TRIM_NEAR_BUDGET` when `near_budget`.
+/// Returns whether it trimmed.
+fn trim_heap(near_budget: bool) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallinfo2 and malloc_trim take the allocator's own locks; mallinfo2 only reads
+    // its statistics and malloc_trim only releases pages of free chunks. Both are safe to
+    // call from any thread at any time.
+    unsafe {
+        let free = libc::mallinfo2().fordblks;
+        let threshold = if near_budget {
+            HEAP_TRIM_NEAR_BUDGET
+        } else {
+            HEAP_TRIM_SLACK
+        };
+        if free > threshold {
+            libc::malloc_trim(0);
+            return true;
+        }
+    }
+    let _ = near_budget;
+    false
+}
+
+/// The process's resident memory, from `/proc/self/statm` (0 where it cannot be read).
+pub fn resident_bytes() -> u64 {
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn the_caches_give_up_what_the_rest_of_the_process_takes() {
+        // 256M cache + 128M dirty; the rest takes 30M: the caches keep 256 - 30 - margin.
+        let room = caches_room(384 * M, 128 * M, 256 * M, 30 * M);
+        let margin = 8 * M + 24 * M;
+        assert_eq!(room, 256 * M - 30 * M - margin);
+        // With nothing else resident they keep all but the margin.
+        assert_eq!(caches_room(384 * M, 128 * M, 256 * M, 0), 256 * M - margin);
+        // An allowance (the server's request buffers) leaves room for the rest.
+        assert_eq!(caches_room(448 * M, 128 * M, 256 * M, 10 * M), 256 * M);
+    }
+
+    #[test]
+    fn the_caches_keep_a_quarter_however_large_the_rest() {
+        assert_eq!(caches_room(384 * M, 128 * M, 256 * M, 1 << 40), 64 * M);
+        assert_eq!(caches_room(384 * M, 128 * M, 256 * M, 200 * M), 64 * M);
+    }
+
+    #[test]
+    fn limits_parse_and_refuse_what_cannot_work() {
+        let args = |c: &str, d: &str| MemoryArgs {
+            cache: c.into(),
+            dirty_max: d.into(),
+        };
+        let l = Limits::parse(&args("1G", "64M")).unwrap();
+        assert_eq!((l.cache, l.dirty_max), (1 << 30, 64 * M));
+        assert!(Limits::parse(&args("512K", "64M")).is_err());
+        assert!(Limits::parse(&args("1G", "0")).is_err());
+        assert!(Limits::parse(&args("lots", "64M")).is_err());
+    }
+
+    #[test]
+    fn resident_bytes_reads_this_process() {
+        let before = resident_bytes();
+        assert!(before > 0);
+        let v = std::hint::black_box(vec![1u8; 64 << 20]);
+        assert!(resident_bytes() >= before + (48 << 20));
+        drop(v);
+    }
+}

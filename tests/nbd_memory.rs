@@ -1,0 +1,126 @@
+//! `zeta serve` keeps its resident size within `--cache` + `--dirty-max` + `--max-inflight`
+//! under many clients writing and reading at random over NBD (fio's nbd engine). Alone in its
+//! binary so that no other test's load shifts the figures.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::procs::{have, spawn_server};
+
+fn zeta(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    c.env("ZETA_HOME", home);
+    c
+}
+
+fn run(mut c: Command, what: &str) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM");
+    kb << 10
+}
+
+#[test]
+fn the_server_stays_within_its_memory_limits_under_random_io() {
+    if !have("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut c = zeta(&home);
+    c.current_dir(dir.path())
+        .args(["pool", "create", "-o", "size=512M", "tank", "leaf"]);
+    run(c, "pool create");
+    let mut c = zeta(&home);
+    c.args(["vol", "create", "tank/v", "256M"]);
+    run(c, "vol create");
+    // 64M + 32M + 32M: the volume is 4× the cache, and the writes below are many times
+    // the whole budget.
+    let mut c = zeta(&home);
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--cache",
+        "64M",
+        "--dirty-max",
+        "32M",
+        "--max-inflight",
+        "32M",
+    ]);
+    let (mut child, addr, _) = spawn_server(c);
+    let uri = format!("nbd://{addr}/tank/v");
+    for (rw, secs) in [("randwrite", "6"), ("randrw", "4")] {
+        let out = Command::new("fio")
+            .current_dir(dir.path())
+            .args([
+                "--name=load",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                &format!("--rw={rw}"),
+                "--bsrange=4k-128k",
+                "--iodepth=32",
+                "--numjobs=8",
+                "--size=256M",
+                &format!("--runtime={secs}"),
+                "--time_based",
+                "--group_reporting",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fio {rw}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rss = peak_rss(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("server peak RSS {} MiB", rss >> 20);
+    // Without the governor: 174 MiB here.
+    assert!(
+        rss <= 128 << 20,
+        "peak RSS {} MiB over the 128 MiB configured",
+        rss >> 20
+    );
+}
+
+#[test]
+fn the_server_refuses_memory_limits_that_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, msg) in [
+        (
+            ["--max-inflight", "8M"],
+            "--max-inflight must be at least 32.0M (the largest request the server accepts)",
+        ),
+        (["--cache", "0"], "--cache must be at least 1M"),
+        (["--dirty-max", "100K"], "--dirty-max must be at least 1M"),
+    ] {
+        let out = zeta(&dir.path().join("home"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim(),
+            format!("zeta: {msg}"),
+            "{args:?}"
+        );
+    }
+}
