@@ -47,7 +47,7 @@ impl Limits {
 /// the resident size moved by ~10 MiB between looks 100 ms apart, and passed the budget.
 const INTERVAL: Duration = Duration::from_millis(25);
 
-/// The freed heap memory kept before handing it back, whatever the budget.
+/// The freed memory at the top of a heap that glibc keeps before handing it back by itself.
 const HEAP_TRIM_SLACK: usize = 48 << 20;
 
 /// Near the budget, freed heap memory above this is handed back.
@@ -129,11 +129,11 @@ pub fn govern(pools: &[Arc<Pool>], allowance: u64) {
         });
 }
 
-/// Reads the process's memory, first handing freed heap memory back to the system if much
-/// has piled up, or if the process is near `budget` and some has.
+/// Reads the process's memory, first handing freed heap memory back to the system if the
+/// process is near `budget` (within `near_budget`).
 fn read(pools: &[Arc<Pool>], budget: u64) -> Reading {
     let mut resident = resident_bytes();
-    if trim_heap(resident + (16 << 20) > budget) {
+    if resident + near_budget(budget) > budget && trim_heap() {
         resident = resident_bytes();
     }
     Reading {
@@ -143,33 +143,35 @@ fn read(pools: &[Arc<Pool>], budget: u64) -> Reading {
     }
 }
 
+/// How close to its budget the process may come before freed heap memory is handed back:
+/// half the margin `caches_room` keeps, so a process whose caches have made room trims
+/// only when something else grows.
+fn near_budget(budget: u64) -> u64 {
+    (4 << 20) + budget / 32
+}
+
 /// glibc returns free memory only from the top of a heap. Block buffers are freed in cache
 /// order, not allocation order, so under random writes the heaps held about as much free
 /// memory as live (489 MiB resident for 294 MiB in use, after fio's random 4K and 128K
 /// writes through `zeta serve`). `malloc_trim(0)` gives back every free page, wherever it
 /// lies in the heap. It is not free: each page given back is faulted in and zeroed again
-/// when reused, and the unmapping interrupts every core. Trimming every 250 ms whatever the
-/// heap held cost 4K random writes over NBD a tenth of the server's time in page faults, so
-/// it trims only past `HEAP_TRIM_SLACK`, or past `HEAP_TRIM_NEAR_BUDGET` when `near_budget`.
-/// Returns whether it trimmed.
-fn trim_heap(near_budget: bool) -> bool {
+/// when reused, and the unmapping interrupts every core. Trimming whenever more than 48 MiB
+/// was free cost 4K random writes over NBD a tenth of the server's time in page faults and
+/// `madvise` (each txg's sync frees up to the dirty limit at once, and the next txg faults
+/// it all in again); freed memory below the budget is harmless, as the heap reuses it, so
+/// the governor trims only near the budget. Trims only if more than
+/// `HEAP_TRIM_NEAR_BUDGET` is free; returns whether it trimmed.
+fn trim_heap() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallinfo2 and malloc_trim take the allocator's own locks; mallinfo2 only reads
     // its statistics and malloc_trim only releases pages of free chunks. Both are safe to
     // call from any thread at any time.
     unsafe {
-        let free = libc::mallinfo2().fordblks;
-        let threshold = if near_budget {
-            HEAP_TRIM_NEAR_BUDGET
-        } else {
-            HEAP_TRIM_SLACK
-        };
-        if free > threshold {
+        if libc::mallinfo2().fordblks > HEAP_TRIM_NEAR_BUDGET {
             libc::malloc_trim(0);
             return true;
         }
     }
-    let _ = near_budget;
     false
 }
 
