@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rayon::prelude::*;
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::cache::BlockCache;
@@ -434,9 +433,11 @@ impl Object {
         // blocks become holes, blocks written ahead are adopted.
         let entries: Vec<(&u64, &Dirty)> = dirty.iter().collect();
         // Blocks written ahead were checked for zeros then; scanning them again reads a
-        // whole txg of cold memory.
+        // whole txg of cold memory. One thread: the scan of a block of data ends at its first
+        // bytes, and handing it to rayon woke the pool's workers every txg, which then spun
+        // (yielding) on cores the NBD server's threads wanted.
         let nonzero: Vec<bool> = entries
-            .par_iter()
+            .iter()
             .map(|(blkid, change)| match change {
                 Dirty::Data(d) => adopted.contains_key(blkid) || d.iter().any(|&b| b != 0),
                 _ => false,

@@ -2384,10 +2384,16 @@ impl<'a> LabelUpdate<'a> {
                     .map(move |(l, _)| (t, l))
             })
             .collect();
-        let results: Vec<Result<(), VdevError>> = live
-            .par_iter()
-            .map(|&(t, l)| op(&self.tops[t].children[l]))
-            .collect();
+        // A lone leaf is served by this thread: rayon would hand it to a worker and wait.
+        let results: Vec<Result<(), VdevError>> = if live.len() == 1 {
+            live.iter()
+                .map(|&(t, l)| op(&self.tops[t].children[l]))
+                .collect()
+        } else {
+            live.par_iter()
+                .map(|&(t, l)| op(&self.tops[t].children[l]))
+                .collect()
+        };
         for (&(t, l), r) in live.iter().zip(results) {
             if let Err(e) = r {
                 self.tops[t].children[l].count_write_error();
