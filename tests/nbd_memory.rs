@@ -48,7 +48,7 @@ fn the_server_stays_within_its_memory_limits_under_random_io() {
     let mut c = zeta(&home);
     c.args(["vol", "create", "tank/v", "256M"]);
     run(c, "vol create");
-    // 64M + 32M + 32M: the volume is 4× the cache, and the writes below are many times
+    // 128M + 64M + 32M: the volume is twice the cache, and the writes below are many times
     // the whole budget.
     let mut c = zeta(&home);
     c.args([
@@ -56,9 +56,9 @@ fn the_server_stays_within_its_memory_limits_under_random_io() {
         "--listen",
         "127.0.0.1:0",
         "--cache",
-        "64M",
+        "128M",
         "--dirty-max",
-        "32M",
+        "64M",
         "--max-inflight",
         "32M",
     ]);
@@ -92,10 +92,10 @@ fn the_server_stays_within_its_memory_limits_under_random_io() {
     let _ = child.kill();
     let _ = child.wait();
     eprintln!("server peak RSS {} MiB", rss >> 20);
-    // Without the governor: 174 MiB here.
+    // Without the governor: 283-291 MiB here; with it, 201-208.
     assert!(
-        rss <= 128 << 20,
-        "peak RSS {} MiB over the 128 MiB configured",
+        rss <= 224 << 20,
+        "peak RSS {} MiB over the 224 MiB configured",
         rss >> 20
     );
 }
