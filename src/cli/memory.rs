@@ -4,7 +4,7 @@
 //! Each pool's block cache and dirty limit are the memory the user configures (`--cache`,
 //! `--dirty-max`, and the server's `--max-inflight` for request buffers). The rest of the
 //! process — its code, the pools' metadata, free memory the heap has not handed back —
-//! takes room too. The governor measures that rest a few times a second and lowers the
+//! takes room too. The governor measures that rest every 25 ms and lowers the
 //! caches' limits by as much, so that with every cache full and every pool at its dirty
 //! limit the process still stays within the sum. ZFS's ARC gives way to memory pressure
 //! the same way; here the pressure is the configured budget, not the machine's free memory.
@@ -89,6 +89,9 @@ struct Reading {
 /// quarter of the configured caches: below that the rest is more than the budget can cover,
 /// and a cache too small to hold a volume's indirect blocks makes every read slower without
 /// making the process much smaller.
+///
+/// The margin covers what grows between two looks: under random NBD writes and reads the
+/// peaks came ~10 MiB above the largest size the governor saw.
 fn caches_room(budget: u64, dirty_max: u64, capacity: u64, rest: u64) -> u64 {
     let margin = (8 << 20) + budget / 16;
     budget
