@@ -134,17 +134,6 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
     memory::govern(std::slice::from_ref(&pool), 0);
     pool.create_volume("v", size, 16384, None)?;
     let vol = Volume::open(&pool, "v")?;
-    let raw_file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&raw_path)
-        .map_err(|e| CliError::Io {
-            path: raw_path.display().to_string(),
-            source: e,
-        })?;
-    drop(raw_file);
     precondition(&raw_path, size)?;
     let raw_file = std::fs::OpenOptions::new()
         .read(true)
