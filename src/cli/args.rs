@@ -331,7 +331,14 @@ pub struct NetArgs {
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
     /// A volume on a one-file pool against a raw file of the same size: sequential 1 MiB and
-    /// random 4K/16K writes and reads, MB/s and the ratio (median of --runs).
+    /// random 4K/16K writes and reads, MB/s and the ratio (median of --runs), and the peak
+    /// resident memory against --cache + --dirty-max.
+    #[command(
+        after_help = "Both files are written in full before measuring (a file system's first \
+                      write to a block is several times slower than a rewrite, and a \
+                      copy-on-write pool always writes somewhere new), so both are measured \
+                      rewriting allocated space."
+    )]
     Vol(BenchVolArgs),
     /// Parity generation and two-column rebuild per code and kernel, single core, data GB/s
     /// and the ratio to ISA-L on the same buffers (median of --runs).
