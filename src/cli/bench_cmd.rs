@@ -85,22 +85,6 @@ fn run(t: &dyn Target, op: &str, bs: usize, size: u64, ops: u64, seed: u64) -> R
     Ok(bytes as f64 / start.elapsed().as_secs_f64())
 }
 
-fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(|l| l.to_string())
-        })
-        .and_then(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 pub fn vol(args: BenchVolArgs) -> Result<()> {
     let size = parse_size(&args.size)?;
     let limits = Limits::parse(&args.memory)?;
@@ -192,7 +176,7 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
             );
         }
     }
-    let rss = peak_rss_bytes();
+    let rss = memory::peak_resident_bytes();
     pool.close()?;
     drop(vol);
     drop(pool);

@@ -73,7 +73,6 @@ pub fn tune_allocator() {
 }
 
 /// What the governor steers by, per pass.
-#[derive(Clone, Copy, Debug, PartialEq)]
 struct Reading {
     /// The process's resident bytes.
     resident: u64,
@@ -178,6 +177,18 @@ fn trim_heap() -> bool {
     false
 }
 
+/// The most memory the process has had resident, from `VmHWM` in `/proc/self/status` (0
+/// where it cannot be read).
+pub fn peak_resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+            line.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb << 10)
+}
+
 /// The process's resident memory, from `/proc/self/statm` (0 where it cannot be read).
 pub fn resident_bytes() -> u64 {
     // SAFETY: sysconf only reads a system constant.
@@ -229,6 +240,7 @@ mod tests {
     fn resident_bytes_reads_this_process() {
         let before = resident_bytes();
         assert!(before > 0);
+        assert!(peak_resident_bytes() >= before);
         let v = std::hint::black_box(vec![1u8; 64 << 20]);
         assert!(resident_bytes() >= before + (48 << 20));
         drop(v);

@@ -1080,7 +1080,7 @@ impl Pool {
     /// written ahead of their txg hold a quarter of the free space (they hold no memory, but
     /// they, and the copies they replace, are freed only as txgs commit).
     fn sync_if_much_held(&self) {
-        if self.held_bytes() > self.dirty_max() / 4
+        if self.memory_held() > self.dirty_max() / 4
             || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
         {
             self.request_sync();
@@ -1193,13 +1193,8 @@ impl Pool {
     /// Placed blocks are on their devices already: a txg of them costs its sync only their
     /// pointers, and syncing after every 32 MiB of them rewrote the volume's indirect blocks
     /// for every few hundred writes.
-    fn held_bytes(&self) -> u64 {
-        self.unplaced_bytes().max(self.zil.pinned_bytes())
-    }
-
-    /// What writes hold in memory now (the throttle's measure, see `held_bytes`).
     pub fn memory_held(&self) -> u64 {
-        self.held_bytes()
+        self.unplaced_bytes().max(self.zil.pinned_bytes())
     }
 
     /// What writes may hold in memory before they wait for a sync.
@@ -1217,11 +1212,11 @@ impl Pool {
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
-        if self.held_bytes() < self.dirty_max() {
+        if self.memory_held() < self.dirty_max() {
             return Ok(());
         }
         let mut st = self.sync.lock();
-        while self.held_bytes() >= self.dirty_max() {
+        while self.memory_held() >= self.dirty_max() {
             if let Some(why) = &st.error {
                 return Err(PoolError::Suspended {
                     pool: self.name.clone(),
