@@ -127,7 +127,10 @@ impl BlockCache {
     /// and raises it again as memory comes back; blocks never depend on being cached.
     pub fn set_limit(&self, bytes: u64) {
         let bytes = bytes.min(self.capacity());
-        self.limit_bytes.store(bytes, Ordering::Relaxed);
+        // The governor sets the limit 40 times a second; only a lower one has work to do.
+        if self.limit_bytes.swap(bytes, Ordering::Relaxed) <= bytes {
+            return;
+        }
         let limit = bytes / SHARDS as u64;
         for s in &self.shards {
             s.lock().evict_to(limit);
