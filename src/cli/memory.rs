@@ -115,7 +115,7 @@ pub fn govern(pools: &[Arc<Pool>], allowance: u64) {
                 if live.is_empty() {
                     return;
                 }
-                let capacity: u64 = live.iter().map(|p| p.io.cache.capacity()).sum();
+                let capacity: u64 = live.iter().map(|p| p.cache_capacity()).sum();
                 let dirty_max: u64 = live.iter().map(|p| p.dirty_max()).sum();
                 let budget = capacity + dirty_max + allowance;
                 let r = read(&live, budget);
@@ -123,9 +123,10 @@ pub fn govern(pools: &[Arc<Pool>], allowance: u64) {
                 rest_seen = rest.max(rest_seen.saturating_sub(1 << 20));
                 let room = caches_room(budget, dirty_max, capacity, rest_seen);
                 for p in &live {
-                    let share = p.io.cache.capacity();
-                    p.io.cache
-                        .set_limit((room as u128 * share as u128 / capacity.max(1) as u128) as u64);
+                    let share = p.cache_capacity();
+                    p.set_cache_limit(
+                        (room as u128 * share as u128 / capacity.max(1) as u128) as u64,
+                    );
                 }
             }
         });
@@ -140,7 +141,7 @@ fn read(pools: &[Arc<Pool>], budget: u64) -> Reading {
     }
     Reading {
         resident,
-        cached: pools.iter().map(|p| p.io.cache.bytes()).sum(),
+        cached: pools.iter().map(|p| p.cache_bytes()).sum(),
         held: pools.iter().map(|p| p.memory_held()).sum(),
     }
 }

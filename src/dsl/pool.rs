@@ -1202,6 +1202,22 @@ impl Pool {
         self.dirty_max.load(Ordering::Relaxed)
     }
 
+    /// The block cache's configured size.
+    pub fn cache_capacity(&self) -> u64 {
+        self.io.cache.capacity()
+    }
+
+    /// What the block cache holds now.
+    pub fn cache_bytes(&self) -> u64 {
+        self.io.cache.bytes()
+    }
+
+    /// Lets the block cache hold only `bytes` (at most its configured size) for now: a
+    /// process short of memory lowers it, and raises it again as memory comes back.
+    pub fn set_cache_limit(&self, bytes: u64) {
+        self.io.cache.set_limit(bytes);
+    }
+
     /// Sets the block cache's size and the dirty limit for as long as the pool stays open
     /// (they are settings of the process that holds it, not of the pool on disk).
     pub fn set_memory_limits(&self, cache_bytes: u64, dirty_max_bytes: u64) {
