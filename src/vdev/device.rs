@@ -43,7 +43,8 @@ impl VdevError {
 /// One leaf device: a file, a block device, or the in-memory simulator.
 ///
 /// Contract: `write_at` may be volatile until `flush` returns; after a successful `flush`,
-/// every write that completed before it was called survives a crash or power cut.
+/// every write that completed before it was called survives a crash or power cut. A
+/// successful `write_durable` survives one on its own.
 pub trait BlockDevice: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), VdevError>;
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError>;
@@ -67,6 +68,14 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
     fn flush(&self) -> Result<(), VdevError>;
+    /// Writes `buf` and returns once it survives a crash or power cut, like `write_at` and
+    /// `flush` together, but promising nothing of other unflushed writes. Devices that can
+    /// make one range durable without waiting for everything else written (the intent log's
+    /// case: a small block while a txg's data is in flight) override it.
+    fn write_durable(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
+        self.write_at(buf, offset_bytes)?;
+        self.flush()
+    }
     /// Tells the device a range holds nothing of value. Purely advisory: may do nothing.
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VdevError>;
     fn len_bytes(&self) -> u64;

@@ -157,6 +157,32 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    /// Only this range reaches the media, as a range writeback does: other unflushed writes
+    /// stay at the power cut's mercy, so a caller that needed them flushed is caught. Older
+    /// unflushed writes that overlap the range now carry its bytes, so none can put stale
+    /// bytes over it when a power cut lets them through.
+    fn write_durable(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
+        check_range(self, offset_bytes, buf.len())?;
+        let mut st = self.state.lock();
+        if st.faults.fail_writes || st.faults.fail_flush {
+            return Err(VdevError::Injected {
+                path: self.name.clone(),
+                what: "write",
+            });
+        }
+        let (start, end) = (offset_bytes as usize, offset_bytes as usize + buf.len());
+        st.current[start..end].copy_from_slice(buf);
+        st.durable[start..end].copy_from_slice(buf);
+        for (off, data) in st.pending.iter_mut() {
+            let (s, e) = (*off as usize, *off as usize + data.len());
+            let (lo, hi) = (s.max(start), e.min(end));
+            if lo < hi {
+                data[lo - s..hi - s].copy_from_slice(&buf[lo - start..hi - start]);
+            }
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> Result<(), VdevError> {
         let mut st = self.state.lock();
         if st.faults.fail_flush {
@@ -211,6 +237,32 @@ mod tests {
             saw_partial |= twos > 0 && twos < 4096;
         }
         assert!(saw_partial);
+    }
+
+    #[test]
+    fn a_durable_write_survives_alone_and_is_not_undone_by_older_writes() {
+        let dev = MemDevice::new("m", 8192);
+        dev.write_at(&[1u8; 4096], 0).unwrap();
+        dev.write_at(&[2u8; 1024], 4096).unwrap();
+        dev.write_durable(&[3u8; 1024], 1024).unwrap();
+        let dropped = dev.power_cut(PowerCut::DropUnflushed);
+        assert_eq!(&dropped[1024..2048], &[3u8; 1024][..]);
+        assert!(
+            dropped[..1024].iter().all(|&b| b == 0),
+            "others stay volatile"
+        );
+        assert!(dropped[4096..5120].iter().all(|&b| b == 0));
+        let kept = dev.power_cut(PowerCut::KeepUnflushed);
+        assert_eq!(&kept[..1024], &[1u8; 1024][..]);
+        assert_eq!(
+            &kept[1024..2048],
+            &[3u8; 1024][..],
+            "the older write must not win"
+        );
+        assert_eq!(&kept[4096..5120], &[2u8; 1024][..]);
+        let mut now = vec![0u8; 2048];
+        dev.read_at(&mut now, 0).unwrap();
+        assert_eq!(&now[1024..], &[3u8; 1024][..]);
     }
 
     #[test]

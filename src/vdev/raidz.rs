@@ -291,7 +291,9 @@ impl Raidz {
 
     /// Writes a block as one full stripe. Succeeds when at most `nparity` columns failed
     /// (each failure counted against its leaf): the block is then readable from the rest.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+    /// `durable`: each column with `Leaf::write_data_durable`, so the block survives a crash
+    /// when this returns.
+    pub fn write(&self, offset: u64, data: &[u8], durable: bool) -> Result<(), VdevError> {
         let map = self.geom.map(offset, data.len() as u64);
         let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; map.nparity];
         let data_cols = split_lens(data, &map.data_lens());
@@ -309,9 +311,12 @@ impl Raidz {
             .par_iter()
             .zip(bufs.par_iter())
             .map(|(c, buf)| match &self.slots[c.child] {
-                Some(leaf) => leaf
-                    .write_data(buf, c.offset)
-                    .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
+                Some(leaf) => if durable {
+                    leaf.write_data_durable(buf, c.offset)
+                } else {
+                    leaf.write_data(buf, c.offset)
+                }
+                .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
                 None => Err(self.missing_error(c.child)),
             })
             .collect();

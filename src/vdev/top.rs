@@ -340,6 +340,11 @@ impl Leaf {
         self.data_io(IoKind::Write, offset, |d, at| d.write_at(buf, at))
     }
 
+    /// `write_data` that returns once the write survives a crash (`BlockDevice::write_durable`).
+    pub fn write_data_durable(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
+        self.data_io(IoKind::Write, offset, |d, at| d.write_durable(buf, at))
+    }
+
     /// `read_data` of a run of buffers that lie one after another on the device.
     pub fn read_data_vectored(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<(), VdevError> {
         self.data_io(IoKind::Read, offset, |d, at| d.read_vectored_at(bufs, at))
@@ -536,9 +541,27 @@ impl TopVdev {
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
         match &self.raidz {
-            Some(rz) => rz.write(offset, data),
+            Some(rz) => rz.write(offset, data, false),
             None => self.write_run(offset, &[data]),
         }
+    }
+
+    /// `write`, returning once the block survives a crash on every child that took it, with
+    /// no flush of anything else written to them: an intent log block's commit.
+    pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+        debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
+        if let Some(rz) = &self.raidz {
+            return rz.write(offset, data, true);
+        }
+        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
+            vec![self.children[0].write_data_durable(data, offset)]
+        } else {
+            self.children
+                .par_iter()
+                .map(|c| c.write_data_durable(data, offset))
+                .collect()
+        };
+        self.settle(results, |c| &c.counters.write_errors)
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per

@@ -66,7 +66,8 @@ pub struct ZilStats {
     pub bytes: Vec<u64>,
     pub records: u64,
     pub batches: u64,
-    /// Device flushes issued by log commits.
+    /// Device flushes issued by log commits: one per log block (each is written durably on
+    /// its own) and one per device that blocks written in place went to.
     pub flushes: u64,
     pub batch_nanos: u64,
     /// Commits that fell back to a txg sync (log space full, a log write failed, or a
@@ -331,8 +332,10 @@ impl Zil {
         }
     }
 
-    /// Writes encoded log blocks (in parallel when there are several), then flushes every
-    /// vdev they touched, and the `data_vdevs` that blocks written in place went to, once each.
+    /// Writes encoded log blocks (in parallel when there are several), each made durable on
+    /// its own (`TopVdev::write_durable`: only that range reaches the media, so a commit does
+    /// not wait for the writeback of the txg in flight on the same devices); then flushes the
+    /// `data_vdevs` that blocks written in place went to, once each.
     fn write_blocks(
         &self,
         blocks: &[(BlockAddr, Vec<u8>)],
@@ -342,11 +345,10 @@ impl Zil {
         every(blocks, |(a, bytes)| {
             self.top(a.vdev)
                 .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
-                .write(a.offset, bytes)
+                .write_durable(a.offset, bytes)
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))
         })?;
-        let mut touched: Vec<u32> = blocks.iter().map(|(a, _)| a.vdev).collect();
-        touched.extend_from_slice(data_vdevs);
+        let mut touched: Vec<u32> = data_vdevs.to_vec();
         touched.sort_unstable();
         touched.dedup();
         every(&touched, |&v| self.flush_vdev(v))?;
@@ -364,7 +366,7 @@ impl Zil {
         self.stats.records.fetch_add(records, Ordering::Relaxed);
         self.stats
             .flushes
-            .fetch_add(touched.len() as u64, Ordering::Relaxed);
+            .fetch_add((blocks.len() + touched.len()) as u64, Ordering::Relaxed);
         Ok(())
     }
 
