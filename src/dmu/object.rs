@@ -10,6 +10,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use super::cache::BlockCache;
 use super::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
+use crate::math::zero::is_zero;
 use crate::math::ChecksumKind;
 use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
@@ -439,7 +440,7 @@ impl Object {
         let nonzero: Vec<bool> = entries
             .iter()
             .map(|(blkid, change)| match change {
-                Dirty::Data(d) => adopted.contains_key(blkid) || d.iter().any(|&b| b != 0),
+                Dirty::Data(d) => adopted.contains_key(blkid) || !is_zero(d),
                 _ => false,
             })
             .collect();

@@ -347,7 +347,7 @@ impl Prewrite for InPlace<'_> {
             Some(bp) => bp,
             None if buf.len() < IN_PLACE_MIN_BYTES => return None,
             // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
-            None if buf.iter().all(|&b| b == 0) => {
+            None if crate::math::zero::is_zero(buf) => {
                 return Some((
                     Record::Zero {
                         txg: *txg,
