@@ -5,7 +5,7 @@
 //! fio and nbdkit come from Debian packages that `.ci/run` installs. Where one is missing the
 //! test says so and passes, unless ZETA_REQUIRE_CLIENTS=1 (set by CI), where it fails.
 
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 mod common;
 use common::procs::have;
@@ -136,5 +136,120 @@ fn bad_arguments_are_one_line() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{err}");
+    }
+}
+
+/// `zeta bench load` against a served volume: the writes and flushes really reach the pool's
+/// intent log (its counters, read through the control socket), in the ratio asked for.
+#[test]
+fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let leaf = dir.path().join("leaf");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_zeta"))
+            .env("ZETA_HOME", &home)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "pool",
+        "create",
+        "-o",
+        "size=256M",
+        "tank",
+        leaf.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["vol", "create", "tank/v", "32M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    serve
+        .env("ZETA_HOME", &home)
+        .args(["serve", "--listen", "127.0.0.1:0", "tank"]);
+    let (child, addr, _) = common::procs::spawn_server(serve);
+    let mut child = KillOnDrop(child);
+    let addr = addr.to_string();
+
+    let out = run(&[
+        "bench",
+        "load",
+        "--addr",
+        &addr,
+        "--runtime",
+        "1",
+        "--depth",
+        "8",
+        "--flush-every",
+        "4",
+        "tank/v",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let writes_per_sec: f64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(writes_per_sec > 0.0, "{text}");
+    assert!(text.contains("4.00 writes per flush"), "{text}");
+
+    let out = run(&["pool", "iostat", "tank", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let log = &stats["log"];
+    let queued = log["records_queued"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{stats}"));
+    let flushes = log["sync_requests"].as_f64().unwrap();
+    assert!(log["batches"].as_u64().unwrap() > 0, "{stats}");
+    assert!(
+        flushes > 0.0 && (3.9..=4.1).contains(&(queued / flushes)),
+        "the server saw {queued} writes and {flushes} flushes"
+    );
+
+    // Errors: one line each, and the server is unharmed.
+    for (args, needle) in [
+        (&["--bs", "1000"][..], "a multiple of 4K"),
+        (&["--depth", "0"][..], "0 is not in 1..=256"),
+        (&["tank/nope"][..], "tank/nope"),
+    ] {
+        let mut all = vec!["bench", "load", "--addr", &addr, "--runtime", "1"];
+        all.extend_from_slice(args);
+        if !args[0].starts_with("tank") {
+            all.push("tank/v");
+        }
+        let out = run(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
+}
+
+/// The server dies with the test, whether it passes or panics.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

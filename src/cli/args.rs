@@ -365,9 +365,10 @@ pub enum BenchCmd {
                             128K, 10 s per measurement.\n\n\
                             Each measurement runs on fresh targets in a temporary directory \
                             under --dir: `zeta pool create -o zil.commit=C -o zil.placement=P` \
-                            of three files, three volumes, `zeta serve`; three sparse files \
+                            of three files, three volumes, `zeta serve`; three files \
                             for the raw rows (fio, libaio, fdatasync every N writes) and for \
-                            `nbdkit file`. fio's nbd engine flushes far more often than \
+                            `nbdkit file`. Every file is written in full first, so its blocks \
+                            are allocated as a device's are. fio's nbd engine flushes far more often than \
                             --fsync asks at depth 100: the w/flush column shows what was sent. \
                             Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\
                             --json prints one JSON object per line and measurement: bs, fsync \
@@ -376,6 +377,37 @@ pub enum BenchCmd {
                             writes_per_flush, log_blocks_per_device (null where not measured)."
     )]
     Sync(BenchSyncArgs),
+    /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with
+    /// exactly one flush every N (or FUA on each), a connection per export, IOPS and latency.
+    #[command(after_help = "Example, against `zeta up`:\n  \
+                            zeta bench load --flush-every 5 --depth 100 zeta/vol0\n\
+                            Writes random data over the exports: only for scratch volumes.")]
+    Load(BenchLoadArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchLoadArgs {
+    /// Exports to write to, one connection each.
+    #[arg(required = true, value_name = "EXPORT")]
+    pub exports: Vec<String>,
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub addr: std::net::SocketAddr,
+    /// Size of each write (a multiple of 4K).
+    #[arg(long, default_value = "4K")]
+    pub bs: String,
+    /// A FLUSH after every N-th write.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub flush_every: u32,
+    /// Requests in flight per connection, flushes included (at most 256).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub depth: u32,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub runtime: u64,
+    /// Every write with NBD_CMD_FLAG_FUA and no flushes.
+    #[arg(long)]
+    pub fua: bool,
 }
 
 #[derive(Args, Debug)]

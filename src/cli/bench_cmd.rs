@@ -203,7 +203,7 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
 /// and rewritten by the rest, while the pool, which writes every block somewhere new, kept
 /// meeting unallocated space in its file: the ratio measured the file system's allocator more
 /// than zeta (0.41 to 0.75 from run to run).
-fn precondition(path: &std::path::Path, len: u64) -> Result<()> {
+pub(super) fn precondition(path: &std::path::Path, len: u64) -> Result<()> {
     let io = |e| CliError::Io {
         path: path.display().to_string(),
         source: e,

@@ -40,6 +40,7 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Scrub(a)) => bench_scrub::scrub_bench(a),
         args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
         args::Command::Bench(args::BenchCmd::Sync(a)) => bench_sync::sync_bench(a),
+        args::Command::Bench(args::BenchCmd::Load(a)) => nbd_load::load_cmd(a),
     };
     match result {
         Ok(()) => 0,

@@ -63,6 +63,42 @@ impl LoadResult {
     }
 }
 
+/// `zeta bench load`: one run against a server the user names, printed as a line.
+pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
+    let bs = super::fmt::parse_size(&a.bs)?;
+    if bs < 4096 || !bs.is_multiple_of(4096) || bs > DATA_POOL_BYTES as u64 {
+        return Err(super::usage(format!(
+            "--bs {}: a multiple of 4K up to {}K",
+            a.bs,
+            DATA_POOL_BYTES >> 10
+        )));
+    }
+    let spec = LoadSpec {
+        bs_bytes: bs as u32,
+        writes_per_flush: a.flush_every,
+        depth: a.depth,
+        runtime: Duration::from_secs(a.runtime),
+        seed: 0x5eed,
+        fua: a.fua,
+    };
+    let r = run(a.addr, &a.exports, &spec, &AtomicBool::new(false)).map_err(|e| {
+        super::CliError::Io {
+            path: format!("nbd://{}", a.addr),
+            source: e,
+        }
+    })?;
+    let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    println!(
+        "{:.0} writes/s, mean {} us, p99 {} us, {} writes per flush",
+        r.writes_per_sec,
+        us(r.lat_mean_us),
+        us(r.lat_p99_us),
+        r.writes_per_flush()
+            .map_or("no flushes,".to_string(), |w| format!("{w:.2}"))
+    );
+    Ok(())
+}
+
 /// Runs the load against every export at once for `spec.runtime`. `stop` ends it early (each
 /// connection finishes its current group and drains).
 pub fn run(

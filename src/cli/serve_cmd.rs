@@ -1,5 +1,6 @@
 //! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT/SIGTERM.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -194,7 +195,10 @@ fn run(
     println!("stop with Ctrl-C (or SIGTERM)");
     // Block until a signal arrives.
     let sig = signals.forever().next();
-    println!(
+    // Written, not printed: stdout may be gone by now (a closed terminal or pipe), and a
+    // panic here would skip the drain and the pools' final sync.
+    let _ = writeln!(
+        std::io::stdout(),
         "zeta serve: {} received, finishing in-flight requests",
         match sig {
             Some(SIGINT) => "SIGINT",
@@ -213,7 +217,7 @@ fn run(
     match failed {
         Some(e) => Err(e.into()),
         None => {
-            println!("zeta serve: pools synced and closed");
+            let _ = writeln!(std::io::stdout(), "zeta serve: pools synced and closed");
             Ok(())
         }
     }
