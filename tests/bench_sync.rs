@@ -225,6 +225,33 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
         "the server saw {queued} writes and {flushes} flushes"
     );
 
+    // Several connections to one volume, each with one FUA write at a time: each reader
+    // runs its request itself and may not stay on as the log's committer, so it hands the
+    // others' waiting writes to a worker. A write left without a committer would never be
+    // answered, and the run would fail on its reply timeout.
+    let out = run(&[
+        "bench",
+        "load",
+        "--addr",
+        &addr,
+        "--runtime",
+        "1",
+        "--depth",
+        "1",
+        "--fua",
+        "tank/v",
+        "tank/v",
+        "tank/v",
+        "tank/v",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("no flushes"), "{text}");
+
     // Errors: one line each, and the server is unharmed.
     for (args, needle) in [
         (&["--bs", "1000"][..], "a multiple of 4K"),

@@ -1346,6 +1346,13 @@ impl Pool {
         ds.log.commit(&self.zil, &InPlace { pool: self, ds }, done)
     }
 
+    /// `commit_log` for a thread that must not stay on as the log's committer: true if it
+    /// left requests waiting, and someone must call `commit_log` soon (`Log::commit_bounded`).
+    pub fn commit_log_bounded(&self, ds: &Dataset, done: Done) -> bool {
+        ds.log
+            .commit_bounded(&self.zil, &InPlace { pool: self, ds }, done, true)
+    }
+
     /// The blocking form of [`commit_log`](Self::commit_log).
     pub fn commit_log_wait(&self, ds: &Dataset) -> Result<(), crate::zil::LogError> {
         ds.log.commit_wait(&self.zil, &InPlace { pool: self, ds })

@@ -1,13 +1,13 @@
 //! The transmission phase of one connection: a reader thread frames requests and hands them
-//! to the server's worker pool; workers run them against the volume and write replies, in
-//! whatever order they finish, under the connection's send lock.
+//! to the server's worker pool (or runs one itself when nothing else is in flight); workers
+//! run them against the volume and write replies, in whatever order they finish, under the
+//! connection's send lock.
 //!
 //! Memory is bounded by the server-wide in-flight budget: the reader takes budget for a
 //! request's data before reading its payload (or before issuing a read), and a request gives
 //! it back once its reply is on the wire. When the budget is spent the reader stops reading
 //! the socket, which is TCP's backpressure on the client.
 
-use super::workers::Workers;
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -17,7 +17,9 @@ use parking_lot::{Condvar, Mutex};
 use super::budget::{Budget, Grant};
 use super::handshake::Session;
 use super::proto::*;
+use super::workers::Workers;
 use crate::dsl::PoolError;
+use crate::zil::Done;
 use crate::zvol::{VolError, Volume};
 
 /// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
@@ -210,9 +212,21 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             let cost = if req.kind == CMD_READ { req.length } else { 0 };
             (budget.acquire(cost as u64), None)
         };
-        *shared.inflight.lock() += 1;
+        let alone = {
+            let mut n = shared.inflight.lock();
+            *n += 1;
+            *n == 1
+        };
         let sh = shared.clone();
-        workers.spawn(move || execute(sh, req, payload, grant));
+        if alone && reader.buffer().is_empty() {
+            // Nothing else in flight and no next request waiting: this thread runs it.
+            // Handing it to a worker costs the wake-up of a sleeping thread, in a virtual
+            // machine a tenth of a queue-depth-1 client's FUA write (155 against 177 us with
+            // 16K blocks; the raw file's write and fdatasync: 90).
+            execute(sh, req, payload, grant, Some(workers));
+        } else {
+            workers.spawn(move || execute(sh, req, payload, grant, None));
+        }
     }
     shared.wait_drained();
     // Every reply is queued or written by now; write what a last holder may have left.
@@ -338,7 +352,15 @@ fn error_code(e: &VolError) -> u32 {
 
 /// Runs one request and replies; the request counts as in flight until its reply is sent,
 /// which for a FLUSH or FUA write may be after this returns (see `reply_when_durable`).
-fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, mut grant: Grant) {
+/// `inline`: run by the connection's reader itself, which must not stay on as the log's
+/// committer for other requests; the workers take over from it.
+fn execute(
+    sh: Arc<Shared>,
+    req: Request,
+    payload: Option<Vec<u8>>,
+    mut grant: Grant,
+    inline: Option<&Workers>,
+) {
     let vol = sh.volume();
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let applied = match req.kind {
@@ -377,7 +399,7 @@ fn execute(sh: Arc<Shared>, req: Request, payload: Option<Vec<u8>>, mut grant: G
         _ => unreachable!("admit() refuses unknown commands"),
     };
     match applied {
-        Some((result, durable)) => reply_when_durable(sh, req, grant, result, durable),
+        Some((result, durable)) => reply_when_durable(sh, req, grant, result, durable, inline),
         None => {
             drop(grant);
             sh.finish_one();
@@ -420,20 +442,31 @@ fn reply_when_durable(
     grant: Grant,
     applied: Result<(), VolError>,
     durable: bool,
+    inline: Option<&Workers>,
 ) {
     match applied {
         Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
         Ok(()) if !durable => sh.reply_ok(&req),
         Ok(()) => {
             let sh2 = sh.clone();
-            sh.volume().flush_then(Box::new(move |r| {
+            let done: Done = Box::new(move |r| {
                 match r {
                     Ok(()) => sh2.reply_ok(&req),
                     Err(e) => sh2.reply_err(&req, EIO, &e.to_string()),
                 }
                 drop(grant);
                 sh2.finish_one();
-            }));
+            });
+            match inline {
+                None => sh.volume().flush_then(done),
+                Some(workers) => {
+                    // Other connections' requests may be waiting on this volume's log: a
+                    // worker commits them, so this connection's next request is read now.
+                    if sh.volume().flush_then_bounded(done) {
+                        workers.spawn(move || sh.volume().flush_then(Box::new(|_| {})));
+                    }
+                }
+            }
             return;
         }
     }

@@ -323,24 +323,36 @@ impl Log {
     /// Makes every record queued so far durable, then calls `done`. The calling thread may
     /// become the committer and write batches for other requests too before it returns.
     pub fn commit(&self, zil: &Zil, pre: &dyn Prewrite, done: Done) {
+        let handed = self.commit_bounded(zil, pre, done, false);
+        debug_assert!(!handed);
+    }
+
+    /// `commit` for a thread that must not stay on as the committer for other requests (an
+    /// NBD connection's reader, running a lone request itself): it drives batches only until
+    /// its own records are durable. Returns true if it stopped with requests still waiting
+    /// and no committer: the caller must then call `commit` (which may stay) soon, from a
+    /// thread that can, or those requests are never answered.
+    pub fn commit_bounded(&self, zil: &Zil, pre: &dyn Prewrite, done: Done, bounded: bool) -> bool {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
         if let Some(why) = &st.failed {
             let why = why.clone();
             drop(st);
-            return done(Err(LogError::Failed(why)));
+            done(Err(LogError::Failed(why)));
+            return false;
         }
         let target = st.next_id;
         if st.frontier() >= target {
             drop(st);
-            return done(Ok(()));
+            done(Ok(()));
+            return false;
         }
         st.waiters.push_back((target, done));
         if st.committing {
-            return;
+            return false;
         }
         st.committing = true;
-        self.drive(zil, pre, st);
+        self.drive(zil, pre, st, bounded.then_some(target))
     }
 
     /// The blocking form of [`commit`](Self::commit).
@@ -357,8 +369,16 @@ impl Log {
             .unwrap_or_else(|_| Err(LogError::Failed("the log committer went away".into())))
     }
 
-    /// The committer's loop: batches until no request waits.
-    fn drive<'a>(&'a self, zil: &Zil, pre: &dyn Prewrite, mut st: MutexGuard<'a, State>) {
+    /// The committer's loop: batches until no request waits, or (`until`) until the records
+    /// below that id are durable; then returns true if requests still wait (see
+    /// `commit_bounded`).
+    fn drive<'a>(
+        &'a self,
+        zil: &Zil,
+        pre: &dyn Prewrite,
+        mut st: MutexGuard<'a, State>,
+        until: Option<u64>,
+    ) -> bool {
         loop {
             let ready = st.take_satisfied();
             if !ready.is_empty() {
@@ -369,7 +389,11 @@ impl Log {
             }
             if st.waiters.is_empty() {
                 st.committing = false;
-                return;
+                return false;
+            }
+            if until.is_some_and(|t| st.frontier() >= t) {
+                st.committing = false;
+                return true;
             }
             let upto = match zil.commit {
                 CommitPolicy::Group => st.next_id,
@@ -384,7 +408,7 @@ impl Log {
                 st.committing = false;
                 drop(st);
                 stuck.into_iter().for_each(|d| d(Ok(())));
-                return;
+                return false;
             }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             zil.unpin(batch.iter().map(|(_, r)| r));
@@ -442,7 +466,7 @@ impl Log {
                 drop(st);
                 all.into_iter()
                     .for_each(|d| d(Err(LogError::Failed(why.clone()))));
-                return;
+                return false;
             }
         }
     }
@@ -469,7 +493,7 @@ impl Log {
         let mut st = self.state.lock();
         settle(zil, &mut st, plan.as_ref(), written.is_ok());
         // Requests that queued meanwhile found a committer at work: serve them.
-        self.drive(zil, &ByValue, st);
+        self.drive(zil, &ByValue, st, None);
         written.map_err(LogError::Failed)
     }
 

@@ -501,6 +501,13 @@ impl Volume {
     pub fn flush_then(&self, done: Done) {
         self.pool.commit_log(&self.ds, done)
     }
+
+    /// `flush_then` from a thread that must not stay to commit other requests' records: it
+    /// returns true if it left some waiting, and then `flush_then` must be called soon from
+    /// a thread that may stay (`Log::commit_bounded`).
+    pub fn flush_then_bounded(&self, done: Done) -> bool {
+        self.pool.commit_log_bounded(&self.ds, done)
+    }
 }
 
 #[cfg(test)]
