@@ -171,7 +171,7 @@ fn replay_is_idempotent_even_when_cut_short() {
 /// Offsets of intact log blocks on a device (searched by magic in its log region).
 fn log_blocks_on(dev: &MemDevice) -> Vec<(u64, u64)> {
     let img = dev.power_cut(PowerCut::KeepUnflushed);
-    let magic = u64::from_le_bytes(*b"ZETAZIL1");
+    let magic = zeta::zil::block::MAGIC;
     let mut out = Vec::new();
     let start = RESERVE_BYTES as usize;
     for at in (start..img.len() - 4096).step_by(4096) {

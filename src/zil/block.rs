@@ -11,7 +11,7 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 8 | magic `ZETAZIL1` |
+//! | 0 | 8 | magic `ZETAZIL2` (`ZETAZIL1`: an older block, SHA-256 at 64, still read) |
 //! | 8 | 8 | chain id (the volume's GUID, xor the chain's generation) |
 //! | 16 | 8 | sequence number, from 1 along the chain |
 //! | 24 | 8 | highest txg of the records (records of txgs already synced are skipped) |
@@ -19,7 +19,7 @@
 //! | 48 | 4 | bytes of records that follow the header |
 //! | 52 | 4 | number of records |
 //! | 56 | 8 | reserved, zero |
-//! | 64 | 32 | SHA-256 of bytes 0..64 and of the records |
+//! | 64 | 32 | checksum (`checksum_v2`): Fletcher-4 of the Fletcher-4s of bytes 0..64 and of the records |
 //! | 96 | .. | records, each 8-byte aligned |
 //!
 //! A record: kind (u8: 1 write, 2 zero/trim, 3 write in place), 7 reserved bytes, txg (u64),
@@ -31,9 +31,13 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::math::fletcher::fletcher4;
 use crate::spa::bp::{BlkPtr, BP_BYTES};
 
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL1");
+/// Blocks written now: a Fletcher-4 checksum (`checksum_v2`).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL2");
+/// Blocks of older versions: SHA-256. Read, never written: a log left by one replays.
+const MAGIC_V1: u64 = u64::from_le_bytes(*b"ZETAZIL1");
 pub const HEADER_BYTES: usize = 96;
 const RECORD_HEADER: usize = 32;
 
@@ -243,44 +247,52 @@ impl LogBlock {
         out.extend_from_slice(&self.next.vdev.to_le_bytes());
         out.extend_from_slice(&self.next.len.to_le_bytes());
         out.extend_from_slice(&self.next.offset.to_le_bytes());
-        let mut body = Vec::new();
+        // Body length, count and checksum are filled in once the records are in place
+        // (encoded straight into the block: no second copy of a batch's data).
+        out.resize(HEADER_BYTES, 0);
         for r in &self.records {
-            r.encode(&mut body);
+            r.encode(&mut out);
         }
-        assert!(
-            HEADER_BYTES + body.len() <= len,
-            "records overflow the log block"
-        );
-        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.records.len() as u32).to_le_bytes());
-        out.extend_from_slice(&[0u8; 8]);
-        let sum = Self::checksum(&out[..64], &body);
-        out.extend_from_slice(&sum);
-        out.extend_from_slice(&body);
+        let body_len = out.len() - HEADER_BYTES;
+        assert!(out.len() <= len, "records overflow the log block");
+        out[48..52].copy_from_slice(&(body_len as u32).to_le_bytes());
+        out[52..56].copy_from_slice(&(self.records.len() as u32).to_le_bytes());
+        let sum = checksum_v2(&out[..64], &out[HEADER_BYTES..]);
+        out[64..96].copy_from_slice(&sum);
         out.resize(len, 0);
         out
     }
 
-    fn checksum(header: &[u8], body: &[u8]) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(header);
-        h.update(body);
-        h.finalize().into()
+    /// The checksum `bytes` (a block of either version) should carry, if its header's
+    /// lengths are sane.
+    fn expected_checksum(bytes: &[u8]) -> Option<[u8; 32]> {
+        if bytes.len() < HEADER_BYTES {
+            return None;
+        }
+        let body_len = u32_at(bytes, 48) as usize;
+        let body = bytes.get(HEADER_BYTES..HEADER_BYTES.checked_add(body_len)?)?;
+        match u64_at(bytes, 0) {
+            MAGIC => Some(checksum_v2(&bytes[..64], body)),
+            MAGIC_V1 => {
+                let mut h = Sha256::new();
+                h.update(&bytes[..64]);
+                h.update(body);
+                Some(h.finalize().into())
+            }
+            _ => None,
+        }
     }
 
     /// Decodes `bytes` as block `seq` of chain `chain`, or says why the chain ends here.
     pub fn decode(bytes: &[u8], chain: u64, seq: u64) -> Result<LogBlock, EndOfChain> {
-        if bytes.len() < HEADER_BYTES || u64_at(bytes, 0) != MAGIC {
+        if bytes.len() < HEADER_BYTES || ![MAGIC, MAGIC_V1].contains(&u64_at(bytes, 0)) {
             return Err(EndOfChain::NoBlock);
         }
+        if Self::expected_checksum(bytes).is_none_or(|sum| sum != bytes[64..96]) {
+            return Err(EndOfChain::BadChecksum);
+        }
         let body_len = u32_at(bytes, 48) as usize;
-        if HEADER_BYTES + body_len > bytes.len() {
-            return Err(EndOfChain::BadChecksum);
-        }
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
-        if Self::checksum(&bytes[..64], body) != bytes[64..96] {
-            return Err(EndOfChain::BadChecksum);
-        }
         if u64_at(bytes, 8) != chain {
             return Err(EndOfChain::OtherChain);
         }
@@ -347,13 +359,25 @@ impl LogBlock {
 /// Whether `bytes` hold a whole log block whose checksum matches (of any chain): what a
 /// verified read of a log block accepts.
 pub fn is_intact(bytes: &[u8]) -> bool {
-    if bytes.len() < HEADER_BYTES || u64_at(bytes, 0) != MAGIC {
-        return false;
+    LogBlock::expected_checksum(bytes).is_some_and(|sum| sum == bytes[64..96])
+}
+
+/// A log block's checksum: Fletcher-4 of the header's first 64 bytes and of the records,
+/// each with the pool's fastest kernel, then Fletcher-4 of those two sums (so the header's
+/// fields, sequence number and chain included, and the records are both covered). Like
+/// OpenZFS's log blocks, a torn or damaged block is what it must catch; SHA-256, the first
+/// version's, cost a committer a fifth of a millisecond for a 360 KiB batch.
+fn checksum_v2(header: &[u8], body: &[u8]) -> [u8; 32] {
+    let mut sums = [0u8; 64];
+    let words = fletcher4(header).into_iter().chain(fletcher4(body));
+    for (slot, w) in sums.chunks_exact_mut(8).zip(words) {
+        slot.copy_from_slice(&w.to_le_bytes());
     }
-    let body_len = u32_at(bytes, 48) as usize;
-    HEADER_BYTES + body_len <= bytes.len()
-        && LogBlock::checksum(&bytes[..64], &bytes[HEADER_BYTES..HEADER_BYTES + body_len])
-            == bytes[64..96]
+    let mut out = [0u8; 32];
+    for (slot, w) in out.chunks_exact_mut(8).zip(fletcher4(&sums)) {
+        slot.copy_from_slice(&w.to_le_bytes());
+    }
+    out
 }
 
 /// Follows a chain from `first` (block `first_seq`), reading blocks with `read` (an error:
@@ -438,6 +462,41 @@ mod tests {
             blocks.push(b);
         }
         (disk, blocks)
+    }
+
+    /// A log left by a version that wrote SHA-256 blocks still replays, and each version's
+    /// checksum is only accepted under its own magic.
+    #[test]
+    fn first_version_blocks_still_decode() {
+        let (disk, blocks) = chain_on_disk(42, 1);
+        let mut v1 = disk[&addr(0)].clone();
+        v1[..8].copy_from_slice(b"ZETAZIL1");
+        let body_len = u32_at(&v1, 48) as usize;
+        let mut h = Sha256::new();
+        h.update(&v1[..64]);
+        h.update(&v1[HEADER_BYTES..HEADER_BYTES + body_len]);
+        let sha: [u8; 32] = h.finalize().into();
+        let v2_sum = v1[64..96].to_vec();
+        v1[64..96].copy_from_slice(&sha);
+        assert!(is_intact(&v1));
+        assert_eq!(LogBlock::decode(&v1, 42, 1), Ok(blocks[0].clone()));
+        // The new checksum under the old magic, and the old one under the new magic: torn.
+        let mut mixed = v1.clone();
+        mixed[64..96].copy_from_slice(&v2_sum);
+        assert_eq!(
+            LogBlock::decode(&mixed, 42, 1),
+            Err(EndOfChain::BadChecksum)
+        );
+        let mut mixed = disk[&addr(0)].clone();
+        mixed[64..96].copy_from_slice(&sha);
+        assert_eq!(
+            LogBlock::decode(&mixed, 42, 1),
+            Err(EndOfChain::BadChecksum)
+        );
+        // Every header field is covered: the sequence number, say.
+        let mut bumped = disk[&addr(0)].clone();
+        bumped[16] ^= 1;
+        assert!(!is_intact(&bumped));
     }
 
     #[test]
@@ -534,7 +593,7 @@ mod tests {
         .encode(4096);
         b[52] = 5;
         let body_len = u32_at(&b, 48) as usize;
-        let sum = LogBlock::checksum(&b[..64], &b[HEADER_BYTES..HEADER_BYTES + body_len]);
+        let sum = checksum_v2(&b[..64], &b[HEADER_BYTES..HEADER_BYTES + body_len]);
         b[64..96].copy_from_slice(&sum);
         assert!(matches!(
             LogBlock::decode(&b, 1, 1),
