@@ -153,25 +153,16 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
             .output()
             .unwrap()
     };
-    let out = run(&[
-        "pool",
-        "create",
-        "-o",
-        "size=256M",
-        "tank",
-        leaf.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = run(&["vol", "create", "tank/v", "32M"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Runs a command that must succeed; its stdout.
+    let ok = |args: &[&str]| {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let leaf = leaf.to_str().unwrap();
+    ok(&["pool", "create", "-o", "size=256M", "tank", leaf]);
+    ok(&["vol", "create", "tank/v", "32M"]);
     let mut serve = Command::new(env!("CARGO_BIN_EXE_zeta"));
     serve
         .env("ZETA_HOME", &home)
@@ -180,25 +171,8 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
     let mut child = KillOnDrop(child);
     let addr = addr.to_string();
 
-    let out = run(&[
-        "bench",
-        "load",
-        "--addr",
-        &addr,
-        "--runtime",
-        "1",
-        "--depth",
-        "8",
-        "--flush-every",
-        "4",
-        "tank/v",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let load = ["bench", "load", "--addr", &addr, "--runtime", "1"];
+    let text = ok(&[&load[..], &["--depth", "8", "--flush-every", "4", "tank/v"]].concat());
     let writes_per_sec: f64 = text
         .split_whitespace()
         .next()
@@ -207,13 +181,7 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
     assert!(writes_per_sec > 0.0, "{text}");
     assert!(text.contains("4.00 writes per flush"), "{text}");
 
-    let out = run(&["pool", "iostat", "tank", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stats: Value = serde_json::from_str(&ok(&["pool", "iostat", "tank", "--json"])).unwrap();
     let log = &stats["log"];
     let queued = log["records_queued"]
         .as_f64()
@@ -229,27 +197,10 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
     // runs its request itself and may not stay on as the log's committer, so it hands the
     // others' waiting writes to a worker. A write left without a committer would never be
     // answered, and the run would fail on its reply timeout.
-    let out = run(&[
-        "bench",
-        "load",
-        "--addr",
-        &addr,
-        "--runtime",
-        "1",
-        "--depth",
-        "1",
-        "--fua",
-        "tank/v",
-        "tank/v",
-        "tank/v",
-        "tank/v",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let lone = [
+        "--depth", "1", "--fua", "tank/v", "tank/v", "tank/v", "tank/v",
+    ];
+    let text = ok(&[&load[..], &lone].concat());
     assert!(text.contains("no flushes"), "{text}");
 
     // Errors: one line each, and the server is unharmed.
@@ -258,7 +209,7 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
         (&["--depth", "0"][..], "0 is not in 1..=256"),
         (&["tank/nope"][..], "tank/nope"),
     ] {
-        let mut all = vec!["bench", "load", "--addr", &addr, "--runtime", "1"];
+        let mut all = load.to_vec();
         all.extend_from_slice(args);
         if !args[0].starts_with("tank") {
             all.push("tank/v");

@@ -553,15 +553,20 @@ impl TopVdev {
         if let Some(rz) = &self.raidz {
             return rz.write(offset, data, true);
         }
-        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
-            vec![self.children[0].write_data_durable(data, offset)]
-        } else {
-            self.children
-                .par_iter()
-                .map(|c| c.write_data_durable(data, offset))
-                .collect()
-        };
+        let results = self.on_each_child(|c| c.write_data_durable(data, offset));
         self.settle(results, |c| &c.counters.write_errors)
+    }
+
+    /// Runs `io` on every child, in parallel when there are several; a lone child's runs on
+    /// this thread (rayon would hand it to a worker and wait for it).
+    fn on_each_child(
+        &self,
+        io: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
+    ) -> Vec<Result<(), VdevError>> {
+        match &self.children[..] {
+            [one] => vec![io(one)],
+            all => all.par_iter().map(|c| io(c)).collect(),
+        }
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per
@@ -569,14 +574,7 @@ impl TopVdev {
     /// its own stripe (the caller writes those one by one).
     pub fn write_run(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
         assert!(self.raidz.is_none(), "a raidz writes block by block");
-        let results: Vec<Result<(), VdevError>> = if self.children.len() == 1 {
-            vec![self.children[0].write_data_vectored(bufs, offset)]
-        } else {
-            self.children
-                .par_iter()
-                .map(|c| c.write_data_vectored(bufs, offset))
-                .collect()
-        };
+        let results = self.on_each_child(|c| c.write_data_vectored(bufs, offset));
         self.settle(results, |c| &c.counters.write_errors)
     }
 
