@@ -625,21 +625,33 @@ fn create_on(devs: &[Arc<MemDevice>], opts: PoolOptions) -> Result<Arc<Pool>, Po
     Pool::create("tank", spec(Layout::Stripe, devs), opts)
 }
 
+/// A pool whose labels an older zeta wrote (the oldest format version still read) imports.
+#[test]
+fn a_pool_of_an_older_format_version_imports() {
+    let devs = mem_devs(1, 96 * MB);
+    create_on(&devs, opts()).unwrap().export().unwrap();
+    relabel_with_version(&devs[0], zeta::spa::label::OLDEST_READABLE_VERSION);
+    let pool = import(&devs);
+    assert_eq!(pool.name, "tank");
+    pool.verify().unwrap();
+}
+
 #[test]
 fn create_refuses_a_device_whose_zeta_label_it_cannot_read() {
     let forced = PoolOptions {
         force: true,
         ..opts()
     };
-    // Labels of a newer zeta: intact, but of format version 2.
+    // Labels of a newer zeta: intact, but of the next format version.
+    let next = zeta::spa::label::FORMAT_VERSION + 1;
     let newer = mem_devs(1, 96 * MB);
     create_on(&newer, opts()).unwrap().export().unwrap();
-    relabel_with_version(&newer[0], 2);
+    relabel_with_version(&newer[0], next);
     let err = create_on(&newer, opts()).err().expect("must refuse");
     assert!(matches!(err, PoolError::UnreadableLabel { .. }), "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains("mem0") && msg.contains("version 2") && msg.contains("-f"),
+        msg.contains("mem0") && msg.contains(&format!("version {next}")) && msg.contains("-f"),
         "{msg}"
     );
     // Damaged labels: every copy carries the magic but fails its checksum.

@@ -13,7 +13,17 @@ use super::bp::BlkPtr;
 use crate::math::ChecksumKind;
 use crate::vdev::{Leaf, RaidzConfig, TopKind, VdevError, LABEL_COUNT, LABEL_SIZE};
 
-pub const FORMAT_VERSION: u64 = 1;
+/// The version written. 2: intent log blocks carry a Fletcher-4 checksum (`ZETAZIL2`), which
+/// a version-1 zeta would take for the end of the log, dropping it.
+pub const FORMAT_VERSION: u64 = 2;
+/// The oldest version read. A pool of version 1 is read as it is; every label and uberblock
+/// written from then on says 2, so a version-1 zeta refuses it from then on.
+pub const OLDEST_READABLE_VERSION: u64 = 1;
+
+/// Whether this zeta reads labels and uberblocks of format `version`.
+fn readable(version: u64) -> bool {
+    (OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version)
+}
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"ZETALABL");
 pub const UB_MAGIC: u64 = u64::from_le_bytes(*b"ZETAUBER");
 pub const CONFIG_AREA: u64 = 32 * 1024;
@@ -26,7 +36,7 @@ pub enum LabelError {
     #[error("no zeta label (bad magic)")]
     BadMagic,
     #[error(
-        "format version {0} is not supported by this zeta (which reads version {FORMAT_VERSION})"
+        "format version {0} is not supported by this zeta (which reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION})"
     )]
     UnknownVersion(u64),
     #[error("label checksum mismatch")]
@@ -214,7 +224,7 @@ pub fn decode_config(area: &[u8]) -> Result<(u64, PoolConfig), LabelError> {
         return Err(LabelError::BadChecksum);
     }
     // The version is checked only once the header is known intact.
-    if hdr.version.get() != FORMAT_VERSION {
+    if !readable(hdr.version.get()) {
         return Err(LabelError::UnknownVersion(hdr.version.get()));
     }
     let cfg = serde_json::from_slice(payload).map_err(|e| LabelError::Parse(e.to_string()))?;
@@ -301,7 +311,7 @@ impl Uberblock {
         if digest != ub.checksum {
             return Ok(None);
         }
-        if ub.version.get() != FORMAT_VERSION {
+        if !readable(ub.version.get()) {
             return Err(LabelError::UnknownVersion(ub.version.get()));
         }
         Ok(Some(ub))
@@ -471,8 +481,21 @@ mod tests {
         newer[32..64].copy_from_slice(&digest);
         assert!(matches!(
             decode_config(&newer),
-            Err(LabelError::UnknownVersion(2))
+            Err(LabelError::UnknownVersion(v)) if v == FORMAT_VERSION + 1
         ));
+        // Every older version still read is.
+        for v in OLDEST_READABLE_VERSION..FORMAT_VERSION {
+            let mut older = area.clone();
+            older[8..16].copy_from_slice(&v.to_le_bytes());
+            let digest = config_digest(
+                &older[..32],
+                &older[CONFIG_HEADER
+                    ..CONFIG_HEADER
+                        + u64::from_le_bytes(older[24..32].try_into().unwrap()) as usize],
+            );
+            older[32..64].copy_from_slice(&digest);
+            assert_eq!(decode_config(&older).unwrap(), (5, cfg()), "version {v}");
+        }
     }
 
     #[test]
