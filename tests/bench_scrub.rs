@@ -1,20 +1,12 @@
 //! `zeta bench scrub --json`: both speeds are measured and the ratio is theirs.
 
-use std::process::Command;
+mod common;
+use common::procs::bench_json;
 
 #[test]
 fn bench_scrub_reports_cat_and_scrub_speeds() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_zeta"))
-        .args([
-            "bench", "scrub", "--size", "64M", "--runs", "1", "--json", "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = bench_json(&["scrub", "--size", "64M", "--runs", "1"], dir.path());
     let cat = v["cat_gbps"].as_f64().unwrap();
     let scrub = v["scrub_gbps"].as_f64().unwrap();
     assert!(cat > 0.0 && scrub > 0.0, "{v}");

@@ -3,33 +3,27 @@
 
 use std::process::Command;
 
+mod common;
+use common::procs::bench_json;
+
 #[test]
 fn bench_vol_measures_every_workload_within_its_memory_limits() {
     let dir = tempfile::tempdir().unwrap();
     // 256M of sequential writes alone is over 5× the 48M the process is given.
-    let out = Command::new(env!("CARGO_BIN_EXE_zeta"))
-        .args([
-            "bench",
-            "vol",
-            "--size",
-            "256M",
-            "--random-ops",
-            "5000",
-            "--runs",
-            "1",
-            "--cache",
-            "32M",
-            "--dirty-max",
-            "16M",
-            "--json",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let args = [
+        "vol",
+        "--size",
+        "256M",
+        "--random-ops",
+        "5000",
+        "--runs",
+        "1",
+        "--cache",
+        "32M",
+        "--dirty-max",
+        "16M",
+    ];
+    let v = bench_json(&args, dir.path());
     let rows = v["rows"].as_array().unwrap();
     let ops: Vec<(&str, u64)> = rows
         .iter()

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
@@ -70,4 +70,19 @@ pub fn seed_from_env(var: &str) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random)
+}
+
+/// Runs `zeta bench ARGS --json --dir DIR`, which must succeed, and returns its JSON output.
+pub fn bench_json(args: &[&str], dir: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_zeta"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {err}");
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
