@@ -368,8 +368,9 @@ pub enum BenchCmd {
                             of three files, three volumes, `zeta serve`; three files \
                             for the raw rows (fio, libaio, fdatasync every N writes) and for \
                             `nbdkit file`. Every file is written in full first, so its blocks \
-                            are allocated as a device's are. fio's nbd engine flushes far more often than \
-                            --fsync asks at depth 100: the w/flush column shows what was sent. \
+                            are allocated as a device's are. fio's nbd engine flushes far \
+                            more often than --fsync asks at depth 100: the w/flush column shows \
+                            what was sent. \
                             Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\
                             --json prints one JSON object per line and measurement: bs, fsync \
                             (writes per flush asked), volblocksize (null for raw and nbdkit), \

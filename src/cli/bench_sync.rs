@@ -39,8 +39,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(60);
 /// How long fio may run past its run time (it drains what is in flight) before it is killed.
 const FIO_OVERRUN: Duration = Duration::from_secs(120);
-/// Seed of `zeta-load`'s offsets and data: the same for every target.
-const LOAD_SEED: u64 = 0x5eed;
 
 /// A pool configuration: the values of the `zil.commit` and `zil.placement` pool properties.
 #[derive(Clone, Copy)]
@@ -345,7 +343,7 @@ fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Re
         writes_per_flush: 1,
         depth: 1,
         runtime: plan.runtime,
-        seed: LOAD_SEED,
+        seed: nbd_load::SEED,
         fua: true,
     };
     let r = nbd_load::run(addr, &[export.to_string()], &spec, stop).map_err(|e| CliError::Io {
@@ -939,7 +937,7 @@ fn drive(
                 writes_per_flush: point.writes_per_flush,
                 depth: DEPTH,
                 runtime: plan.runtime,
-                seed: LOAD_SEED,
+                seed: nbd_load::SEED,
                 fua: false,
             };
             let r = nbd_load::run(addr, exports, &spec, stop).map_err(|e| CliError::Io {

@@ -30,6 +30,10 @@ const SLOT_BITS: u32 = 8;
 /// Most requests one connection keeps in flight.
 pub const MAX_DEPTH: u32 = 1 << SLOT_BITS;
 
+/// The seed of the offsets and data: the same for every target, so every server a run (or
+/// `zeta bench load`) drives sees the same writes.
+pub const SEED: u64 = 0x5eed;
+
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
     pub bs_bytes: u32,
@@ -78,7 +82,7 @@ pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
         writes_per_flush: a.flush_every,
         depth: a.depth,
         runtime: Duration::from_secs(a.runtime),
-        seed: 0x5eed,
+        seed: SEED,
         fua: a.fua,
     };
     let r = run(a.addr, &a.exports, &spec, &AtomicBool::new(false)).map_err(|e| {

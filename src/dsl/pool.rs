@@ -1350,7 +1350,7 @@ impl Pool {
     /// left requests waiting, and someone must call `commit_log` soon (`Log::commit_bounded`).
     pub fn commit_log_bounded(&self, ds: &Dataset, done: Done) -> bool {
         ds.log
-            .commit_bounded(&self.zil, &InPlace { pool: self, ds }, done, true)
+            .commit_bounded(&self.zil, &InPlace { pool: self, ds }, done)
     }
 
     /// The blocking form of [`commit_log`](Self::commit_log).

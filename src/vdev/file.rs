@@ -1,6 +1,7 @@
 //! Leaf devices on regular files and block devices, through positioned reads and writes on the
-//! page cache; `flush` is `fdatasync`, `write_durable` a write with `RWF_DSYNC`. Each is held under an exclusive `flock`, so two processes
-//! (or two leaves of one pool) can never open the same device.
+//! page cache; `flush` is `fdatasync`, `write_durable` a write with `RWF_DSYNC`. Each is held
+//! under an exclusive `flock`, so two processes (or two leaves of one pool) can never open the
+//! same device.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt};

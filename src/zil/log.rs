@@ -323,8 +323,8 @@ impl Log {
     /// Makes every record queued so far durable, then calls `done`. The calling thread may
     /// become the committer and write batches for other requests too before it returns.
     pub fn commit(&self, zil: &Zil, pre: &dyn Prewrite, done: Done) {
-        let handed = self.commit_bounded(zil, pre, done, false);
-        debug_assert!(!handed);
+        let left_waiting = self.submit(zil, pre, done, false);
+        debug_assert!(!left_waiting);
     }
 
     /// `commit` for a thread that must not stay on as the committer for other requests (an
@@ -332,7 +332,14 @@ impl Log {
     /// its own records are durable. Returns true if it stopped with requests still waiting
     /// and no committer: the caller must then call `commit` (which may stay) soon, from a
     /// thread that can, or those requests are never answered.
-    pub fn commit_bounded(&self, zil: &Zil, pre: &dyn Prewrite, done: Done, bounded: bool) -> bool {
+    pub fn commit_bounded(&self, zil: &Zil, pre: &dyn Prewrite, done: Done) -> bool {
+        self.submit(zil, pre, done, true)
+    }
+
+    /// Queues `done` behind every record queued so far and, if no committer is at work,
+    /// becomes it (`bounded`: only until those records are durable). Returns whether it left
+    /// requests waiting with no committer.
+    fn submit(&self, zil: &Zil, pre: &dyn Prewrite, done: Done, bounded: bool) -> bool {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
         if let Some(why) = &st.failed {
