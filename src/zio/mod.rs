@@ -102,6 +102,10 @@ pub const MAX_RUN_BYTES: usize = 1 << 20;
 /// smaller one on the calling thread.
 const PARALLEL_SUM_BYTES: usize = 1 << 20;
 
+/// `write_batch` writes to several vdevs at once only for a batch of more than this many
+/// bytes (all copies counted).
+const PARALLEL_WRITE_BYTES: usize = 256 << 10;
+
 /// `read_batch_into` cuts a batch of at least this many bytes into two runs or more, which
 /// the caller and the zio helper thread claim in turn (`helper::share`), and reads a smaller
 /// one on the calling thread alone. A 1 MiB streaming read then costs about a copy and a
@@ -267,6 +271,14 @@ impl Zio {
         let written = match (busy.len(), singles.len()) {
             (0, 1) => write_single(&singles[0]),
             (1, 0) => write_runs(&busy[0]),
+            // A small batch (a space map's block and its indirect blocks, two copies each) is
+            // written by the calling thread: a buffered write of a few blocks takes less
+            // than handing it to rayon, which woke the pool's workers some thousand times a
+            // second during a sync, each wake-up a task switch on a core the NBD server wanted.
+            _ if bytes * props.copies <= PARALLEL_WRITE_BYTES => busy
+                .iter()
+                .try_for_each(write_runs)
+                .and_then(|()| singles.iter().try_for_each(write_single)),
             _ => {
                 let (a, b) = rayon::join(
                     || busy.par_iter().try_for_each(write_runs),
