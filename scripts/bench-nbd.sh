@@ -113,4 +113,6 @@ done
 fio --name=mem --ioengine=nbd --uri=nbd://127.0.0.1:10811/bench/v --rw=randwrite --bs=128k \
     --iodepth=32 --numjobs=32 --size="$BYTES" --time_based --runtime=$(( RUNTIME < 10 ? RUNTIME : 10 )) \
     --output-format=terse >/dev/null
-echo "zeta server peak RSS: $(grep VmHWM /proc/$ZPID/status | awk '{print $2/1024 " MiB"}') (limit: cache 256M + dirty 128M + 64M = 448 MiB)"
+# The limits the server reports in its first line ("... per pool: cache 256M, dirty limit 1G)").
+LIMITS=$(sed -n 's/.*per pool: cache \([^,]*\), dirty limit \([^)]*\)).*/\1 + dirty \2/p' "$WORK/zeta.log")
+echo "zeta server peak RSS: $(grep VmHWM /proc/$ZPID/status | awk '{print $2/1024 " MiB"}') (limit: cache $LIMITS + 64M)"

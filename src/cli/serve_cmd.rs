@@ -182,9 +182,11 @@ fn run(
         format!("nbd://{host}:{}", addr.port())
     };
     println!(
-        "serving on {addr}{}: (max {} connections)",
+        "serving on {addr}{}: (max {} connections; per pool: cache {}, dirty limit {})",
         if cfg.read_only { ", read-only" } else { "" },
-        cfg.max_connections
+        cfg.max_connections,
+        human(limits.cache),
+        human(limits.dirty_max)
     );
     for e in exports.list() {
         println!("  {base}/{}  ({})", e.name, human(e.size));
