@@ -571,8 +571,9 @@ impl Log {
             let next_len = if at < records.len() {
                 size_for(HEADER_BYTES + left)
             } else {
-                // Predict the next batch from this one.
-                size_for(total)
+                // Predict the next batch from this one, with room to grow: a batch that
+                // outgrows its slot spills into a second block, a second durable write.
+                size_for(total + total / 2)
             };
             let Some(next) = zil.alloc_slot(&mut rotor, next_len) else {
                 for a in taken {
