@@ -68,13 +68,20 @@ impl Shared {
     /// receiver's TCP processing, and under 32 requests in flight the workers queued up on
     /// the socket lock, one small send each. A worker that finds the socket taken leaves its
     /// reply to the holder, which looks at the queue again after letting the socket go.
-    fn send(&self, bufs: &[&[u8]]) {
+    ///
+    /// A reply also stays queued, for one write to carry it with others, while a commit
+    /// answers its batch of requests (until the batch is answered: `zil::after_wakeups`), and
+    /// while a worker has more requests queued behind this one (until it runs out of them, or
+    /// has run a few: `workers::more_queued`).
+    fn send(self: &Arc<Self>, bufs: &[&[u8]]) {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if len <= QUEUED_REPLY_BYTES {
             let mut q = self.queued.lock();
             bufs.iter().for_each(|b| q.extend_from_slice(b));
             drop(q);
-            self.drain_queue();
+            if !hold(self) {
+                self.drain_queue();
+            }
             return;
         }
         let mut s = self.send.lock();
@@ -107,7 +114,7 @@ impl Shared {
     }
 
     /// One structured reply chunk flagged DONE.
-    fn send_chunk(&self, req: &Request, kind: u16, parts: &[&[u8]]) {
+    fn send_chunk(self: &Arc<Self>, req: &Request, kind: u16, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let h = chunk_header(req.cookie, REPLY_FLAG_DONE, kind, len as u32);
         let mut bufs: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
@@ -116,11 +123,11 @@ impl Shared {
         self.send(&bufs);
     }
 
-    fn reply_ok(&self, req: &Request) {
+    fn reply_ok(self: &Arc<Self>, req: &Request) {
         self.send(&[&simple_reply_header(req.cookie, 0)]);
     }
 
-    fn reply_err(&self, req: &Request, error: u32, msg: &str) {
+    fn reply_err(self: &Arc<Self>, req: &Request, error: u32, msg: &str) {
         if self.session.structured {
             let mut p = Vec::with_capacity(6 + msg.len());
             p.extend_from_slice(&error.to_be_bytes());
@@ -132,7 +139,7 @@ impl Shared {
         }
     }
 
-    fn reply_data(&self, req: &Request, data: &[u8]) {
+    fn reply_data(self: &Arc<Self>, req: &Request, data: &[u8]) {
         if self.session.structured {
             self.send_chunk(
                 req,
@@ -142,6 +149,36 @@ impl Shared {
         } else {
             self.send(&[&simple_reply_header(req.cookie, 0), data]);
         }
+    }
+}
+
+thread_local! {
+    /// Connections whose queued replies this thread is to send (see `hold`).
+    static HELD: std::cell::RefCell<Vec<Arc<Shared>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Leaves `sh`'s queued replies for this thread to send soon with `send_held`, if it will:
+/// at the end of the batch of requests it is answering, or after the next request it runs as
+/// a worker with more queued. False if neither: the caller sends them now.
+fn hold(sh: &Arc<Shared>) -> bool {
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.iter().any(|h| Arc::ptr_eq(h, sh)) {
+            return true;
+        }
+        // The batch's end sends them if there is one; else the worker, between requests.
+        let later = crate::zil::after_wakeups(send_held) || super::workers::more_queued();
+        if later {
+            held.push(sh.clone());
+        }
+        later
+    })
+}
+
+/// Sends what each held connection queued (`hold`).
+pub(super) fn send_held() {
+    for sh in HELD.with(|held| std::mem::take(&mut *held.borrow_mut())) {
+        sh.drain_queue();
     }
 }
 
@@ -363,6 +400,10 @@ fn execute(
 ) {
     let vol = sh.volume();
     let fua = req.flags & CMD_FLAG_FUA != 0;
+    if fua || req.kind == CMD_FLUSH {
+        // This thread may now commit the log for a while: replies it holds go first.
+        send_held();
+    }
     let applied = match req.kind {
         CMD_READ => {
             with_read_buffer(req.length as usize, |buf| match vol.read(req.offset, buf) {
@@ -474,7 +515,7 @@ fn reply_when_durable(
     sh.finish_one();
 }
 
-fn block_status(sh: &Shared, req: &Request) {
+fn block_status(sh: &Arc<Shared>, req: &Request) {
     let vol = sh.volume();
     let len = (req.length as u64).min(MAX_STATUS_SPAN);
     let extents = match vol.allocation(req.offset, len) {

@@ -72,7 +72,7 @@ impl Server {
     pub fn start(cfg: ServerConfig, exports: Arc<dyn Exports>) -> io::Result<Server> {
         let listener = TcpListener::bind(cfg.listen)?;
         let addr = listener.local_addr()?;
-        let workers = Workers::new(cfg.workers)?;
+        let workers = Workers::new(cfg.workers, super::conn::send_held)?;
         let inner = Arc::new(Inner {
             budget: Budget::new(cfg.inflight_bytes.max(super::proto::MAX_PAYLOAD as u64)),
             cfg,

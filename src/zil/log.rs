@@ -25,6 +25,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::block::{records_that_fit, BlockAddr, LogBlock, Record, HEADER_BYTES};
+use super::wake::wake_all;
 use super::{CommitPolicy, Zil};
 
 /// The largest log block. Records are at most a volume block (128 KiB) plus their header, so
@@ -390,7 +391,7 @@ impl Log {
             let ready = st.take_satisfied();
             if !ready.is_empty() {
                 drop(st);
-                ready.into_iter().for_each(|d| d(Ok(())));
+                wake_all(ready, || Ok(()));
                 st = self.state.lock();
                 continue;
             }
@@ -414,7 +415,7 @@ impl Log {
                 let stuck: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
                 st.committing = false;
                 drop(st);
-                stuck.into_iter().for_each(|d| d(Ok(())));
+                wake_all(stuck, || Ok(()));
                 return false;
             }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
@@ -471,8 +472,7 @@ impl Log {
                 let all: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
                 st.committing = false;
                 drop(st);
-                all.into_iter()
-                    .for_each(|d| d(Err(LogError::Failed(why.clone()))));
+                wake_all(all, || Err(LogError::Failed(why.clone())));
                 return false;
             }
         }
@@ -669,7 +669,7 @@ impl Log {
         st.queue.retain(|(_, r)| r.txg() > txg);
         let ready = st.take_satisfied();
         drop(st);
-        ready.into_iter().for_each(|d| d(Ok(())));
+        wake_all(ready, || Ok(()));
     }
 
     /// The volume is gone (its destruction committed): every block of its log is freed.
@@ -689,9 +689,9 @@ impl Log {
         let waiting: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
         drop(st);
         all.into_iter().for_each(|a| zil.free_slot(a));
-        waiting
-            .into_iter()
-            .for_each(|d| d(Err(LogError::Failed("the volume was destroyed".into()))));
+        wake_all(waiting, || {
+            Err(LogError::Failed("the volume was destroyed".into()))
+        });
     }
 
     /// (records queued, sync requests) since the pool was opened.

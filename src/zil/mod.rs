@@ -22,6 +22,7 @@
 pub mod block;
 pub mod log;
 pub mod space;
+pub mod wake;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,6 +35,7 @@ use crate::vdev::TopVdev;
 pub use block::{BlockAddr, Payload, Record};
 pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
 use space::LogSpace;
+pub use wake::after_wakeups;
 
 /// What the log needs from the pool's txg machinery.
 pub trait TxgHooks: Send + Sync {
