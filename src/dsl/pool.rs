@@ -840,8 +840,10 @@ impl Pool {
         (tops, required)
     }
 
+    /// The pool's space, as last counted: read without the allocator's lock, which a txg
+    /// sync holds while it allocates (see `SpaceGauge`).
     pub fn space(&self) -> Space {
-        self.io.zio.alloc.lock().space()
+        self.io.zio.gauge.read()
     }
 
     pub fn vdev_status(&self) -> Vec<TopStatus> {
@@ -1078,10 +1080,15 @@ impl Pool {
 
     /// Asks for a sync once a quarter of the dirty limit is held in memory, or once blocks
     /// written ahead of their txg hold a quarter of the free space (they hold no memory, but
-    /// they, and the copies they replace, are freed only as txgs commit).
+    /// they, and the copies they replace, are freed only as txgs commit), or once the dirty
+    /// blocks still to place would take a quarter of it: past that, every write's admission
+    /// (`reserve_space`) counts usable segments under the allocator's lock, and then forces
+    /// syncs itself. (A 512M volume on a 1G pool, random 4K writes: 45k writes/s with a 128M
+    /// dirty limit, 33k with 1G before this bound.)
     fn sync_if_much_held(&self) {
         if self.memory_held() > self.dirty_max() / 4
             || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
+            || self.unplaced_bytes() * self.io.zio.max_inflation() > self.space().free / 4
         {
             self.request_sync();
         }

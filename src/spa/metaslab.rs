@@ -10,6 +10,8 @@
 //! stay intact on disk.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::bp::Dva;
 use super::range_tree::RangeTree;
@@ -125,6 +127,36 @@ pub struct Allocator {
     frees_held: u32,
     rotor: usize,
     rotor_bytes: u64,
+    /// `free` and `freeing` as they change, for readers that must not wait for this
+    /// allocator's lock.
+    gauge: Arc<SpaceGauge>,
+}
+
+/// The pool's space counters, readable without the allocator's lock. Every write to a volume
+/// checks the free space (`Pool::reserve_space`), and the txg sync holds the lock for as long
+/// as it allocates a txg's blocks: under random 4K writes with a large dirty limit, writers
+/// queued behind it by the thousand (a third of the server's samples in task switches).
+/// The two counters are read apart, so a reading may mix moments; it is a gauge, not an
+/// account (`Allocator::space` is exact).
+#[derive(Debug, Default)]
+pub struct SpaceGauge {
+    size: AtomicU64,
+    free: AtomicU64,
+    freeing: AtomicU64,
+}
+
+impl SpaceGauge {
+    pub fn read(&self) -> Space {
+        let size = self.size.load(Ordering::Relaxed);
+        let free = self.free.load(Ordering::Relaxed);
+        let freeing = self.freeing.load(Ordering::Relaxed);
+        Space {
+            size,
+            free,
+            freeing,
+            alloc: size.saturating_sub(free + freeing),
+        }
+    }
 }
 
 /// Bytes allocated on one vdev before the rotor moves to the next.
@@ -165,7 +197,22 @@ impl Allocator {
             frees_held: 0,
             rotor: 0,
             rotor_bytes: 0,
+            gauge: Arc::new(SpaceGauge {
+                size: AtomicU64::new(size),
+                free: AtomicU64::new(size),
+                freeing: AtomicU64::new(0),
+            }),
         }
+    }
+
+    /// The space counters, kept current for readers that do not take this allocator's lock.
+    pub fn gauge(&self) -> Arc<SpaceGauge> {
+        self.gauge.clone()
+    }
+
+    fn publish(&self) {
+        self.gauge.free.store(self.free, Ordering::Relaxed);
+        self.gauge.freeing.store(self.freeing, Ordering::Relaxed);
     }
 
     pub fn space(&self) -> Space {
@@ -242,6 +289,7 @@ impl Allocator {
                 let asize = asize_of(v as u32, psize);
                 if let Some(off) = self.alloc_on(v, asize, hint, copies) {
                     self.free -= asize;
+                    self.publish();
                     total += asize;
                     placed = Some(Dva::new(v as u32, off, asize as u32));
                     break;
@@ -319,6 +367,7 @@ impl Allocator {
             .free
             .add(d.offset.get(), d.asize.get() as u64);
         self.free += d.asize.get() as u64;
+        self.publish();
     }
 
     /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
@@ -340,6 +389,7 @@ impl Allocator {
         }
         ms.deferred.add(off, len);
         self.freeing += len;
+        self.publish();
         match self.deferred.back_mut() {
             Some(d) if d.txg == txg => d.extents.push((v, off, len)),
             _ => self.deferred.push_back(Deferred {
@@ -368,11 +418,13 @@ impl Allocator {
             let d = self.deferred.pop_front().unwrap();
             for (v, off, len) in d.extents {
                 self.freeing -= len;
+                self.publish();
                 let ms_i = self.ms_index(v, off);
                 let ms = &mut self.tops[v as usize].metaslabs[ms_i];
                 ms.deferred.remove(off, len);
                 ms.free.add(off, len);
                 self.free += len;
+                self.publish();
             }
         }
     }
@@ -401,6 +453,7 @@ impl Allocator {
         let after = m.free.space();
         m.sm_records = records.len() as u64;
         self.free = self.free + after - before;
+        self.publish();
         applied
     }
 
@@ -441,6 +494,7 @@ impl Allocator {
             .map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
         ms.mos.add(off, len);
         self.free -= len;
+        self.publish();
         Ok(())
     }
 
@@ -456,6 +510,7 @@ impl Allocator {
                     ms.mos.remove(off, len);
                     ms.free.add(off, len);
                     self.free += len;
+                    self.publish();
                 }
                 return Err(e);
             }
@@ -575,6 +630,22 @@ mod tests {
         a.txg_synced(10);
         assert_eq!(a.space().freeing, 0);
         assert_eq!(a.space().alloc, 0);
+    }
+
+    #[test]
+    fn the_gauge_follows_every_change_of_the_space() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20), (1, 8 * MB, 20)]);
+        let g = a.gauge();
+        assert_eq!(g.read(), a.space());
+        let d = a.alloc(8192, 2, AllocClass::Recorded).unwrap();
+        assert_eq!(g.read(), a.space());
+        assert_eq!(g.read().alloc, 2 * 8192);
+        a.free(&d[0], 5, AllocClass::Recorded);
+        assert_eq!(g.read(), a.space());
+        assert_eq!(g.read().freeing, 8192);
+        a.txg_synced(7);
+        assert_eq!(g.read(), a.space());
+        assert_eq!(g.read().free, 16 * MB - 8192);
     }
 
     #[test]

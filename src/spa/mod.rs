@@ -13,4 +13,4 @@ pub mod scan_state;
 pub mod space_map;
 
 pub use bp::{BlkPtr, BlockKind, Dva};
-pub use metaslab::{AllocClass, AllocError, Allocator, Space};
+pub use metaslab::{AllocClass, AllocError, Allocator, Space, SpaceGauge};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::math::ChecksumKind;
-use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, SpaceGauge};
 use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +156,8 @@ impl RunEnd {
 pub struct Zio {
     pub tops: Vec<Arc<TopVdev>>,
     pub alloc: Mutex<Allocator>,
+    /// `alloc`'s space counters, read without its lock.
+    pub gauge: Arc<SpaceGauge>,
     pub stats: ZioStats,
 }
 
@@ -163,6 +165,7 @@ impl Zio {
     pub fn new(tops: Vec<Arc<TopVdev>>, alloc: Allocator) -> Zio {
         Zio {
             tops,
+            gauge: alloc.gauge(),
             alloc: Mutex::new(alloc),
             stats: ZioStats::default(),
         }
