@@ -116,46 +116,48 @@ struct Deferred {
 pub struct Allocator {
     pub tops: Vec<TopSpace>,
     deferred: VecDeque<Deferred>,
-    /// Bytes in `deferred`, kept as it changes: `space` is asked for every dirtied block
-    /// (admission control), and summing a txg's worth of freed extents each time cost more
-    /// than the write.
-    freeing: u64,
-    /// The sizes of all metaslabs, and the bytes in their free trees, kept as they change
-    /// for the same reason (`space_recounted` checks them).
-    size: u64,
-    free: u64,
     frees_held: u32,
     rotor: usize,
     rotor_bytes: u64,
-    /// `free` and `freeing` as they change, for readers that must not wait for this
-    /// allocator's lock.
+    /// The space counters, shared with readers that do not take this allocator's lock.
     gauge: Arc<SpaceGauge>,
 }
 
-/// The pool's space counters, readable without the allocator's lock. Every write to a volume
-/// checks the free space (`Pool::reserve_space`), and the txg sync holds the lock for as long
-/// as it allocates a txg's blocks: under random 4K writes with a large dirty limit, writers
-/// queued behind it by the thousand (a third of the server's samples in task switches).
-/// The two counters are read apart, so a reading may mix moments; it is a gauge, not an
-/// account (`Allocator::space` is exact).
-#[derive(Debug, Default)]
+/// The pool's space counters, kept as they change: the sizes of all metaslabs, the bytes in
+/// their free trees, and the bytes in `deferred` (`space_recounted` checks them). Summing a
+/// txg's worth of freed extents each time cost more than the write it was asked for.
+///
+/// They are atomics so that they can be read without the allocator's lock. Every write to a
+/// volume checks the free space (`Pool::reserve_space`), and the txg sync holds the lock for
+/// as long as it allocates a txg's blocks: under random 4K writes with a large dirty limit,
+/// writers queued behind it by the thousand (a third of the server's samples in task
+/// switches). Only the lock's holder changes them; a reader without the lock may see `free`
+/// and `freeing` from a moment apart, a gauge rather than an account.
+#[derive(Debug)]
 pub struct SpaceGauge {
-    size: AtomicU64,
+    size: u64,
     free: AtomicU64,
     freeing: AtomicU64,
 }
 
 impl SpaceGauge {
     pub fn read(&self) -> Space {
-        let size = self.size.load(Ordering::Relaxed);
         let free = self.free.load(Ordering::Relaxed);
         let freeing = self.freeing.load(Ordering::Relaxed);
         Space {
-            size,
+            size: self.size,
             free,
             freeing,
-            alloc: size.saturating_sub(free + freeing),
+            alloc: self.size.saturating_sub(free + freeing),
         }
+    }
+
+    fn freed(&self, len: u64) {
+        self.free.fetch_add(len, Ordering::Relaxed);
+    }
+
+    fn taken(&self, len: u64) {
+        self.free.fetch_sub(len, Ordering::Relaxed);
     }
 }
 
@@ -191,37 +193,25 @@ impl Allocator {
         Allocator {
             tops,
             deferred: VecDeque::new(),
-            freeing: 0,
-            size,
-            free: size,
             frees_held: 0,
             rotor: 0,
             rotor_bytes: 0,
             gauge: Arc::new(SpaceGauge {
-                size: AtomicU64::new(size),
+                size,
                 free: AtomicU64::new(size),
                 freeing: AtomicU64::new(0),
             }),
         }
     }
 
-    /// The space counters, kept current for readers that do not take this allocator's lock.
+    /// The space counters, for readers that do not take this allocator's lock.
     pub fn gauge(&self) -> Arc<SpaceGauge> {
         self.gauge.clone()
     }
 
-    fn publish(&self) {
-        self.gauge.free.store(self.free, Ordering::Relaxed);
-        self.gauge.freeing.store(self.freeing, Ordering::Relaxed);
-    }
-
+    /// Exact: the holder of this allocator is the only one that changes the counters.
     pub fn space(&self) -> Space {
-        Space {
-            size: self.size,
-            free: self.free,
-            freeing: self.freeing,
-            alloc: self.size - self.free - self.freeing,
-        }
+        self.gauge.read()
     }
 
     /// `space`, counted afresh from every metaslab (`Pool::verify` compares the two).
@@ -233,7 +223,7 @@ impl Allocator {
                 s.free += ms.free.space();
             }
         }
-        s.freeing = self.freeing;
+        s.freeing = self.gauge.freeing.load(Ordering::Relaxed);
         s.alloc = s.size - s.free - s.freeing;
         s
     }
@@ -288,8 +278,7 @@ impl Allocator {
                 let hint = if copies > 1 && n == 1 { copy } else { 0 };
                 let asize = asize_of(v as u32, psize);
                 if let Some(off) = self.alloc_on(v, asize, hint, copies) {
-                    self.free -= asize;
-                    self.publish();
+                    self.gauge.taken(asize);
                     total += asize;
                     placed = Some(Dva::new(v as u32, off, asize as u32));
                     break;
@@ -366,8 +355,7 @@ impl Allocator {
         self.tops[d.vdev.get() as usize].metaslabs[ms_i]
             .free
             .add(d.offset.get(), d.asize.get() as u64);
-        self.free += d.asize.get() as u64;
-        self.publish();
+        self.gauge.freed(d.asize.get() as u64);
     }
 
     /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
@@ -388,8 +376,7 @@ impl Allocator {
             AllocClass::Mos => ms.mos.remove(off, len),
         }
         ms.deferred.add(off, len);
-        self.freeing += len;
-        self.publish();
+        self.gauge.freeing.fetch_add(len, Ordering::Relaxed);
         match self.deferred.back_mut() {
             Some(d) if d.txg == txg => d.extents.push((v, off, len)),
             _ => self.deferred.push_back(Deferred {
@@ -417,14 +404,12 @@ impl Allocator {
         while self.deferred.front().is_some_and(|d| d.txg + 2 <= txg) {
             let d = self.deferred.pop_front().unwrap();
             for (v, off, len) in d.extents {
-                self.freeing -= len;
-                self.publish();
+                self.gauge.freeing.fetch_sub(len, Ordering::Relaxed);
                 let ms_i = self.ms_index(v, off);
                 let ms = &mut self.tops[v as usize].metaslabs[ms_i];
                 ms.deferred.remove(off, len);
                 ms.free.add(off, len);
-                self.free += len;
-                self.publish();
+                self.gauge.freed(len);
             }
         }
     }
@@ -452,8 +437,8 @@ impl Allocator {
         });
         let after = m.free.space();
         m.sm_records = records.len() as u64;
-        self.free = self.free + after - before;
-        self.publish();
+        self.gauge.freed(after);
+        self.gauge.taken(before);
         applied
     }
 
@@ -493,8 +478,7 @@ impl Allocator {
             .try_remove(off, len)
             .map_err(|_| corrupt(format!("MOS block at {off}+{len} is not free")))?;
         ms.mos.add(off, len);
-        self.free -= len;
-        self.publish();
+        self.gauge.taken(len);
         Ok(())
     }
 
@@ -509,8 +493,7 @@ impl Allocator {
                     let ms = &mut self.tops[v as usize].metaslabs[ms_i];
                     ms.mos.remove(off, len);
                     ms.free.add(off, len);
-                    self.free += len;
-                    self.publish();
+                    self.gauge.freed(len);
                 }
                 return Err(e);
             }
