@@ -271,25 +271,23 @@ impl Zio {
                 .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
         };
         let write_single = |(d, data): &(Dva, &[u8])| self.issue_write(d, data);
-        let written = match (busy.len(), singles.len()) {
-            (0, 1) => write_single(&singles[0]),
-            (1, 0) => write_runs(&busy[0]),
-            // A small batch (a space map's block and its indirect blocks, two copies each) is
-            // written by the calling thread: a buffered write of a few blocks takes less
-            // than handing it to rayon, which woke the pool's workers some thousand times a
-            // second during a sync, each wake-up a task switch on a core the NBD server wanted.
-            _ if bytes * props.copies <= PARALLEL_WRITE_BYTES => busy
-                .iter()
-                .try_for_each(write_runs)
-                .and_then(|()| singles.iter().try_for_each(write_single)),
-            _ => {
+        // On the calling thread: one vdev's runs or one raidz stripe (rayon would hand it to
+        // a worker and wait), or a small batch (a space map's block and its indirect blocks,
+        // two copies each), whose buffered writes take less than handing them to rayon, which
+        // woke the pool's workers some thousand times a second during a sync, each wake-up a
+        // task switch on a core the NBD server wanted.
+        let written =
+            if busy.len() + singles.len() <= 1 || bytes * props.copies <= PARALLEL_WRITE_BYTES {
+                busy.iter()
+                    .try_for_each(write_runs)
+                    .and_then(|()| singles.iter().try_for_each(write_single))
+            } else {
                 let (a, b) = rayon::join(
                     || busy.par_iter().try_for_each(write_runs),
                     || singles.par_iter().try_for_each(write_single),
                 );
                 a.and(b)
-            }
-        };
+            };
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
