@@ -19,8 +19,7 @@ use super::handshake::Session;
 use super::proto::*;
 use super::workers::Workers;
 use crate::dsl::PoolError;
-use crate::zil::Done;
-use crate::zvol::{VolError, Volume};
+use crate::zvol::{after_wakeups, Done, VolError, Volume};
 
 /// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
 const MAX_STATUS_SPAN: u64 = 1 << 30;
@@ -70,7 +69,7 @@ impl Shared {
     /// reply to the holder, which looks at the queue again after letting the socket go.
     ///
     /// A reply also stays queued, for one write to carry it with others, while a commit
-    /// answers its batch of requests (until the batch is answered: `zil::after_wakeups`), and
+    /// answers its batch of requests (until the batch is answered: `zvol::after_wakeups`), and
     /// while a worker has more requests queued behind this one (until it runs out of them, or
     /// has run a few: `workers::more_queued`).
     fn send(self: &Arc<Self>, bufs: &[&[u8]]) {
@@ -167,7 +166,7 @@ fn hold(sh: &Arc<Shared>) -> bool {
             return true;
         }
         // The batch's end sends them if there is one; else the worker, between requests.
-        let later = crate::zil::after_wakeups(send_held) || super::workers::more_queued();
+        let later = after_wakeups(send_held) || super::workers::more_queued();
         if later {
             held.push(sh.clone());
         }

@@ -18,7 +18,10 @@ use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
 use crate::spa::range_tree::RangeTree;
-use crate::zil::{Done, Payload, Record};
+/// What `flush_then` calls, and how such a callback defers work to the end of the batch of
+/// requests being answered with it (`zil::wake`).
+pub use crate::zil::{after_wakeups, Done};
+use crate::zil::{Payload, Record};
 use crate::zio::ZioError;
 pub use range_lock::RangeLocks;
 
