@@ -323,7 +323,10 @@ impl BlockDevice for FileDevice {
     fn write_durable(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
         check_range(self, offset_bytes, buf.len())?;
         if let Some(direct) = &self.direct {
-            if offset_bytes.is_multiple_of(SECTOR as u64) && buf.len().is_multiple_of(SECTOR) {
+            if !buf.is_empty()
+                && offset_bytes.is_multiple_of(SECTOR as u64)
+                && buf.len().is_multiple_of(SECTOR)
+            {
                 let copy = SectorBuf::copy_of(buf);
                 let mut iov = [libc::iovec {
                     iov_base: copy.as_ptr() as *mut libc::c_void,
@@ -434,6 +437,7 @@ mod tests {
         src[1..].fill(2);
         dev.write_durable(&src[1..], 8192).unwrap();
         dev.write_durable(&[3u8; 1000], 20480 + 100).unwrap();
+        dev.write_durable(&[], 4096).unwrap();
         let mut want = vec![2u8; 12288];
         want.extend_from_slice(&[1u8; 100]);
         want.extend_from_slice(&[3u8; 1000]);
