@@ -10,6 +10,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use super::device::{check_range, BlockDevice, VdevError};
+use super::layout::SECTOR;
 
 pub struct FileDevice {
     file: File,
@@ -85,11 +86,8 @@ impl FileDevice {
     }
 }
 
-/// The alignment, in memory and on the device, of `O_DIRECT` writes: 4K covers devices of
-/// 512-byte and of 4K logical sectors.
-const SECTOR: usize = 4096;
-
-/// A copy of a buffer in memory aligned to `SECTOR`, as `O_DIRECT` requires.
+/// A copy of a buffer in memory aligned to the pool's `SECTOR`, as `O_DIRECT` requires (4K
+/// covers devices of 512-byte and of 4K logical sectors).
 struct SectorBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
@@ -98,8 +96,9 @@ struct SectorBuf {
 impl SectorBuf {
     /// `src` must be a non-empty whole number of sectors.
     fn copy_of(src: &[u8]) -> SectorBuf {
-        assert!(!src.is_empty() && src.len().is_multiple_of(SECTOR));
-        let layout = std::alloc::Layout::from_size_align(src.len(), SECTOR).expect("sector layout");
+        let sector = SECTOR as usize;
+        assert!(!src.is_empty() && src.len().is_multiple_of(sector));
+        let layout = std::alloc::Layout::from_size_align(src.len(), sector).expect("sector layout");
         // SAFETY: the layout has a non-zero size (asserted above).
         let raw = unsafe { std::alloc::alloc(layout) };
         let Some(ptr) = std::ptr::NonNull::new(raw) else {
@@ -324,8 +323,8 @@ impl BlockDevice for FileDevice {
         check_range(self, offset_bytes, buf.len())?;
         if let Some(direct) = &self.direct {
             if !buf.is_empty()
-                && offset_bytes.is_multiple_of(SECTOR as u64)
-                && buf.len().is_multiple_of(SECTOR)
+                && offset_bytes.is_multiple_of(SECTOR)
+                && (buf.len() as u64).is_multiple_of(SECTOR)
             {
                 let copy = SectorBuf::copy_of(buf);
                 let mut iov = [libc::iovec {
