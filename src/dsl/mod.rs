@@ -9,4 +9,7 @@ pub mod dir;
 pub mod pool;
 pub mod scan;
 
-pub use pool::{probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, TopSpec, TopStatus};
+pub use pool::{
+    probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, TopSpec, TopStatus,
+    IN_PLACE_MIN_BYTES,
+};

@@ -317,8 +317,9 @@ pub struct Pool {
 
 /// Whole-block writes of at least this size are written in place when a sync request needs
 /// them, and logged by block pointer (OpenZFS's `zfs_immediate_write_sz` is the same 32 KiB):
-/// the data is written once instead of into the log and again at the txg.
-const IN_PLACE_MIN_BYTES: usize = 32 << 10;
+/// the data is written once instead of into the log and again at the txg. Writes of this size
+/// put their whole blocks in place as they arrive, too (`zvol::STREAMING_WRITE_BYTES`).
+pub const IN_PLACE_MIN_BYTES: usize = 32 << 10;
 
 /// How the log writes a volume's large whole-block writes in place.
 struct InPlace<'a> {

@@ -68,18 +68,16 @@ pub const STREAMING_READ_BYTES: usize = 64 << 10;
 
 /// Writes of at least this many bytes are streaming writes: their whole blocks are written to
 /// their place at once, by the writer's thread, while the data is still in the processor's
-/// cache (`Pool::write_ahead`); the txg's sync adopts them. Left to the sync, a stream's data
+/// cache (`Pool::place_blocks`); the txg's sync adopts them. Left to the sync, a stream's data
 /// was copied into the kernel cold, long after it came, by one thread for the whole pool.
-/// (fio over NBD, QD 32, 16K blocks, at 128 KiB against 32 KiB here: random 64K writes
-/// 16.3-17.1k -> 20.4-20.8k IOPS, sequential 64K 24.6-25.6k -> 30.2-36.8k, random 32K
-/// 26.0-27.2k -> 27.6-31.6k; `zeta bench load` with 32K writes and a flush every 5 went from
-/// 23k to 34k writes/s, as their blocks are no longer logged with their data nor, past 8 MiB
-/// queued, committed by a txg, but its p99 rose from 5 to 72 ms. At 16 KiB, 16K writes
-/// gained as much, but a volume of 16K blocks would then log even 16K sync writes by
-/// pointer, and each such commit flushes the data device, writeback of a whole txg
-/// included: the threshold stays at `IN_PLACE_MIN_BYTES`, the size from which sync writes
-/// go in place anyway.)
-pub const STREAMING_WRITE_BYTES: usize = 32 << 10;
+///
+/// The size from which a sync request puts whole blocks in place anyway: below it, a volume of
+/// small blocks would log its sync writes by pointer, and each such commit flushes the data
+/// device, writeback of a whole txg included. (At 128K, as it was: fio over NBD with 16K
+/// blocks did 16.3-17.1k random 64K writes/s against 20.4-20.8k now, and `zeta bench load`
+/// with 32K writes and a flush every 5 did 23k against 34k, though its p99 rose from 5 to
+/// 72 ms.)
+pub const STREAMING_WRITE_BYTES: usize = crate::dsl::IN_PLACE_MIN_BYTES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
