@@ -180,6 +180,13 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(writes_per_sec > 0.0, "{text}");
     assert!(text.contains("4.00 writes per flush"), "{text}");
+    let flush_mean: f64 = text
+        .split("flushes: mean ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no flush latency in {text}"));
+    assert!(flush_mean > 0.0, "{text}");
 
     let stats: Value = serde_json::from_str(&ok(&["pool", "iostat", "tank", "--json"])).unwrap();
     let log = &stats["log"];

@@ -382,7 +382,8 @@ pub enum BenchCmd {
     )]
     Sync(BenchSyncArgs),
     /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with
-    /// exactly one flush every N (or FUA on each), a connection per export, IOPS and latency.
+    /// exactly one flush every N (or FUA on each), a connection per export: IOPS, and the
+    /// latency of writes and of flushes.
     #[command(after_help = "Example, against `zeta up`:\n  \
                             zeta bench load --flush-every 5 --depth 100 zeta/vol0\n\
                             Writes random data over the exports: only for scratch volumes.")]

@@ -56,6 +56,9 @@ pub struct LoadResult {
     /// Over those same writes; `None` if there were none.
     pub lat_mean_us: Option<f64>,
     pub lat_p99_us: Option<f64>,
+    /// Of the flushes answered within the run time, from request sent to reply read.
+    pub flush_lat_mean_us: Option<f64>,
+    pub flush_lat_p99_us: Option<f64>,
     /// Every request sent, including those of the last group that finished after the run time.
     pub writes_sent: u64,
     pub flushes_sent: u64,
@@ -93,12 +96,14 @@ pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
     })?;
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     println!(
-        "{:.0} writes/s, mean {} us, p99 {} us, {} writes per flush",
+        "{:.0} writes/s, mean {} us, p99 {} us, {} writes per flush; flushes: mean {} us, p99 {} us",
         r.writes_per_sec,
         us(r.lat_mean_us),
         us(r.lat_p99_us),
         r.writes_per_flush()
-            .map_or("no flushes,".to_string(), |w| format!("{w:.2}"))
+            .map_or("no flushes,".to_string(), |w| format!("{w:.2}")),
+        us(r.flush_lat_mean_us),
+        us(r.flush_lat_p99_us),
     );
     Ok(())
 }
@@ -144,15 +149,19 @@ pub fn run(
         let o = o.map_err(|err| context(e, err))?;
         total.window_writes += o.window_writes;
         total.lat_ns.extend_from_slice(&o.lat_ns);
+        total.flush_lat_ns.extend_from_slice(&o.flush_lat_ns);
         total.writes_sent += o.writes_sent;
         total.flushes_sent += o.flushes_sent;
     }
     assert_eq!(total.window_writes, total.lat_ns.len() as u64);
     let (lat_mean_us, lat_p99_us) = mean_and_p99_us(&mut total.lat_ns);
+    let (flush_lat_mean_us, flush_lat_p99_us) = mean_and_p99_us(&mut total.flush_lat_ns);
     Ok(LoadResult {
         writes_per_sec: total.window_writes as f64 / spec.runtime.as_secs_f64(),
         lat_mean_us,
         lat_p99_us,
+        flush_lat_mean_us,
+        flush_lat_p99_us,
         writes_sent: total.writes_sent,
         flushes_sent: total.flushes_sent,
     })
@@ -270,6 +279,7 @@ fn request(msg: &mut Vec<u8>, kind: u16, flags: u16, cookie: u64, offset: u64, l
 struct Outcome {
     window_writes: u64,
     lat_ns: Vec<u64>,
+    flush_lat_ns: Vec<u64>,
     writes_sent: u64,
     flushes_sent: u64,
 }
@@ -280,6 +290,7 @@ struct Replies {
     count: u64,
     window_writes: u64,
     lat_ns: Vec<u64>,
+    flush_lat_ns: Vec<u64>,
 }
 
 fn run_connection(
@@ -324,6 +335,7 @@ fn run_connection(
         Ok(Outcome {
             window_writes: replies.window_writes,
             lat_ns: replies.lat_ns,
+            flush_lat_ns: replies.flush_lat_ns,
             writes_sent,
             flushes_sent,
         })
@@ -437,9 +449,13 @@ fn read_replies(
             )));
         }
         out.count += 1;
-        if !flush && now_ns <= deadline_ns {
-            out.window_writes += 1;
-            out.lat_ns.push(now_ns - sent_ns);
+        if now_ns <= deadline_ns {
+            if flush {
+                out.flush_lat_ns.push(now_ns - sent_ns);
+            } else {
+                out.window_writes += 1;
+                out.lat_ns.push(now_ns - sent_ns);
+            }
         }
         // Fails only if the writer already gave up; then no one waits for the slot.
         let _ = free.send(slot);

@@ -951,7 +951,7 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
         "vdevs": vdevs, "records": z.records, "batches": z.batches, "flushes": z.flushes,
         "batch_latency_mean_us": per(z.batch_nanos, z.batches) / 1000.0,
         "records_per_block": per(z.records, blocks), "records_per_batch": per(z.records, z.batches),
-        "fallback_syncs": z.fallback_syncs, "bulk_syncs": z.bulk_syncs, "records_in_place": z.in_place, "sync_requests": requests, "records_queued": queued,
+        "fallback_syncs": z.fallback_syncs, "space_waits": z.space_waits, "bulk_syncs": z.bulk_syncs, "records_in_place": z.in_place, "sync_requests": requests, "records_queued": queued,
         "space_used": z.space_used, "space_total": z.space_total}})
 }
 
@@ -996,7 +996,7 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
     println!(
         "  {} sync requests, {} records queued; {} records in {} commit batches \
          ({:.1} per batch, {:.1} per block), mean batch {:.0} us, {} device flushes, \
-         {} fell back to a txg sync, {} too large to log committed by a txg sync; \
+         {} waited for a txg to free log space, {} fell back to a txg sync, {} too large to log committed by a txg sync; \
          {} large writes made in place, logged by pointer",
         n("sync_requests"),
         n("records_queued"),
@@ -1006,6 +1006,7 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
         f("records_per_block"),
         f("batch_latency_mean_us"),
         n("flushes"),
+        n("space_waits"),
         n("fallback_syncs"),
         n("bulk_syncs"),
         n("records_in_place")

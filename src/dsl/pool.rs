@@ -392,6 +392,13 @@ impl TxgHooks for PoolHooks {
             p.request_sync();
         }
     }
+
+    fn wait_commit(&self) -> Result<u64, String> {
+        match self.0.upgrade() {
+            Some(p) => p.wait_commit().map_err(|e| e.to_string()),
+            None => Err("the pool is closed".into()),
+        }
+    }
 }
 
 fn random_guid() -> u64 {
@@ -1520,6 +1527,35 @@ impl Pool {
             }
             if st.completed_seq >= mine {
                 return Ok(());
+            }
+            if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
+                return Err(invalid(format!("pool '{}' is exported", self.name)));
+            }
+            self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// Returns once a txg commits (or a sync finds nothing to commit): the one syncing now if
+    /// there is one, else one asked for now. Gives the last committed txg. Unlike `sync_now`,
+    /// which waits for a sync that starts after the call, this does not wait past the sync
+    /// in flight: for the log, whose blocks that sync frees as it commits.
+    pub fn wait_commit(&self) -> Result<u64, PoolError> {
+        let mut st = self.sync.lock();
+        let seen = st.synced_txg;
+        if st.completed_seq >= st.request_seq {
+            st.request_seq += 1;
+            self.sync_cv.notify_all();
+        }
+        let mine = st.request_seq;
+        loop {
+            if let Some(why) = &st.error {
+                return Err(PoolError::Suspended {
+                    pool: self.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            if st.synced_txg > seen || st.completed_seq >= mine {
+                return Ok(st.synced_txg);
             }
             if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
                 return Err(invalid(format!("pool '{}' is exported", self.name)));

@@ -444,14 +444,41 @@ impl Log {
                 }
                 st = self.state.lock();
             }
-            let plan = if usable {
+            let mut plan = if usable {
                 self.plan(zil, &mut st, &batch)
             } else {
                 None
             };
             drop(st);
+            // Log space ran out. Blocks are freed as the txgs covering them commit: wait for
+            // the next commit and drop the records it covered, then try again. The second
+            // commit from now is of the txg every record of the batch was queued in, so a
+            // batch rarely waits longer than that; a sync of its own (the fallback below)
+            // could be the second commit to wait for at every turn.
+            let mut covered = false;
+            let mut waits = 0;
+            while usable && plan.is_none() && waits < 2 {
+                waits += 1;
+                let Ok(synced) = zil.wait_for_space() else {
+                    break;
+                };
+                batch.retain(|(_, r)| r.txg() > synced);
+                if batch.is_empty() {
+                    covered = true;
+                    break;
+                }
+                st = self.state.lock();
+                if matches!(st.mode, Mode::Active) && st.durable_chain == st.chain {
+                    plan = self.plan(zil, &mut st, &batch);
+                }
+                drop(st);
+            }
 
-            let written = write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs);
+            let written = if covered {
+                Ok(())
+            } else {
+                write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs)
+            };
             let wrote = written.is_ok();
             let result = if wrote {
                 Ok(())

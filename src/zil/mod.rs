@@ -44,6 +44,10 @@ pub trait TxgHooks: Send + Sync {
     fn sync_now(&self) -> Result<(), String>;
     /// Asks for an early txg without waiting (log space is filling up).
     fn request_sync(&self);
+    /// Returns once a txg commits: the one syncing now, or else one asked for now. Gives the
+    /// last committed txg. (`sync_now` waits for a sync that starts after the call, which
+    /// can be the second to commit from now.)
+    fn wait_commit(&self) -> Result<u64, String>;
 }
 
 /// Counters since the pool was opened.
@@ -56,6 +60,7 @@ struct Stats {
     flushes: AtomicU64,
     batch_nanos: AtomicU64,
     fallback_syncs: AtomicU64,
+    space_waits: AtomicU64,
     bulk_syncs: AtomicU64,
     in_place: AtomicU64,
 }
@@ -75,6 +80,9 @@ pub struct ZilStats {
     /// Commits that fell back to a txg sync (log space full, a log write failed, or a
     /// volume whose log header was not yet on disk).
     pub fallback_syncs: u64,
+    /// Commits that found log space full and waited for a syncing txg to free some (or to
+    /// cover their records).
+    pub space_waits: u64,
     /// Commits of batches too large to be worth logging (`log::BULK_SYNC_BYTES`), made by a
     /// txg sync instead.
     pub bulk_syncs: u64,
@@ -216,6 +224,16 @@ impl Zil {
         self.sync_txg()
     }
 
+    /// Log space is full: waits for the next txg to commit (see `TxgHooks::wait_commit`),
+    /// which frees the blocks it covers; returns the last committed txg.
+    fn wait_for_space(&self) -> Result<u64, String> {
+        self.stats.space_waits.fetch_add(1, Ordering::Relaxed);
+        match self.hooks.get() {
+            Some(h) => h.wait_commit(),
+            None => Err("the pool is not ready for log commits".into()),
+        }
+    }
+
     /// Commits a batch too large to be worth logging by a txg sync.
     fn bulk_sync(&self) -> Result<(), String> {
         self.stats.bulk_syncs.fetch_add(1, Ordering::Relaxed);
@@ -327,6 +345,7 @@ impl Zil {
             flushes: self.stats.flushes.load(Ordering::Relaxed),
             batch_nanos: self.stats.batch_nanos.load(Ordering::Relaxed),
             fallback_syncs: self.stats.fallback_syncs.load(Ordering::Relaxed),
+            space_waits: self.stats.space_waits.load(Ordering::Relaxed),
             bulk_syncs: self.stats.bulk_syncs.load(Ordering::Relaxed),
             in_place: self.stats.in_place.load(Ordering::Relaxed),
             space_used,
