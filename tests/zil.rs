@@ -916,11 +916,46 @@ fn a_stream_of_overwrites_never_leaves_a_log_too_large_to_replay() {
     );
 }
 
+/// Closed or open, and the condvar its waiters sleep on.
+type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+
 /// Holds every write to a device's front labels while closed: a txg sync then stops at its
-/// uberblock, and nothing it would free is freed.
+/// uberblock, and nothing it would free is freed. `held` counts the writes held so far.
 struct LabelGate {
     dev: Arc<MemDevice>,
-    closed: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    closed: Gate,
+    held: Arc<AtomicU64>,
+}
+
+/// Three gated stripes (`LabelGate`, all sharing one gate) with a volume `v0` of 8 MiB.
+fn gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Arc<AtomicU64>) {
+    let devs = mem_devs(3, 96 * MB);
+    let gate: Gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let held = Arc::new(AtomicU64::new(0));
+    let spec = devs
+        .iter()
+        .map(|d| {
+            let g: Arc<dyn BlockDevice> = Arc::new(LabelGate {
+                dev: d.clone(),
+                closed: gate.clone(),
+                held: held.clone(),
+            });
+            TopSpec::stripe((g, d.name().to_string()))
+        })
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        spec,
+        log_opts(CommitPolicy::Group, Placement::Global),
+    )
+    .unwrap();
+    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    (devs, pool, gate, held)
+}
+
+fn open_gate(gate: &(Mutex<bool>, std::sync::Condvar)) {
+    *gate.0.lock().unwrap() = false;
+    gate.1.notify_all();
 }
 
 impl BlockDevice for LabelGate {
@@ -931,6 +966,9 @@ impl BlockDevice for LabelGate {
         if offset < RESERVE_BYTES {
             let (lock, cv) = &*self.closed;
             let mut closed = lock.lock().unwrap();
+            if *closed {
+                self.held.fetch_add(1, Ordering::SeqCst);
+            }
             while *closed {
                 closed = cv.wait(closed).unwrap();
             }
@@ -957,25 +995,7 @@ impl BlockDevice for LabelGate {
 /// power cut.
 #[test]
 fn a_commit_that_finds_the_log_full_waits_for_the_syncing_txg() {
-    let devs = mem_devs(3, 96 * MB);
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    let spec = devs
-        .iter()
-        .map(|d| {
-            let g: Arc<dyn BlockDevice> = Arc::new(LabelGate {
-                dev: d.clone(),
-                closed: gate.clone(),
-            });
-            TopSpec::stripe((g, d.name().to_string()))
-        })
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        spec,
-        log_opts(CommitPolicy::Group, Placement::Global),
-    )
-    .unwrap();
-    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    let (devs, pool, gate, _) = gated_pool();
     let vol = Volume::open(&pool, "v0").unwrap();
     let space = pool.zil.stats().space_total;
     assert!(space > 0, "the pool has log space");
@@ -1009,8 +1029,7 @@ fn a_commit_that_finds_the_log_full_waits_for_the_syncing_txg() {
         std::thread::sleep(Duration::from_millis(50));
         let answered_while_full = acked.lock().unwrap().len() - held;
         let full = pool.zil.stats();
-        *gate.0.lock().unwrap() = false;
-        gate.1.notify_all();
+        open_gate(&gate);
         // The commit goes on once the txg commits; then a few more rounds of the same.
         while acked.lock().unwrap().len() < held + 2000 {
             std::thread::sleep(Duration::from_millis(5));
@@ -1045,4 +1064,36 @@ fn a_commit_that_finds_the_log_full_waits_for_the_syncing_txg() {
         assert_eq!(read(&vol, off, 4096), pattern(i, 4096), "offset {off}");
     }
     pool.verify().unwrap();
+}
+
+/// `Pool::wait_commit` returns once the sync in flight commits; `sync_now` would wait for the
+/// next one as well. (Writers short of log space or pool space wait this way.)
+#[test]
+fn wait_commit_returns_with_the_sync_in_flight() {
+    let (_devs, pool, gate, held) = gated_pool();
+    let vol = Volume::open(&pool, "v0").unwrap();
+    vol.write(0, &pattern(1, 16384)).unwrap();
+    let before = pool.synced_txg();
+    *gate.0.lock().unwrap() = true;
+    std::thread::scope(|s| {
+        let syncing = s.spawn(|| pool.sync_now().unwrap());
+        while held.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Dirty in the next txg: a sync after this one would commit it.
+        vol.write(16384, &pattern(2, 16384)).unwrap();
+        let waiter = s.spawn(|| pool.wait_commit().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        let early = waiter.is_finished();
+        open_gate(&gate);
+        let got = waiter.join().unwrap();
+        syncing.join().unwrap();
+        assert!(!early, "wait_commit returned before anything committed");
+        assert_eq!(
+            got,
+            before + 1,
+            "it waited for the txg after the one in flight"
+        );
+    });
+    assert_eq!(read(&vol, 16384, 16384), pattern(2, 16384));
 }

@@ -269,6 +269,10 @@ type Member = (
     Vec<Uberblock>,
 );
 
+/// How many txg commits a write short of space waits for (deferred frees come back two txgs
+/// after the one that freed them) before it is refused with ENOSPC.
+const RESERVE_WAITS: usize = 6;
+
 pub struct Pool {
     pub name: String,
     pub guid: u64,
@@ -1280,7 +1284,7 @@ impl Pool {
     /// between blocks has free bytes but no room for one more block, and a txg sync that
     /// cannot place a block suspends the pool.
     fn reserve_space(&self, len: u64, block: u64) -> Result<(), PoolError> {
-        for attempt in 0..4 {
+        for attempt in 0..=RESERVE_WAITS {
             let space = self.space();
             let slop = (space.size / 32).max(4 << 20);
             // Placed blocks already hold their space: only the rest is still to allocate.
@@ -1291,11 +1295,11 @@ impl Pool {
             if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
                 return Ok(());
             }
-            if attempt == 3 || space.freeing == 0 && self.dirty_bytes() == 0 {
+            if attempt == RESERVE_WAITS || space.freeing == 0 && self.dirty_bytes() == 0 {
                 break;
             }
-            // Deferred frees return after two more txgs: sync and try again.
-            self.sync_releasing_frees()?;
+            // Deferred frees return as txgs commit: wait for the next commit and try again.
+            self.next_commit_releasing_frees()?;
         }
         Err(PoolError::NoSpace(self.name.clone()))
     }
@@ -1562,6 +1566,20 @@ impl Pool {
             }
             self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
         }
+    }
+
+    /// Waits for the next txg to commit (`wait_commit`), one that commits even if nothing
+    /// else is dirty: frees return to use as txgs commit. A writer short of space waits for
+    /// the sync in flight rather than for one of its own (`sync_releasing_frees`), which with
+    /// a sync always in flight is the second to commit. Under random 4K writes to 128K blocks
+    /// on a half-full pool, writers spent half their time there (write p99 220 ms).
+    fn next_commit_releasing_frees(&self) -> Result<(), PoolError> {
+        // Held by a sync in progress, which will commit: then nothing needs marking. (Waiting
+        // for the lock would wait for that sync, and the commit after it.)
+        if let Some(mut mos) = self.mos.try_lock() {
+            mos.dir_dirty = true;
+        }
+        self.wait_commit().map(|_| ())
     }
 
     /// Syncs a txg even if nothing else is dirty (the directory is rewritten): frees
