@@ -22,6 +22,8 @@ pub struct FileDevice {
     is_block_device: bool,
     /// Bytes of large writes since writeback was last started (see `WRITEBACK_BATCH_BYTES`).
     unstarted: std::sync::atomic::AtomicUsize,
+    /// Cleared once the kernel refuses `RWF_NOWAIT` reads (`read_at_nowait`).
+    nowait_reads: std::sync::atomic::AtomicBool,
 }
 
 /// `BLKGETSIZE64` = `_IOR(0x12, 114, size_t)` from `<linux/fs.h>`.
@@ -66,6 +68,7 @@ impl FileDevice {
             len_bytes,
             is_block_device: ft.is_block_device(),
             unstarted: std::sync::atomic::AtomicUsize::new(0),
+            nowait_reads: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -248,6 +251,41 @@ impl BlockDevice for FileDevice {
         self.file
             .read_exact_at(buf, offset_bytes)
             .map_err(|e| VdevError::io(&self.path, e))
+    }
+
+    /// `preadv2` with `RWF_NOWAIT`: the kernel copies from the page cache, or answers
+    /// `EAGAIN` rather than wait for the device. A short read (part of the range cached)
+    /// counts as not read. Kernels or file systems that refuse the flag (`EOPNOTSUPP`,
+    /// `EINVAL`) are not asked again.
+    fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, VdevError> {
+        use std::sync::atomic::Ordering;
+        if buf.is_empty() || !self.nowait_reads.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        check_range(self, offset_bytes, buf.len())?;
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: the one iovec points at `buf`, exclusively borrowed for the call; the kernel
+        // writes at most `iov_len` bytes into it.
+        let rc = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset_bytes as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
+                self.nowait_reads.store(false, Ordering::Relaxed);
+            }
+            return Ok(false);
+        }
+        Ok(rc as usize == buf.len())
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
@@ -447,6 +485,49 @@ mod tests {
         drop(dev);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8192..8192 + 16384], &want[..]);
+    }
+
+    #[test]
+    fn nowait_reads_serve_cached_bytes_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::create(&dir.path().join("leaf"), 1 << 20).unwrap();
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
+        dev.write_at(&data, 65536).unwrap();
+        let mut back = vec![0u8; data.len()];
+        // Just written, so in the page cache: served at once where the kernel takes the flag.
+        let served = dev.read_at_nowait(&mut back, 65536).unwrap();
+        let supported = dev.nowait_reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(served, supported);
+        if served {
+            assert_eq!(back, data);
+        }
+        assert!(
+            dev.read_at_nowait(&mut back, (1 << 20) - 4096).is_err(),
+            "past the end"
+        );
+        // Written back and dropped from the page cache (ext4, xfs: not tmpfs, whose pages are
+        // the file): the read would wait for the device, so it is not made.
+        dev.flush().unwrap();
+        // SAFETY: fadvise on a descriptor we own; no memory is passed.
+        let rc =
+            unsafe { libc::posix_fadvise(dev.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        // SAFETY: statfs is plain old data, for which all-zero bytes are a valid value.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: fstatfs writes one statfs into the live local it points at.
+        let rc = unsafe { libc::fstatfs(dev.file.as_raw_fd(), &mut fs) };
+        assert_eq!(rc, 0);
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        let mut again = vec![0u8; data.len()];
+        let served = dev.read_at_nowait(&mut again, 65536).unwrap();
+        if supported && fs.f_type as i64 != TMPFS_MAGIC {
+            assert!(
+                !served,
+                "a read of evicted pages was served without waiting"
+            );
+        }
+        dev.read_at(&mut again, 65536).unwrap();
+        assert_eq!(again, data);
     }
 
     #[test]

@@ -306,20 +306,27 @@ impl Raidz {
             .map(|p| &p[..])
             .chain(data_cols.iter().copied())
             .collect();
-        let results: Vec<Result<(), VdevError>> = map
-            .cols
-            .par_iter()
-            .zip(bufs.par_iter())
-            .map(|(c, buf)| match &self.slots[c.child] {
-                Some(leaf) => if durable {
-                    leaf.write_data_durable(buf, c.offset)
-                } else {
-                    leaf.write_data(buf, c.offset)
-                }
-                .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
-                None => Err(self.missing_error(c.child)),
-            })
-            .collect();
+        let write = |(c, buf): (&Column, &&[u8])| match &self.slots[c.child] {
+            Some(leaf) => if durable {
+                leaf.write_data_durable(buf, c.offset)
+            } else {
+                leaf.write_data(buf, c.offset)
+            }
+            .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
+            None => Err(self.missing_error(c.child)),
+        };
+        // A durable column waits for its device: those go in parallel. A buffered one is a
+        // copy into the page cache, cheaper on this thread than handed to the pool (random
+        // 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k here).
+        let results: Vec<Result<(), VdevError>> = if durable {
+            map.cols
+                .par_iter()
+                .zip(bufs.par_iter())
+                .map(write)
+                .collect()
+        } else {
+            map.cols.iter().zip(bufs.iter()).map(write).collect()
+        };
         let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
         if failed.len() > map.nparity {
             return Err(VdevError::Damaged(format!(
@@ -337,7 +344,12 @@ impl Raidz {
         Ok(())
     }
 
-    /// Reads columns `which` of `map` into `bufs` (indexed like `map.cols`), in parallel.
+    /// Reads columns `which` of `map` into `bufs` (indexed like `map.cols`): those a leaf
+    /// can serve at once (from the page cache) on this thread, the rest in parallel. Handing
+    /// every column to the thread pool cost more in task switches than the reads themselves
+    /// when they were page-cache copies: random 128K reads on a raidz2 of six files ran at
+    /// 10k IOPS that way, 15k on one thread; a column that waits for a device still waits
+    /// alongside the others.
     fn read_columns(
         &self,
         map: &StripeMap,
@@ -351,6 +363,12 @@ impl Raidz {
             .filter(|(i, _)| which.contains(i))
             .map(|(i, b)| (i, &mut **b))
             .collect();
+        targets.retain_mut(|(i, buf)| {
+            let c = map.cols[*i];
+            !self.slots[c.child]
+                .as_ref()
+                .is_some_and(|leaf| leaf.read_data_nowait(buf, c.offset))
+        });
         let read = |(i, buf): &mut (usize, &mut [u8])| -> Result<(), VdevError> {
             let c = map.cols[*i];
             match &self.slots[c.child] {
@@ -360,8 +378,8 @@ impl Raidz {
                 None => Err(self.missing_error(c.child)),
             }
         };
-        let results: Vec<Result<(), VdevError>> = if targets.len() == 1 {
-            vec![read(&mut targets[0])]
+        let results: Vec<Result<(), VdevError>> = if targets.len() <= 1 {
+            targets.iter_mut().map(read).collect()
         } else {
             targets.par_iter_mut().map(read).collect()
         };

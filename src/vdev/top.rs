@@ -336,6 +336,23 @@ impl Leaf {
         self.data_io(IoKind::Read, offset, |d, at| d.read_at(buf, at))
     }
 
+    /// `read_data` if the device can serve it without waiting (`BlockDevice::read_at_nowait`);
+    /// false if not, or if the leaf is out of service or has faults injected. Nothing is
+    /// counted then: the caller reads it with `read_data`, which counts.
+    pub fn read_data_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
+        let f = *self.inject.lock();
+        if self.is_offline() || f.vanished || f.fail_reads > 0.0 {
+            return false;
+        }
+        match self.dev().read_at_nowait(buf, RESERVE_BYTES + offset) {
+            Ok(true) => {
+                self.note_success(0);
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
         self.data_io(IoKind::Write, offset, |d, at| d.write_at(buf, at))
     }
