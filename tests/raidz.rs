@@ -560,64 +560,37 @@ fn a_wiped_file_is_replaced_and_rebuilt_via_the_cli() {
     assert!(got[..data.len()] == data[..]);
 }
 
-/// A device that counts how its reads were served: at once (`read_at_nowait`, as from a page
-/// cache) or waiting (`read_at`). `cached: false` makes it say every read would wait.
-struct Counted {
-    dev: Arc<MemDevice>,
-    cached: std::sync::atomic::AtomicBool,
-    at_once: std::sync::atomic::AtomicU64,
-    waited: std::sync::atomic::AtomicU64,
-}
-
-impl zeta::vdev::BlockDevice for Counted {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.waited.fetch_add(1, Ordering::SeqCst);
-        self.dev.read_at(buf, offset)
-    }
-    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<bool, zeta::vdev::VdevError> {
-        if !self.cached.load(Ordering::SeqCst) {
-            return Ok(false);
-        }
-        self.at_once.fetch_add(1, Ordering::SeqCst);
-        self.dev.read_at(buf, offset).map(|()| true)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.write_at(buf, offset)
-    }
-    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.discard(offset, len)
-    }
-    fn len_bytes(&self) -> u64 {
-        self.dev.len_bytes()
-    }
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-}
-
 /// Columns a device can serve at once are read that way, on the reading thread; only the
 /// others are read the waiting way (in parallel). Either way the block reads back whole.
 #[test]
 fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
     use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
-    let devs: Vec<Arc<Counted>> = mem_devs(6, 8 * MB)
+    // Per device: served at once, read the waiting way, and whether it serves at once.
+    let counts: Vec<(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>)> =
+        (0..6).map(|_| Default::default()).collect();
+    let slots = mem_devs(6, 8 * MB)
         .into_iter()
-        .map(|dev| {
-            Arc::new(Counted {
-                dev,
-                cached: true.into(),
-                at_once: 0.into(),
-                waited: 0.into(),
-            })
-        })
-        .collect();
-    let slots = devs
-        .iter()
+        .zip(&counts)
         .enumerate()
-        .map(|(i, d)| Some(Arc::new(Leaf::new(d.clone(), i as u64 + 1))))
+        .map(|(i, (dev, (at_once, waited, cached)))| {
+            cached.store(true, Ordering::SeqCst);
+            let (at_once, waited, cached) = (at_once.clone(), waited.clone(), cached.clone());
+            let tap = Tap {
+                on_read: Box::new(move || {
+                    waited.fetch_add(1, Ordering::SeqCst);
+                }),
+                nowait: Box::new(move || {
+                    let yes = cached.load(Ordering::SeqCst);
+                    if yes {
+                        at_once.fetch_add(1, Ordering::SeqCst);
+                    }
+                    yes
+                }),
+                ..Tap::new(dev)
+            };
+            Some(Arc::new(Leaf::new(Arc::new(tap), i as u64 + 1)))
+        })
         .collect();
     let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();
     let mut data = vec![0u8; 128 << 10];
@@ -625,13 +598,15 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
     top.write(0, &data).unwrap();
     let verify = |b: &[u8]| b == &data[..];
     let waited = || {
-        devs.iter()
-            .map(|d| d.waited.load(Ordering::SeqCst))
+        counts
+            .iter()
+            .map(|c| c.1.load(Ordering::SeqCst))
             .sum::<u64>()
     };
     let at_once = || {
-        devs.iter()
-            .map(|d| d.at_once.load(Ordering::SeqCst))
+        counts
+            .iter()
+            .map(|c| c.0.load(Ordering::SeqCst))
             .sum::<u64>()
     };
 
@@ -642,8 +617,8 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
     assert_eq!(waited(), 0);
 
     // Two devices whose reads would wait: only their columns are read the waiting way.
-    devs[1].cached.store(false, Ordering::SeqCst);
-    devs[4].cached.store(false, Ordering::SeqCst);
+    counts[1].2.store(false, Ordering::SeqCst);
+    counts[4].2.store(false, Ordering::SeqCst);
     let mut back = vec![0u8; data.len()];
     top.read_verified(0, &mut back, &verify).unwrap();
     assert_eq!(back, data);

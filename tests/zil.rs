@@ -755,34 +755,6 @@ fn small_pool_128k(o: &PoolOptions) -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
     (devs, pool)
 }
 
-/// Counts the bytes written to a device.
-struct Counting {
-    dev: Arc<MemDevice>,
-    written: Arc<AtomicU64>,
-}
-
-impl BlockDevice for Counting {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.written.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.dev.write_at(buf, offset)
-    }
-    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.discard(offset, len)
-    }
-    fn len_bytes(&self) -> u64 {
-        self.dev.len_bytes()
-    }
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-}
-
 /// Streaming writes go to their place at once and are logged by pointer, so a log can point
 /// at many versions of each block: up to the pool's free space. The replay copies the last
 /// version of each block only (the import holds them all meanwhile, and a copy of each
@@ -814,9 +786,12 @@ fn a_log_of_many_versions_of_large_blocks_replays_only_the_last_of_each() {
     let leaves = cut
         .iter()
         .map(|d| {
-            let c = Counting {
-                dev: d.clone(),
-                written: written.clone(),
+            let written = written.clone();
+            let c = Tap {
+                on_write: Box::new(move |buf, _| {
+                    written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                }),
+                ..Tap::new(d.clone())
             };
             (Arc::new(c) as Arc<dyn BlockDevice>, d.name().to_string())
         })
@@ -920,11 +895,25 @@ fn a_stream_of_overwrites_never_leaves_a_log_too_large_to_replay() {
 type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
 
 /// Holds every write to a device's front labels while closed: a txg sync then stops at its
-/// uberblock, and nothing it would free is freed. `held` counts the writes held so far.
-struct LabelGate {
-    dev: Arc<MemDevice>,
-    closed: Gate,
-    held: Arc<AtomicU64>,
+/// uberblock, and nothing it would free is freed. The counter counts the writes held so far.
+fn label_gate(dev: &Arc<MemDevice>, gate: &Gate, held: &Arc<AtomicU64>) -> Tap {
+    let (gate, held) = (gate.clone(), held.clone());
+    Tap {
+        on_write: Box::new(move |_, offset| {
+            if offset >= RESERVE_BYTES {
+                return;
+            }
+            let (lock, cv) = &*gate;
+            let mut closed = lock.lock().unwrap();
+            if *closed {
+                held.fetch_add(1, Ordering::SeqCst);
+            }
+            while *closed {
+                closed = cv.wait(closed).unwrap();
+            }
+        }),
+        ..Tap::new(dev.clone())
+    }
 }
 
 /// Three gated stripes (`LabelGate`, all sharing one gate) with a volume `v0` of 8 MiB.
@@ -935,11 +924,7 @@ fn gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Arc<AtomicU64>) {
     let spec = devs
         .iter()
         .map(|d| {
-            let g: Arc<dyn BlockDevice> = Arc::new(LabelGate {
-                dev: d.clone(),
-                closed: gate.clone(),
-                held: held.clone(),
-            });
+            let g: Arc<dyn BlockDevice> = Arc::new(label_gate(d, &gate, &held));
             TopSpec::stripe((g, d.name().to_string()))
         })
         .collect();
@@ -956,37 +941,6 @@ fn gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Arc<AtomicU64>) {
 fn open_gate(gate: &(Mutex<bool>, std::sync::Condvar)) {
     *gate.0.lock().unwrap() = false;
     gate.1.notify_all();
-}
-
-impl BlockDevice for LabelGate {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        if offset < RESERVE_BYTES {
-            let (lock, cv) = &*self.closed;
-            let mut closed = lock.lock().unwrap();
-            if *closed {
-                self.held.fetch_add(1, Ordering::SeqCst);
-            }
-            while *closed {
-                closed = cv.wait(closed).unwrap();
-            }
-        }
-        self.dev.write_at(buf, offset)
-    }
-    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.discard(offset, len)
-    }
-    fn len_bytes(&self) -> u64 {
-        self.dev.len_bytes()
-    }
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
 }
 
 /// When sync writes fill the log space, a commit waits for the txg in flight to commit and

@@ -158,3 +158,57 @@ pub fn records_with_data(pool: &Pool, records: Vec<zeta::zil::Record>) -> Vec<ze
         })
         .collect()
 }
+
+/// Called with each write's bytes and offset before it happens.
+pub type WriteHook = Box<dyn Fn(&[u8], u64) + Send + Sync>;
+
+/// A simulated device seen through hooks, for tests that count or hold its I/O: `on_write`
+/// runs before each write (and may block it), `on_read` before each waiting read, and
+/// `nowait` says whether `read_at_nowait` serves a read at once (as a page cache would).
+pub struct Tap {
+    pub dev: Arc<MemDevice>,
+    pub on_write: WriteHook,
+    pub on_read: Box<dyn Fn() + Send + Sync>,
+    pub nowait: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl Tap {
+    /// No hooks; reads never served at once (the trait's default).
+    pub fn new(dev: Arc<MemDevice>) -> Tap {
+        Tap {
+            dev,
+            on_write: Box::new(|_, _| {}),
+            on_read: Box::new(|| {}),
+            nowait: Box::new(|| false),
+        }
+    }
+}
+
+impl BlockDevice for Tap {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        (self.on_read)();
+        self.dev.read_at(buf, offset)
+    }
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<bool, zeta::vdev::VdevError> {
+        if !(self.nowait)() {
+            return Ok(false);
+        }
+        self.dev.read_at(buf, offset).map(|()| true)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        (self.on_write)(buf, offset);
+        self.dev.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.discard(offset, len)
+    }
+    fn len_bytes(&self) -> u64 {
+        self.dev.len_bytes()
+    }
+    fn name(&self) -> &str {
+        self.dev.name()
+    }
+}
