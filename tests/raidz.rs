@@ -629,3 +629,45 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
     );
     assert_eq!(at_once() + data_cols_waiting, 8);
 }
+
+/// Buffered writes of a raidz stripe's columns and of a mirror's copies run on the writing
+/// thread, one after another: handing page-cache copies to the thread pool cost more in task
+/// switches than the copies. Durable writes (the log's) wait for devices and go in parallel.
+#[test]
+fn buffered_column_and_mirror_writes_stay_on_the_writing_thread() {
+    use std::sync::Mutex;
+    use zeta::vdev::{Leaf, RaidzConfig, TopKind, TopVdev};
+    let writers: Arc<Mutex<Vec<std::thread::ThreadId>>> = Arc::default();
+    let leaves = |n: usize| -> Vec<Arc<Leaf>> {
+        mem_devs(n, 8 * MB)
+            .into_iter()
+            .enumerate()
+            .map(|(i, dev)| {
+                let writers = writers.clone();
+                let tap = Tap {
+                    on_write: Box::new(move |_, _| {
+                        writers.lock().unwrap().push(std::thread::current().id());
+                    }),
+                    ..Tap::new(dev)
+                };
+                Arc::new(Leaf::new(Arc::new(tap), i as u64 + 1))
+            })
+            .collect()
+    };
+    let raidz = TopVdev::new_raidz(
+        0,
+        1,
+        RaidzConfig::new(2, 6, false).unwrap(),
+        leaves(6).into_iter().map(Some).collect(),
+    )
+    .unwrap();
+    let mirror = TopVdev::new(1, 2, TopKind::Mirror, leaves(2));
+    let data = vec![7u8; 128 << 10];
+    raidz.write(0, &data).unwrap();
+    mirror.write_run(0, &[&data[..], &data[..]]).unwrap();
+    let me = std::thread::current().id();
+    let seen = writers.lock().unwrap().clone();
+    // Six columns; two buffers to each of the two copies.
+    assert_eq!(seen.len(), 6 + 2 * 2);
+    assert!(seen.iter().all(|&t| t == me), "{seen:?}");
+}

@@ -591,7 +591,13 @@ impl TopVdev {
     /// its own stripe (the caller writes those one by one).
     pub fn write_run(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
         assert!(self.raidz.is_none(), "a raidz writes block by block");
-        let results = self.on_each_child(|c| c.write_data_vectored(bufs, offset));
+        // Buffered: copies into page caches, cheaper in turn on this thread than handed to
+        // the pool (see `Raidz::write`).
+        let results = self
+            .children
+            .iter()
+            .map(|c| c.write_data_vectored(bufs, offset))
+            .collect();
         self.settle(results, |c| &c.counters.write_errors)
     }
 
