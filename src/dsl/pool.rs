@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
@@ -269,8 +269,9 @@ type Member = (
     Vec<Uberblock>,
 );
 
-/// How many txg commits a write short of space waits for (deferred frees come back two txgs
-/// after the one that freed them) before it is refused with ENOSPC.
+/// How many txg commits a write short of space waits for, one at a time (deferred frees come
+/// back two txgs after the one that freed them), before it is refused with ENOSPC: in
+/// admission (`reserve_space`) and when the allocator finds no segment (`place_blocks`).
 const RESERVE_WAITS: usize = 6;
 
 pub struct Pool {
@@ -1183,10 +1184,10 @@ impl Pool {
                 // instead, which suspends the pool; refuse the write cleanly rather.
                 Err(PoolError::Zio(ZioError::Alloc(AllocError::NoSpace(_)))) => {
                     drop(hold);
-                    if attempt == 3 || self.space().freeing == 0 {
+                    if attempt == RESERVE_WAITS || self.space().freeing == 0 {
                         return Err(PoolError::NoSpace(self.name.clone()));
                     }
-                    self.sync_releasing_frees()?;
+                    self.next_commit_releasing_frees()?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -1522,21 +1523,8 @@ impl Pool {
         st.request_seq += 1;
         let mine = st.request_seq;
         self.sync_cv.notify_all();
-        loop {
-            if let Some(why) = &st.error {
-                return Err(PoolError::Suspended {
-                    pool: self.name.clone(),
-                    why: why.clone(),
-                });
-            }
-            if st.completed_seq >= mine {
-                return Ok(());
-            }
-            if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
-                return Err(invalid(format!("pool '{}' is exported", self.name)));
-            }
-            self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
-        }
+        self.wait_sync_until(st, |st| st.completed_seq >= mine)
+            .map(|_| ())
     }
 
     /// Returns once a txg commits (or a sync finds nothing to commit): the one syncing now if
@@ -1551,6 +1539,16 @@ impl Pool {
             self.sync_cv.notify_all();
         }
         let mine = st.request_seq;
+        self.wait_sync_until(st, |st| st.synced_txg > seen || st.completed_seq >= mine)
+    }
+
+    /// Waits on the sync thread until `done`, and returns the last committed txg; an error
+    /// if the pool is suspended meanwhile, or exported with its sync thread gone.
+    fn wait_sync_until(
+        &self,
+        mut st: MutexGuard<'_, SyncState>,
+        done: impl Fn(&SyncState) -> bool,
+    ) -> Result<u64, PoolError> {
         loop {
             if let Some(why) = &st.error {
                 return Err(PoolError::Suspended {
@@ -1558,7 +1556,7 @@ impl Pool {
                     why: why.clone(),
                 });
             }
-            if st.synced_txg > seen || st.completed_seq >= mine {
+            if done(&st) {
                 return Ok(st.synced_txg);
             }
             if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
@@ -1570,8 +1568,8 @@ impl Pool {
 
     /// Waits for the next txg to commit (`wait_commit`), one that commits even if nothing
     /// else is dirty: frees return to use as txgs commit. A writer short of space waits for
-    /// the sync in flight rather than for one of its own (`sync_releasing_frees`), which with
-    /// a sync always in flight is the second to commit. Under random 4K writes to 128K blocks
+    /// the sync in flight rather than for one of its own (`sync_now`), which with a sync
+    /// always in flight is the second to commit. Under random 4K writes to 128K blocks
     /// on a half-full pool, writers spent half their time there (write p99 220 ms).
     fn next_commit_releasing_frees(&self) -> Result<(), PoolError> {
         // Held by a sync in progress, which will commit: then nothing needs marking. (Waiting
@@ -1580,14 +1578,6 @@ impl Pool {
             mos.dir_dirty = true;
         }
         self.wait_commit().map(|_| ())
-    }
-
-    /// Syncs a txg even if nothing else is dirty (the directory is rewritten): frees
-    /// return to use only as later txgs commit, and a writer short of space that waits
-    /// for them must not wait on an idle pool.
-    fn sync_releasing_frees(&self) -> Result<(), PoolError> {
-        self.mos.lock().dir_dirty = true;
-        self.sync_now()
     }
 
     /// Syncs one txg if anything is dirty. Returns the txg committed, if any.
