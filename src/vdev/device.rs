@@ -69,11 +69,11 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Reads `buf` at `offset_bytes` only if that needs no wait for the device (a file's
     /// page cache holds it): true if read. False if it would wait, or the engine cannot tell,
-    /// or it failed; the caller then reads the usual way, which reports any error. Lets a
-    /// caller with several small reads to make do the cached ones itself and hand only the
-    /// rest to threads.
-    fn read_at_nowait(&self, _buf: &mut [u8], _offset_bytes: u64) -> Result<bool, VdevError> {
-        Ok(false)
+    /// or it failed (out of range included); the caller then reads the usual way, which
+    /// reports any error. Lets a caller with several small reads to make do the cached ones
+    /// itself and hand only the rest to threads.
+    fn read_at_nowait(&self, _buf: &mut [u8], _offset_bytes: u64) -> bool {
+        false
     }
     fn flush(&self) -> Result<(), VdevError>;
     /// Writes `buf` and returns once it survives a crash or power cut, like `write_at` and

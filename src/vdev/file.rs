@@ -257,12 +257,14 @@ impl BlockDevice for FileDevice {
     /// `EAGAIN` rather than wait for the device. A short read (part of the range cached)
     /// counts as not read. Kernels or file systems that refuse the flag (`EOPNOTSUPP`,
     /// `EINVAL`) are not asked again.
-    fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, VdevError> {
+    fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> bool {
         use std::sync::atomic::Ordering;
-        if buf.is_empty() || !self.nowait_reads.load(Ordering::Relaxed) {
-            return Ok(false);
+        if buf.is_empty()
+            || !self.nowait_reads.load(Ordering::Relaxed)
+            || check_range(self, offset_bytes, buf.len()).is_err()
+        {
+            return false;
         }
-        check_range(self, offset_bytes, buf.len())?;
         let iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
@@ -283,9 +285,9 @@ impl BlockDevice for FileDevice {
             if matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
                 self.nowait_reads.store(false, Ordering::Relaxed);
             }
-            return Ok(false);
+            return false;
         }
-        Ok(rc as usize == buf.len())
+        rc as usize == buf.len()
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {
@@ -495,14 +497,14 @@ mod tests {
         dev.write_at(&data, 65536).unwrap();
         let mut back = vec![0u8; data.len()];
         // Just written, so in the page cache: served at once where the kernel takes the flag.
-        let served = dev.read_at_nowait(&mut back, 65536).unwrap();
+        let served = dev.read_at_nowait(&mut back, 65536);
         let supported = dev.nowait_reads.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(served, supported);
         if served {
             assert_eq!(back, data);
         }
         assert!(
-            dev.read_at_nowait(&mut back, (1 << 20) - 4096).is_err(),
+            !dev.read_at_nowait(&mut back, (1 << 20) - 4096),
             "past the end"
         );
         // Written back and dropped from the page cache (ext4, xfs: not tmpfs, whose pages are
@@ -519,7 +521,7 @@ mod tests {
         assert_eq!(rc, 0);
         const TMPFS_MAGIC: i64 = 0x0102_1994;
         let mut again = vec![0u8; data.len()];
-        let served = dev.read_at_nowait(&mut again, 65536).unwrap();
+        let served = dev.read_at_nowait(&mut again, 65536);
         if supported && fs.f_type as i64 != TMPFS_MAGIC {
             assert!(
                 !served,

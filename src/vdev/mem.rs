@@ -144,8 +144,8 @@ impl BlockDevice for MemDevice {
 
     /// Memory never makes a reader wait: read now, unless reads are set to fail (the usual
     /// read then reports it).
-    fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, VdevError> {
-        Ok(self.read_at(buf, offset_bytes).is_ok())
+    fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> bool {
+        self.read_at(buf, offset_bytes).is_ok()
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {

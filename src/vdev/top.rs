@@ -344,13 +344,11 @@ impl Leaf {
         if self.is_offline() || f.vanished || f.fail_reads > 0.0 {
             return false;
         }
-        match self.dev().read_at_nowait(buf, RESERVE_BYTES + offset) {
-            Ok(true) => {
-                self.note_success(0);
-                true
-            }
-            _ => false,
+        let read = self.dev().read_at_nowait(buf, RESERVE_BYTES + offset);
+        if read {
+            self.note_success(0);
         }
+        read
     }
 
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {

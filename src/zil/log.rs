@@ -455,7 +455,6 @@ impl Log {
             // commit from now is of the txg every record of the batch was queued in, so a
             // batch rarely waits longer than that; a sync of its own (the fallback below)
             // could be the second commit to wait for at every turn.
-            let mut covered = false;
             let mut waits = 0;
             while usable && plan.is_none() && waits < 2 {
                 waits += 1;
@@ -464,7 +463,6 @@ impl Log {
                 };
                 batch.retain(|(_, r)| r.txg() > synced);
                 if batch.is_empty() {
-                    covered = true;
                     break;
                 }
                 st = self.state.lock();
@@ -474,7 +472,8 @@ impl Log {
                 drop(st);
             }
 
-            let written = if covered {
+            // Empty only if committed txgs covered every record.
+            let written = if batch.is_empty() {
                 Ok(())
             } else {
                 write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs)

@@ -189,11 +189,8 @@ impl BlockDevice for Tap {
         (self.on_read)();
         self.dev.read_at(buf, offset)
     }
-    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<bool, zeta::vdev::VdevError> {
-        if !(self.nowait)() {
-            return Ok(false);
-        }
-        self.dev.read_at(buf, offset).map(|()| true)
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
+        (self.nowait)() && self.dev.read_at(buf, offset).is_ok()
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
         (self.on_write)(buf, offset);
