@@ -429,7 +429,8 @@ pub struct BenchSyncArgs {
     /// Seconds per measurement [default: 30, or 10 with --quick].
     #[arg(long, value_name = "SECS")]
     pub runtime: Option<u64>,
-    /// Size of each volume, and of each raw and nbdkit file.
+    /// Size of each volume, and of each raw and nbdkit file. Each of the pool's three files
+    /// is three times this (written in full before the run), so the volumes fill a third.
     #[arg(long, default_value = "1G")]
     pub size: String,
     /// Volume block sizes, comma-separated [default: 128K,16K, or 128K with --quick].
