@@ -1,7 +1,8 @@
 //! Model-based test: random reads, writes, trims, flushes and restarts on a volume, compared
 //! byte for byte with a plain in-memory model, on stripe, mirror, two-vdev and raidz pools.
 //! A restart is a power cut that drops unflushed writes, so the model keeps the last flushed
-//! image and the test checks the volume returns exactly to it.
+//! image and the test checks the volume returns exactly to it. Every read is also made the
+//! way that waits for no device (`Volume::read_nowait`), which must agree.
 
 mod common;
 
@@ -59,6 +60,18 @@ fn run(layout: Layout, seed: u64) {
                     buf == model[off as usize..off as usize + len],
                     "{ctx}: read mismatch at step {step}"
                 );
+                // A read that waits for no device (memory devices serve at once) sees the
+                // same bytes, wherever it is served from (raidz declines it: a worker reads).
+                let mut now = vec![0u8; len];
+                if let Some(r) = vol.read_nowait(off, &mut now) {
+                    r.expect(&ctx);
+                    assert!(now == buf, "{ctx}: read_nowait mismatch at step {step}");
+                } else {
+                    assert!(
+                        !matches!(layout, Layout::Stripe | Layout::Mirror | Layout::TwoStripes),
+                        "{ctx}: memory devices serve every read at once"
+                    );
+                }
             }
             75..=84 => {
                 let len = rng.gen_range(1..300_000u64);
@@ -134,4 +147,84 @@ fn model_raidz2_rdp() {
 #[test]
 fn model_raidz3() {
     run(Layout::Raidz3, 61);
+}
+
+/// `Volume::read_nowait` serves blocks held in memory and blocks the device has at once (as
+/// a file's page cache does), and declines, without any waiting read, a block the device
+/// would have to wait for: the NBD reader serves small reads that way and leaves the rest to
+/// a worker.
+#[test]
+fn reads_without_waiting_take_memory_and_ready_devices_only() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    use zeta::dsl::TopSpec;
+    use zeta::vdev::BlockDevice;
+
+    let dev = mem_devs(1, 64 * MB).pop().unwrap();
+    let ready = Arc::new(AtomicBool::new(true));
+    let waited = Arc::new(AtomicU64::new(0));
+    let tap = Tap {
+        on_read: {
+            let waited = waited.clone();
+            Box::new(move || {
+                waited.fetch_add(1, SeqCst);
+            })
+        },
+        nowait: {
+            let ready = ready.clone();
+            Box::new(move || ready.load(SeqCst))
+        },
+        ..Tap::new(dev)
+    };
+    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::stripe((tap, "tap".into()))],
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let old = pattern(1, MB as usize);
+    vol.write(0, &old).unwrap();
+    pool.sync_now().unwrap();
+    // Nothing in the block cache: every block not dirty comes from the device.
+    pool.set_cache_limit(0);
+
+    let mut buf = vec![0u8; 8192];
+    ready.store(false, SeqCst);
+    let before = waited.load(SeqCst);
+    assert!(
+        vol.read_nowait(12288, &mut buf).is_none(),
+        "a block the device would wait for is declined"
+    );
+    assert_eq!(
+        waited.load(SeqCst),
+        before,
+        "declined without a waiting read"
+    );
+
+    ready.store(true, SeqCst);
+    // Across a block boundary: two blocks, both served at once.
+    vol.read_nowait(12288, &mut buf).unwrap().unwrap();
+    assert_eq!(buf, old[12288..12288 + 8192]);
+    assert_eq!(waited.load(SeqCst), before, "served without a waiting read");
+
+    // A block dirty in the open txg is served from memory whatever the device says.
+    let new = pattern(2, 16384);
+    vol.write(65536, &new).unwrap();
+    ready.store(false, SeqCst);
+    let mut buf = vec![0u8; 4096];
+    vol.read_nowait(65536 + 4096, &mut buf).unwrap().unwrap();
+    assert_eq!(buf, new[4096..8192]);
+    assert_eq!(waited.load(SeqCst), before);
+
+    // Bad requests are answered, not declined.
+    let r = vol.read_nowait(4 * MB - 100, &mut buf);
+    assert!(matches!(r, Some(Err(_))), "a read past the end is an error");
+
+    // The waiting read of a declined block does reach the device.
+    vol.read(12288, &mut buf).unwrap();
+    assert_eq!(buf, old[12288..12288 + 4096]);
+    assert!(waited.load(SeqCst) > before);
 }

@@ -62,7 +62,30 @@ pub struct ObjectIo {
     pub cache: Arc<BlockCache>,
 }
 
+/// How a read gets a block that is not in memory: from its device, however long that takes,
+/// or only if the device has it at once (`Zio::read_nowait`).
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    Yes,
+    No,
+}
+
 impl ObjectIo {
+    /// `read_bp`, or with `Wait::No` `None` where the block would have to wait for a device.
+    fn fetch(&self, bp: &BlkPtr, wait: Wait) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
+        if wait == Wait::Yes {
+            return self.read_bp(bp).map(Some);
+        }
+        if let Some(b) = self.cache.get(bp) {
+            return Ok(Some(b));
+        }
+        Ok(self.zio.read_nowait(bp).map(|data| {
+            let data = Arc::new(data);
+            self.cache.insert(bp, data.clone());
+            data
+        }))
+    }
+
     pub fn read_bp(&self, bp: &BlkPtr) -> Result<Arc<Vec<u8>>, ZioError> {
         if let Some(b) = self.cache.get(bp) {
             return Ok(b);
@@ -245,19 +268,7 @@ impl Object {
         direct: Vec<Option<&mut [u8]>>,
     ) -> Vec<Result<Fetched, ZioError>> {
         let count = direct.len() as u64;
-        // What the dirty maps say of each block (data, a free, or where it was placed); the
-        // rest are looked up in the tree as of the same moment.
-        let (dirty, dnode): (Vec<Option<Known>>, DnodePhys) = {
-            let st = self.state.lock();
-            let dirty = (first..first + count)
-                .map(|blkid| match st.newest(blkid)? {
-                    Dirty::Data(d) => Some(Known::Fetched(Fetched::Data(d.clone()))),
-                    Dirty::Free => Some(Known::Fetched(Fetched::Hole)),
-                    Dirty::Placed(bp) => Some(Known::At(*bp)),
-                })
-                .collect();
-            (dirty, st.dnode)
-        };
+        let (dirty, dnode) = self.known(first, count);
         let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
         let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
@@ -309,6 +320,52 @@ impl Object {
             out[i] = r.map(|()| Fetched::Direct);
         }
         out
+    }
+
+    /// What the dirty maps say of blocks `first..first + count` (data, a free, or where it
+    /// was placed), and the dnode to look the rest up in, as of the same moment.
+    fn known(&self, first: u64, count: u64) -> (Vec<Option<Known>>, DnodePhys) {
+        let st = self.state.lock();
+        let dirty = (first..first + count)
+            .map(|blkid| match st.newest(blkid)? {
+                Dirty::Data(d) => Some(Known::Fetched(Fetched::Data(d.clone()))),
+                Dirty::Free => Some(Known::Fetched(Fetched::Hole)),
+                Dirty::Placed(bp) => Some(Known::At(*bp)),
+            })
+            .collect();
+        (dirty, st.dnode)
+    }
+
+    /// `read_blocks` without buffers, if every block (and every indirect block on the way
+    /// to it) is in memory or can be had from its device at once; `None` as soon as one
+    /// would wait for a device. For a thread that must not wait: an NBD connection's reader
+    /// serves small reads this way itself, and hands the rest to its workers.
+    pub fn read_blocks_nowait(
+        &self,
+        io: &ObjectIo,
+        first: u64,
+        count: u64,
+    ) -> Option<Vec<Result<Fetched, ZioError>>> {
+        let (dirty, dnode) = self.known(first, count);
+        let mut leaves = Leaves::new(&dnode);
+        let mut out = Vec::with_capacity(count as usize);
+        for (i, known) in dirty.into_iter().enumerate() {
+            let at = match known {
+                Some(Known::Fetched(f)) => {
+                    out.push(Ok(f));
+                    continue;
+                }
+                Some(Known::At(bp)) => Ok(Some(bp)),
+                None => leaves.get_in(io, first + i as u64, Wait::No),
+            };
+            out.push(match at {
+                Ok(Some(bp)) if bp.is_hole() => Ok(Fetched::Hole),
+                Ok(Some(bp)) => Ok(Fetched::Data(io.fetch(&bp, Wait::No).ok()??)),
+                Ok(None) => return None,
+                Err(e) => Err(e),
+            });
+        }
+        Some(out)
     }
 
     /// Records a whole-block change in the open txg; returns the change in dirty bytes, and
@@ -624,20 +681,33 @@ impl Object {
 
 /// The pointer to block `idx` of `level` in the tree of `dn` (a hole when out of its range).
 fn lookup(io: &ObjectIo, dn: &DnodePhys, level: u8, idx: u64) -> Result<BlkPtr, ZioError> {
+    lookup_in(io, dn, level, idx, Wait::Yes).map(|bp| bp.expect("a waiting read answers"))
+}
+
+/// `lookup`, or with `Wait::No` `None` where an indirect block would wait for a device.
+fn lookup_in(
+    io: &ObjectIo,
+    dn: &DnodePhys,
+    level: u8,
+    idx: u64,
+    wait: Wait,
+) -> Result<Option<BlkPtr>, ZioError> {
     let top = dn.nlevels - 1;
     if level > top || (idx >> (IND_SHIFT as u64 * (top - level) as u64)) != 0 {
-        return Ok(BlkPtr::HOLE);
+        return Ok(Some(BlkPtr::HOLE));
     }
     let mut bp = dn.root;
     for l in (level + 1..=top).rev() {
         if bp.is_hole() {
-            return Ok(bp);
+            return Ok(Some(bp));
         }
-        let block = io.read_bp(&bp)?;
+        let Some(block) = io.fetch(&bp, wait)? else {
+            return Ok(None);
+        };
         let slot = ((idx >> (IND_SHIFT * (l - 1 - level) as u32)) as usize) & (FANOUT - 1);
         bp = bp_at(&block, slot);
     }
-    Ok(bp)
+    Ok(Some(bp))
 }
 
 /// Block pointers of level-0 blocks looked up in order: consecutive blocks under one level-1
@@ -654,24 +724,42 @@ impl<'a> Leaves<'a> {
     }
 
     fn get(&mut self, io: &ObjectIo, blkid: u64) -> Result<BlkPtr, ZioError> {
+        self.get_in(io, blkid, Wait::Yes)
+            .map(|bp| bp.expect("a waiting read answers"))
+    }
+
+    /// `get`, or with `Wait::No` `None` where an indirect block would wait for a device.
+    fn get_in(
+        &mut self,
+        io: &ObjectIo,
+        blkid: u64,
+        wait: Wait,
+    ) -> Result<Option<BlkPtr>, ZioError> {
         if self.dn.nlevels < 2 {
-            return lookup(io, self.dn, 0, blkid);
+            return lookup_in(io, self.dn, 0, blkid, wait);
         }
         let pidx = blkid >> IND_SHIFT;
         let block = match &self.parent {
             Some((p, block)) if *p == pidx => block.clone(),
             _ => {
-                let pbp = lookup(io, self.dn, 1, pidx)?;
+                let Some(pbp) = lookup_in(io, self.dn, 1, pidx, wait)? else {
+                    return Ok(None);
+                };
                 let block = if pbp.is_hole() {
                     None
                 } else {
-                    Some(io.read_bp(&pbp)?)
+                    let Some(b) = io.fetch(&pbp, wait)? else {
+                        return Ok(None);
+                    };
+                    Some(b)
                 };
                 self.parent = Some((pidx, block.clone()));
                 block
             }
         };
-        Ok(block.map_or(BlkPtr::HOLE, |b| bp_at(&b, (blkid as usize) & (FANOUT - 1))))
+        Ok(Some(block.map_or(BlkPtr::HOLE, |b| {
+            bp_at(&b, (blkid as usize) & (FANOUT - 1))
+        })))
     }
 }
 

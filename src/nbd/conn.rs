@@ -1,5 +1,6 @@
 //! The transmission phase of one connection: a reader thread frames requests and hands them
-//! to the server's worker pool (or runs one itself when nothing else is in flight); workers
+//! to the server's worker pool (or runs one itself when nothing else is in flight, and serves
+//! short reads whose blocks it can have without waiting for a device); workers
 //! run them against the volume and write replies, in whatever order they finish, under the
 //! connection's send lock.
 //!
@@ -8,6 +9,7 @@
 //! it back once its reply is on the wire. When the budget is spent the reader stops reading
 //! the socket, which is TCP's backpressure on the client.
 
+use std::cell::Cell;
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -71,7 +73,8 @@ impl Shared {
     /// A reply also stays queued, for one write to carry it with others, while a commit
     /// answers its batch of requests (until the batch is answered: `zvol::after_wakeups`), and
     /// while a worker has more requests queued behind this one (until it runs out of them, or
-    /// has run a few: `workers::more_queued`).
+    /// has run a few: `workers::more_queued`), and while the reader serving a read has more
+    /// requests buffered (`read_here`).
     fn send(self: &Arc<Self>, bufs: &[&[u8]]) {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if len <= QUEUED_REPLY_BYTES {
@@ -157,8 +160,9 @@ thread_local! {
 }
 
 /// Leaves `sh`'s queued replies for this thread to send soon with `send_held`, if it will:
-/// at the end of the batch of requests it is answering, or after the next request it runs as
-/// a worker with more queued. False if neither: the caller sends them now.
+/// at the end of the batch of requests it is answering, after the next request it runs as a
+/// worker with more queued, or (a connection's reader serving a read) before it may wait for
+/// the next request. False if none: the caller sends them now.
 fn hold(sh: &Arc<Shared>) -> bool {
     HELD.with(|held| {
         let mut held = held.borrow_mut();
@@ -166,7 +170,9 @@ fn hold(sh: &Arc<Shared>) -> bool {
             return true;
         }
         // The batch's end sends them if there is one; else the worker, between requests.
-        let later = after_wakeups(send_held) || super::workers::more_queued();
+        let later = after_wakeups(send_held)
+            || super::workers::more_queued()
+            || READER_HAS_MORE.with(Cell::get);
         if later {
             held.push(sh.clone());
         }
@@ -220,8 +226,16 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         drained: Condvar::new(),
     });
     let mut reader = BufReader::with_capacity(256 << 10, stream);
-    // EOF, reset, shutdown or a framing error (bad magic) ends the loop.
-    while let Ok(Incoming::Request(req)) = read_request(&mut reader) {
+    loop {
+        // Replies to reads served here wait while more requests are buffered, to go out in
+        // one write (see `hold`); never past a moment when reading the next may wait.
+        if !request_buffered(&reader) {
+            send_held();
+        }
+        // EOF, reset, shutdown or a framing error (bad magic) ends the loop.
+        let Ok(Incoming::Request(req)) = read_request(&mut reader) else {
+            break;
+        };
         if req.kind == CMD_DISC {
             break;
         }
@@ -260,6 +274,12 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             // machine a tenth of a queue-depth-1 client's FUA write (155 against 177 us with
             // 16K blocks; the raw file's write and fdatasync: 90).
             execute(sh, req, payload, grant, Some(workers));
+        } else if req.kind == CMD_READ
+            && req.length as usize <= READ_HERE_BYTES
+            && read_here(&sh, &req, request_buffered(&reader))
+        {
+            drop(grant);
+            sh.finish_one();
         } else {
             workers.spawn(move || execute(sh, req, payload, grant, None));
         }
@@ -445,6 +465,47 @@ fn execute(
             sh.finish_one();
         }
     }
+}
+
+/// Reads up to this long are served by the connection's reader itself when the volume has
+/// their blocks at once (`read_here`). Handing a 4K read to a worker cost a thread's wake-up
+/// for a few microseconds of copying: served here, random 4K reads ran about 10 % faster and
+/// 16K ones 8-11 %, with a lower p99. From 32K up one thread copying every reply of the
+/// connection lost to workers copying on both cores (64K: 28k against 43k reads/s).
+const READ_HERE_BYTES: usize = 16 << 10;
+
+/// Whether the reader holds a whole request header, so reading the next request will not wait.
+fn request_buffered(reader: &BufReader<TcpStream>) -> bool {
+    reader.buffer().len() >= REQUEST_BYTES
+}
+
+thread_local! {
+    /// Set on a connection's reader while it serves a read with another request buffered
+    /// behind it: `hold` leaves the reply queued, for the reader's loop to send with the
+    /// next ones before it may wait on the socket.
+    static READER_HAS_MORE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Serves a short read on the connection's reader if the volume has every block it needs at
+/// once (`Volume::read_nowait`); false, with nothing sent, if not (a worker then reads it).
+/// `more`: another request is buffered behind this one.
+fn read_here(sh: &Arc<Shared>, req: &Request, more: bool) -> bool {
+    READER_HAS_MORE.with(|m| m.set(more));
+    let served = with_read_buffer(req.length as usize, |buf| {
+        match sh.volume().read_nowait(req.offset, buf) {
+            None => false,
+            Some(Ok(())) => {
+                sh.reply_data(req, buf);
+                true
+            }
+            Some(Err(e)) => {
+                sh.reply_err(req, error_code(&e), &e.to_string());
+                true
+            }
+        }
+    });
+    READER_HAS_MORE.with(|m| m.set(false));
+    served
 }
 
 /// Reads up to this long reuse their worker's buffer; longer ones allocate their own.

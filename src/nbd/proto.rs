@@ -101,7 +101,10 @@ pub const MAX_STRING: usize = 4096;
 pub const MAX_OPTION: u32 = 64 << 10;
 pub const MAX_OPTION_DISCARD: u32 = 16 << 20;
 
-/// A transmission-phase request header (28 bytes on the wire).
+/// Bytes of a transmission-phase request header on the wire.
+pub const REQUEST_BYTES: usize = 28;
+
+/// A transmission-phase request header (`REQUEST_BYTES` on the wire).
 #[derive(Clone, Copy, Debug)]
 pub struct Request {
     pub flags: u16,
@@ -119,7 +122,7 @@ pub enum Incoming {
 }
 
 pub fn read_request(r: &mut impl Read) -> io::Result<Incoming> {
-    let mut h = [0u8; 28];
+    let mut h = [0u8; REQUEST_BYTES];
     r.read_exact(&mut h)?;
     let magic = u32::from_be_bytes(h[0..4].try_into().unwrap());
     if magic != REQUEST_MAGIC {

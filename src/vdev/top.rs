@@ -624,6 +624,26 @@ impl TopVdev {
         Ok(i)
     }
 
+    /// Reads `buf.len()` bytes at `offset` from one child in service (rotating among a
+    /// mirror's) if its device can serve them without waiting (`Leaf::read_data_nowait`);
+    /// false if none can, or for a raidz (whose columns go through `Raidz::read`). Unverified,
+    /// and nothing is counted against a child that declines: the caller verifies, and reads
+    /// the waiting way what this does not serve.
+    pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> bool {
+        if self.raidz.is_some() {
+            return false;
+        }
+        let n = self.children.len();
+        let start = if n > 1 {
+            self.rotor.fetch_add(1, Ordering::Relaxed) % n
+        } else {
+            0
+        };
+        (0..n)
+            .map(|k| &self.children[(start + k) % n])
+            .any(|child| child.read_data_nowait(buf, offset))
+    }
+
     fn settle(
         &self,
         results: Vec<Result<(), VdevError>>,

@@ -432,6 +432,21 @@ impl Zio {
         self.tops[d.vdev.get() as usize].write(d.offset.get(), data)
     }
 
+    /// `read`, if the block's first copy can be had at once (on files, from the page cache:
+    /// `TopVdev::read_nowait`) and verifies; `None` if not. Nothing is counted or repaired
+    /// then: the caller reads the block with `read`, which waits, heals and counts.
+    pub fn read_nowait(&self, bp: &BlkPtr) -> Option<Vec<u8>> {
+        let (psize, verify) = verifier(bp).ok()?;
+        let d = &bp.dva[0];
+        let top = self.vdev_of(d, psize).ok()?;
+        let mut buf = vec![0u8; psize];
+        if !top.read_nowait(d.offset.get(), &mut buf) || !verify(&buf) {
+            return None;
+        }
+        self.stats.blocks_read.fetch_add(1, Ordering::Relaxed);
+        Some(buf)
+    }
+
     /// Reads and verifies a block. Holes read as zeros of `lsize`... but a hole has no size, so
     /// callers handle holes before calling; this asserts it.
     pub fn read(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {

@@ -243,7 +243,37 @@ impl Volume {
             direct.push((streaming && sp.is_whole_block(bs)).then_some(this));
         }
         let blocks = self.ds.object.read_blocks(&self.pool.io, first, direct);
-        for (sp, block) in spans(offset, len, bs).zip(blocks) {
+        self.copy_out(offset, buf, blocks)
+    }
+
+    /// `read`, if every block it needs is in memory or its device has it at once (on files,
+    /// in the page cache); `None`, with nothing read, if one would wait for a device. For a
+    /// thread that must not wait: an NBD connection's reader serves small reads this way.
+    pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> Option<Result<(), VolError>> {
+        if let Err(e) = self.check("read", offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if buf.is_empty() {
+            return Some(Ok(()));
+        }
+        let (first, count) = self.blocks_of(offset, buf.len() as u64);
+        let blocks = self
+            .ds
+            .object
+            .read_blocks_nowait(&self.pool.io, first, count)?;
+        self.pool.note_foreground_io();
+        Some(self.copy_out(offset, buf, blocks))
+    }
+
+    /// Copies what `buf` (at `offset`) takes of each block read for it.
+    fn copy_out(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        blocks: Vec<Result<Fetched, ZioError>>,
+    ) -> Result<(), VolError> {
+        let len = buf.len();
+        for (sp, block) in spans(offset, len, self.block_size()).zip(blocks) {
             let dst = &mut buf[sp.in_buf..sp.in_buf + sp.len];
             match block.map_err(|e| self.unreadable(sp.blkid, e))? {
                 Fetched::Data(b) => dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]),
