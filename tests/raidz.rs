@@ -628,6 +628,21 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
         "{data_cols_waiting} columns read the waiting way"
     );
     assert_eq!(at_once() + data_cols_waiting, 8);
+
+    // A read that must not wait (an NBD reader's) is declined while a data column would
+    // wait, with nothing read the waiting way, and served once every one is at hand.
+    let before = waited();
+    let mut back = vec![0u8; data.len()];
+    assert!(
+        !top.read_nowait(0, &mut back),
+        "declined: a data column would wait"
+    );
+    assert_eq!(waited(), before);
+    counts[1].2.store(true, Ordering::SeqCst);
+    counts[4].2.store(true, Ordering::SeqCst);
+    assert!(top.read_nowait(0, &mut back), "every data column at once");
+    assert_eq!(back, data);
+    assert_eq!(waited(), before);
 }
 
 /// Buffered writes of a raidz stripe's columns and of a mirror's copies run on the writing

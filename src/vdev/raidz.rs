@@ -391,6 +391,22 @@ impl Raidz {
         }
     }
 
+    /// Reads the data columns of the block at `offset` if every one's leaf serves it at once
+    /// (`Leaf::read_data_nowait`); false if one would wait, with nothing counted. Unverified:
+    /// the caller checks the block, and reads it with `read_verified` if this declines or
+    /// the block does not verify.
+    pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> bool {
+        let map = self.geom.map(offset, buf.len() as u64);
+        map.data_cols()
+            .iter()
+            .zip(split_lens_mut(buf, &map.data_lens()))
+            .all(|(c, b)| {
+                self.slots[c.child]
+                    .as_ref()
+                    .is_some_and(|leaf| leaf.read_data_nowait(b, c.offset))
+            })
+    }
+
     /// Reads a block and returns it once `verify` approves. Data columns are read straight
     /// into `buf`; parity is read only when a column failed or the block did not verify.
     /// Then the missing columns are rebuilt, and if that does not verify either, every

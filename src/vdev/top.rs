@@ -625,13 +625,13 @@ impl TopVdev {
     }
 
     /// Reads `buf.len()` bytes at `offset` from one child in service (rotating among a
-    /// mirror's) if its device can serve them without waiting (`Leaf::read_data_nowait`);
-    /// false if none can, or for a raidz (whose columns go through `Raidz::read`). Unverified,
-    /// and nothing is counted against a child that declines: the caller verifies, and reads
-    /// the waiting way what this does not serve.
+    /// mirror's; a raidz's data columns: `Raidz::read_nowait`) if its device can serve them
+    /// without waiting (`Leaf::read_data_nowait`); false if not. Unverified, and nothing is
+    /// counted against a child that declines: the caller verifies, and reads the waiting way
+    /// what this does not serve.
     pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> bool {
-        if self.raidz.is_some() {
-            return false;
+        if let Some(rz) = &self.raidz {
+            return rz.read_nowait(offset, buf);
         }
         let n = self.children.len();
         let start = if n > 1 {
