@@ -8,16 +8,29 @@
 //! thread, rayon blocks the caller instead.
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
-use parking_lot::Mutex;
+use std::collections::VecDeque;
+
+use parking_lot::{Condvar, Mutex};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
 pub struct Workers {
-    queue: Mutex<Option<Sender<Job>>>,
+    queue: Arc<Queue>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// The jobs, and whether the pool is closing (then workers run what is left and stop).
+///
+/// Idle workers sleep on the condvar. (A shared `mpsc::Receiver` behind a mutex made every
+/// idle worker spin on that mutex while one slept in `recv`: 6 % of the server's time under
+/// 128K writes. `crossbeam_channel` spun and called `sched_yield` before it slept: 7 % of
+/// the server's samples under 128K writes were in those yields.)
+struct Queue {
+    jobs: Mutex<(VecDeque<Job>, bool)>,
+    ready: Condvar,
 }
 
 /// Jobs a worker runs back to back before it calls its `between` hook even though more are
@@ -41,58 +54,66 @@ impl Workers {
     /// `n` workers; each calls `between` before it waits for a job, and between runs of
     /// `RUN_OF_JOBS` jobs taken back to back.
     pub fn new(n: usize, between: fn()) -> std::io::Result<Workers> {
-        // A multi-consumer queue: idle workers sleep in it. (A shared `mpsc::Receiver`
-        // behind a mutex made every idle worker spin on that mutex while one slept in
-        // `recv`: 6 % of the server's time under 128K writes.)
-        let (tx, rx) = unbounded::<Job>();
+        let queue = Arc::new(Queue {
+            jobs: Mutex::new((VecDeque::new(), false)),
+            ready: Condvar::new(),
+        });
         let threads = (0..n.max(1))
             .map(|i| {
-                let rx = rx.clone();
+                let queue = queue.clone();
                 std::thread::Builder::new()
                     .name(format!("nbd-worker-{i}"))
-                    .spawn(move || work(&rx, between))
+                    .spawn(move || work(&queue, between))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Workers {
-            queue: Mutex::new(Some(tx)),
-            threads,
-        })
+        Ok(Workers { queue, threads })
     }
 
     /// Queues a job. A job that panics is contained: the worker goes on with the next one.
     pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        if let Some(tx) = &*self.queue.lock() {
-            // Sending fails only once every worker is gone, which `Drop` alone causes.
-            let _ = tx.send(Box::new(job));
+        let mut q = self.queue.jobs.lock();
+        if q.1 {
+            return; // closing: only `Drop` closes, and nothing spawns after it
         }
+        q.0.push_back(Box::new(job));
+        drop(q);
+        self.queue.ready.notify_one();
     }
 }
 
-fn work(rx: &Receiver<Job>, between: fn()) {
+fn work(queue: &Queue, between: fn()) {
     let mut run = 0;
     loop {
-        let job = match rx.try_recv() {
-            Ok(job) if run < RUN_OF_JOBS => job,
-            Ok(job) => {
+        let mut q = queue.jobs.lock();
+        let job = match q.0.pop_front() {
+            Some(job) if run < RUN_OF_JOBS => job,
+            Some(job) => {
+                drop(q);
                 between();
                 run = 0;
+                q = queue.jobs.lock();
                 job
             }
-            Err(TryRecvError::Empty) => {
+            None => {
+                drop(q);
                 between();
                 run = 0;
-                match rx.recv() {
-                    Ok(job) => job,
-                    Err(_) => return, // the queue is closed and empty
+                q = queue.jobs.lock();
+                loop {
+                    if let Some(job) = q.0.pop_front() {
+                        break job;
+                    }
+                    if q.1 {
+                        return; // closed and empty
+                    }
+                    queue.ready.wait(&mut q);
                 }
-            }
-            Err(TryRecvError::Disconnected) => {
-                between();
-                return;
             }
         };
         run += 1;
-        MORE_QUEUED.with(|m| m.set(run < RUN_OF_JOBS && !rx.is_empty()));
+        let more = run < RUN_OF_JOBS && !q.0.is_empty();
+        drop(q);
+        MORE_QUEUED.with(|m| m.set(more));
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
         MORE_QUEUED.with(|m| m.set(false));
     }
@@ -101,7 +122,8 @@ fn work(rx: &Receiver<Job>, between: fn()) {
 impl Drop for Workers {
     /// Runs what is queued, then stops the threads.
     fn drop(&mut self) {
-        self.queue.lock().take();
+        self.queue.jobs.lock().1 = true;
+        self.queue.ready.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
