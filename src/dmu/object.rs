@@ -71,28 +71,27 @@ enum Wait {
 }
 
 impl ObjectIo {
-    /// `read_bp`, or with `Wait::No` `None` where the block would have to wait for a device.
+    /// A verified block, from the cache or else read and cached; with `Wait::No`, `None`
+    /// where the read would have to wait for a device.
     fn fetch(&self, bp: &BlkPtr, wait: Wait) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
-        if wait == Wait::Yes {
-            return self.read_bp(bp).map(Some);
-        }
         if let Some(b) = self.cache.get(bp) {
             return Ok(Some(b));
         }
-        Ok(self.zio.read_nowait(bp).map(|data| {
-            let data = Arc::new(data);
-            self.cache.insert(bp, data.clone());
-            data
-        }))
+        let data = match wait {
+            Wait::Yes => self.zio.read(bp)?,
+            Wait::No => match self.zio.read_nowait(bp) {
+                Some(data) => data,
+                None => return Ok(None),
+            },
+        };
+        let data = Arc::new(data);
+        self.cache.insert(bp, data.clone());
+        Ok(Some(data))
     }
 
     pub fn read_bp(&self, bp: &BlkPtr) -> Result<Arc<Vec<u8>>, ZioError> {
-        if let Some(b) = self.cache.get(bp) {
-            return Ok(b);
-        }
-        let data = Arc::new(self.zio.read(bp)?);
-        self.cache.insert(bp, data.clone());
-        Ok(data)
+        self.fetch(bp, Wait::Yes)
+            .map(|b| b.expect("a waiting read answers"))
     }
 }
 
@@ -360,7 +359,11 @@ impl Object {
             };
             out.push(match at {
                 Ok(Some(bp)) if bp.is_hole() => Ok(Fetched::Hole),
-                Ok(Some(bp)) => Ok(Fetched::Data(io.fetch(&bp, Wait::No).ok()??)),
+                Ok(Some(bp)) => match io.fetch(&bp, Wait::No) {
+                    Ok(Some(b)) => Ok(Fetched::Data(b)),
+                    Ok(None) => return None,
+                    Err(e) => Err(e),
+                },
                 Ok(None) => return None,
                 Err(e) => Err(e),
             });

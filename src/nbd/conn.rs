@@ -9,7 +9,7 @@
 //! it back once its reply is on the wire. When the budget is spent the reader stops reading
 //! the socket, which is TCP's backpressure on the client.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -156,7 +156,7 @@ impl Shared {
 
 thread_local! {
     /// Connections whose queued replies this thread is to send (see `hold`).
-    static HELD: std::cell::RefCell<Vec<Arc<Shared>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static HELD: RefCell<Vec<Arc<Shared>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Leaves `sh`'s queued replies for this thread to send soon with `send_held`, if it will:
@@ -512,10 +512,11 @@ fn read_here(sh: &Arc<Shared>, req: &Request, more: bool) -> bool {
 const REUSED_READ_BYTES: usize = 256 << 10;
 
 thread_local! {
-    /// A worker's read buffer. A reply is sent before the worker takes its next request,
-    /// so one buffer a worker is enough; allocating and zeroing a fresh one per read cost
-    /// as much as copying the data into it.
-    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A worker's (or a connection reader's) read buffer. A reply is sent, or copied into
+    /// the connection's queue, before the thread takes its next request, so one buffer a
+    /// thread is enough; allocating and zeroing a fresh one per read cost as much as copying
+    /// the data into it.
+    static READ_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on a buffer of `len` bytes (contents unspecified: the volume read overwrites

@@ -363,12 +363,7 @@ impl Raidz {
             .filter(|(i, _)| which.contains(i))
             .map(|(i, b)| (i, &mut **b))
             .collect();
-        targets.retain_mut(|(i, buf)| {
-            let c = map.cols[*i];
-            !self.slots[c.child]
-                .as_ref()
-                .is_some_and(|leaf| leaf.read_data_nowait(buf, c.offset))
-        });
+        targets.retain_mut(|(i, buf)| !self.read_column_nowait(&map.cols[*i], buf));
         let read = |(i, buf): &mut (usize, &mut [u8])| -> Result<(), VdevError> {
             let c = map.cols[*i];
             match &self.slots[c.child] {
@@ -400,11 +395,14 @@ impl Raidz {
         map.data_cols()
             .iter()
             .zip(split_lens_mut(buf, &map.data_lens()))
-            .all(|(c, b)| {
-                self.slots[c.child]
-                    .as_ref()
-                    .is_some_and(|leaf| leaf.read_data_nowait(b, c.offset))
-            })
+            .all(|(c, b)| self.read_column_nowait(c, b))
+    }
+
+    /// Reads column `c` into `buf` if its leaf is present and serves it at once.
+    fn read_column_nowait(&self, c: &Column, buf: &mut [u8]) -> bool {
+        self.slots[c.child]
+            .as_ref()
+            .is_some_and(|leaf| leaf.read_data_nowait(buf, c.offset))
     }
 
     /// Reads a block and returns it once `verify` approves. Data columns are read straight

@@ -606,16 +606,7 @@ impl TopVdev {
     /// reads are retried block by block, which counts.
     pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<usize, VdevError> {
         assert!(self.raidz.is_none(), "a raidz reads block by block");
-        let n = self.children.len();
-        let start = if n > 1 {
-            self.rotor.fetch_add(1, Ordering::Relaxed) % n
-        } else {
-            0
-        };
-        let Some(i) = (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&i| !self.children[i].is_offline())
-        else {
+        let Some(i) = self.read_order().find(|&i| !self.children[i].is_offline()) else {
             return Err(VdevError::AllCopiesFailed(
                 "every device is out of service".into(),
             ));
@@ -633,15 +624,20 @@ impl TopVdev {
         if let Some(rz) = &self.raidz {
             return rz.read_nowait(offset, buf);
         }
+        self.read_order()
+            .any(|i| self.children[i].read_data_nowait(buf, offset))
+    }
+
+    /// The children's indexes in the order a read tries them: a mirror's from the next one
+    /// in turn, so reads spread over its copies.
+    fn read_order(&self) -> impl Iterator<Item = usize> {
         let n = self.children.len();
         let start = if n > 1 {
             self.rotor.fetch_add(1, Ordering::Relaxed) % n
         } else {
             0
         };
-        (0..n)
-            .map(|k| &self.children[(start + k) % n])
-            .any(|child| child.read_data_nowait(buf, offset))
+        (0..n).map(move |k| (start + k) % n)
     }
 
     fn settle(
