@@ -880,3 +880,43 @@ fn rewrites_of_large_blocks_never_run_out_of_space_among_slivers() {
     pool.sync_now().unwrap();
     pool.verify().unwrap();
 }
+
+/// A short write into a block is laid over it without reading it (`Dirty::Patch`), so a
+/// block damaged beyond repair is found only at the txg's sync. The sync must go on for the
+/// rest of the pool, and the block must keep failing its reads: its old bytes cannot be
+/// had, and showing the write over zeros would hide that. The write is counted as lost.
+#[test]
+fn a_short_write_over_an_unreadable_block_leaves_it_failing_and_the_pool_syncing() {
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
+    pool.create_volume("v", MB, 131072, None).unwrap();
+    let data = pattern(3, 131072);
+    Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+    let places = data_block_offsets(&devs);
+    assert_eq!(places.len(), 1, "{places:?}");
+    devs[0].corrupt(RESERVE_BYTES + places[0] + 100, &GARBAGE);
+
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(4096, &pattern(4, 4096))
+        .expect("a short write does not read its block");
+    vol.write(2 * 131072, &pattern(5, 131072)).unwrap();
+    pool.sync_now()
+        .expect("a block that cannot be read does not stop the sync");
+    assert_eq!(pool.io.zio.stats.lost_patches.load(Ordering::Relaxed), 1);
+    let mut buf = vec![0u8; 4096];
+    let err = vol.read(4096, &mut buf).unwrap_err();
+    assert!(matches!(err, VolError::Unreadable { .. }), "{err}");
+    vol.read(0, &mut buf).unwrap_err();
+    // The rest of the volume, written in the same txg, is there.
+    let mut got = vec![0u8; 131072];
+    vol.read(2 * 131072, &mut got).unwrap();
+    assert!(got == pattern(5, 131072));
+    // A whole-block write replaces the damaged block for good.
+    vol.write(0, &pattern(6, 131072)).unwrap();
+    pool.sync_now().unwrap();
+    vol.read(0, &mut got).unwrap();
+    assert!(got == pattern(6, 131072));
+}

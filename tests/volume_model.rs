@@ -223,3 +223,169 @@ fn reads_without_waiting_take_memory_and_ready_devices_only() {
     assert_eq!(buf, old[12288..12288 + 4096]);
     assert!(waited.load(SeqCst) > before);
 }
+
+/// A short write into a large block is laid over it without reading it (`Dirty::Patch`):
+/// no device read before the write returns, and only its own bytes held in memory. Reads
+/// see the block with the pieces over it before and after the sync. A patch that would
+/// hold more than half its block is written as a whole block instead (reading it then).
+#[test]
+fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    use zeta::dsl::TopSpec;
+    use zeta::vdev::BlockDevice;
+
+    const BS: usize = 131072;
+    let dev = mem_devs(1, 64 * MB).pop().unwrap();
+    let reads = Arc::new(AtomicU64::new(0));
+    let tap = Tap {
+        on_read: {
+            let reads = reads.clone();
+            Box::new(move || {
+                reads.fetch_add(1, SeqCst);
+            })
+        },
+        ..Tap::new(dev)
+    };
+    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::stripe((tap, "tap".into()))],
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, BS as u32, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut model = pattern(1, 16 * BS);
+    vol.write(0, &model).unwrap();
+    pool.sync_now().unwrap();
+    // Nothing in the block cache: what a block held can only come from the device.
+    pool.set_cache_limit(0);
+    pool.set_cache_limit(u64::MAX);
+    fn write(vol: &Volume, model: &mut [u8], off: usize, len: usize, seed: u64) {
+        let data = pattern(seed, len);
+        vol.write(off as u64, &data).unwrap();
+        model[off..off + len].copy_from_slice(&data);
+    }
+
+    let before = reads.load(SeqCst);
+    write(&vol, &mut model, 2 * BS + 4096, 4096, 2);
+    write(&vol, &mut model, 2 * BS + 6144, 4096, 3); // over half the first piece
+    write(&vol, &mut model, 5 * BS + BS - 512, 1024, 4); // across into block 6
+    write(&vol, &mut model, 9 * BS + 8192, 100, 5);
+    assert_eq!(reads.load(SeqCst), before, "a short write read its block");
+    let held = pool.memory_held();
+    assert!(
+        (8192..BS as u64).contains(&held),
+        "the patches hold {held} bytes, not their blocks'"
+    );
+
+    let check = |vol: &Volume, model: &[u8], when: &str| {
+        let mut got = vec![0u8; 16 * BS];
+        vol.read(0, &mut got).unwrap();
+        assert!(got == *model, "{when}: the volume differs from the model");
+        // Short reads of patched blocks, the waiting way and the way that waits for none.
+        for off in [2 * BS + 4000, 5 * BS + BS - 600, 6 * BS, 9 * BS + 8000] {
+            let mut got = vec![0u8; 700];
+            vol.read(off as u64, &mut got).unwrap();
+            assert!(got == model[off..off + 700], "{when}: read at {off}");
+            if let Some(r) = vol.read_nowait(off as u64, &mut got) {
+                r.unwrap();
+                assert!(got == model[off..off + 700], "{when}: nowait read at {off}");
+            }
+        }
+    };
+    check(&vol, &model, "before the sync");
+
+    // Past half a block, the patch gives way to the whole block, which is read for it.
+    let before = reads.load(SeqCst);
+    for i in 0..5 {
+        write(&vol, &mut model, 12 * BS + i * 16384, 16384, 10 + i as u64);
+    }
+    assert!(
+        reads.load(SeqCst) > before,
+        "the fifth piece made a whole block"
+    );
+    assert!(pool.memory_held() >= BS as u64);
+    check(&vol, &model, "with a whole block");
+
+    pool.sync_now().unwrap();
+    assert_eq!(pool.memory_held(), 0);
+    check(&vol, &model, "after the sync");
+    pool.set_cache_limit(0);
+    pool.set_cache_limit(u64::MAX);
+    check(&vol, &model, "read back from the device");
+}
+
+/// Pieces written while a txg with earlier pieces of the same block is syncing read as
+/// the block with both laid over it, in order, and end up in the next txg as such.
+#[test]
+fn a_patch_over_a_syncing_patch_reads_as_both() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::{Arc, Condvar, Mutex};
+    use zeta::dsl::TopSpec;
+    use zeta::vdev::{BlockDevice, RESERVE_BYTES};
+
+    const BS: usize = 65536;
+    let dev = mem_devs(1, 64 * MB).pop().unwrap();
+    // Closed: data writes (past the labels) wait, so a sync stops at its first block.
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let held = Arc::new(AtomicBool::new(false));
+    let tap = Tap {
+        on_write: {
+            let (gate, held) = (gate.clone(), held.clone());
+            Box::new(move |_, offset| {
+                if offset < RESERVE_BYTES {
+                    return;
+                }
+                let mut closed = gate.0.lock().unwrap();
+                while *closed {
+                    held.store(true, SeqCst);
+                    closed = gate.1.wait(closed).unwrap();
+                }
+            })
+        },
+        ..Tap::new(dev)
+    };
+    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::stripe((tap, "tap".into()))],
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, BS as u32, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut model = pattern(1, 4 * BS);
+    vol.write(0, &model).unwrap();
+    pool.sync_now().unwrap();
+
+    let a = pattern(2, 8192);
+    vol.write((BS + 4096) as u64, &a).unwrap();
+    model[BS + 4096..BS + 4096 + 8192].copy_from_slice(&a);
+    *gate.0.lock().unwrap() = true;
+    std::thread::scope(|s| {
+        let syncing = s.spawn(|| pool.sync_now().unwrap());
+        while !held.load(SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The txg with piece `a` is syncing; `b` overlaps it in the open txg.
+        let b = pattern(3, 8192);
+        vol.write((BS + 8192) as u64, &b).unwrap();
+        model[BS + 8192..BS + 8192 + 8192].copy_from_slice(&b);
+        let mut got = vec![0u8; 4 * BS];
+        let read = vol.read(0, &mut got);
+        // Open before any assertion, so a failure does not leave the sync waiting forever.
+        *gate.0.lock().unwrap() = false;
+        gate.1.notify_all();
+        syncing.join().unwrap();
+        read.unwrap();
+        assert!(got == model, "read while the first patch syncs");
+    });
+    pool.sync_now().unwrap();
+    pool.set_cache_limit(0);
+    pool.set_cache_limit(u64::MAX);
+    let mut got = vec![0u8; 4 * BS];
+    vol.read(0, &mut got).unwrap();
+    assert!(got == model, "read back from the device");
+}

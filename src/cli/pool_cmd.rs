@@ -1026,7 +1026,8 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
-           "volumes": p.datasets().len(), "scan": p.scan_status()})
+           "volumes": p.datasets().len(), "scan": p.scan_status(),
+           "lost_writes": p.io.zio.stats.lost_patches.load(std::sync::atomic::Ordering::Relaxed)})
 }
 
 fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
@@ -1101,6 +1102,13 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
                     n("cksum_errors")
                 );
             }
+        }
+        let lost = st["lost_writes"].as_u64().unwrap_or(0);
+        if lost > 0 {
+            println!(
+                "errors: {lost} short writes lost, laid over blocks that no copy could supply \
+                 (those blocks still fail their reads)"
+            );
         }
         println!();
     }

@@ -3,6 +3,7 @@
 //! to new places and rewrites the path of indirect blocks above them up to a new root.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -102,6 +103,10 @@ enum Known {
     At(BlkPtr),
 }
 
+/// What the dirty maps tell of a block: a whole change (`None`: the tree has the block), and
+/// the pieces patched over it since, oldest first.
+type Seen = (Option<Known>, Vec<Piece>);
+
 /// What `Object::read_blocks` found for one block.
 #[derive(Clone, Debug)]
 pub enum Fetched {
@@ -112,9 +117,52 @@ pub enum Fetched {
     Direct,
 }
 
+/// Bytes written over part of a block (`Dirty::Patch`): `data` at offset `at` in it.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    pub at: usize,
+    pub data: Arc<Vec<u8>>,
+}
+
+/// The block `pieces` are laid over, in the order they were written (a later piece wins
+/// where they overlap): `base`, or zeros for a hole.
+fn overlay(base: Option<&[u8]>, pieces: &[Piece], block_bytes: usize) -> Vec<u8> {
+    let mut b = match base {
+        Some(d) => d.to_vec(),
+        None => vec![0u8; block_bytes],
+    };
+    for p in pieces {
+        b[p.at..p.at + p.data.len()].copy_from_slice(&p.data);
+    }
+    b
+}
+
+/// Builds each patched block of a read (`read_blocks`) from what was read for it.
+fn lay_pieces(
+    out: &mut [Result<Fetched, ZioError>],
+    patched: Vec<(usize, Vec<Piece>)>,
+    block_bytes: usize,
+) {
+    for (i, pieces) in patched {
+        if let Ok(base) = &out[i] {
+            let base = match base {
+                Fetched::Data(d) => Some(d.as_slice()),
+                Fetched::Hole => None,
+                Fetched::Direct => unreachable!("a patched block is read into no caller's buffer"),
+            };
+            out[i] = Ok(Fetched::Data(Arc::new(overlay(base, &pieces, block_bytes))));
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Dirty {
     Data(Arc<Vec<u8>>),
+    /// Bytes written over parts of the block in this txg, on top of what it held before, which
+    /// was not read for them: the sync reads it once and lays them over it (as do readers,
+    /// to show the block meanwhile). A short write into a large block so costs neither a read
+    /// before its reply nor a block of memory until its txg (OpenZFS reads the block first).
+    Patch(Vec<Piece>),
     Free,
     /// New contents already written to their place (a streaming write, `Pool::place_blocks`)
     /// in this very txg: the sync adopts the copy, and nothing is held in memory meanwhile.
@@ -124,13 +172,23 @@ pub enum Dirty {
 }
 
 impl Dirty {
-    /// The bytes this change counts for against the pool's dirty limit: what the sync still
-    /// has to do for it is proportional to the block, held in memory or not.
-    fn bytes(&self) -> u64 {
+    /// The bytes this change counts as dirty: what the sync still has to write for it (and
+    /// the space it will take), whatever it holds in memory.
+    fn bytes(&self, block_bytes: u64) -> u64 {
         match self {
             Dirty::Data(d) => d.len() as u64,
             Dirty::Placed(bp) => bp.lsize.get() as u64,
+            Dirty::Patch(_) => block_bytes,
             Dirty::Free => 0,
+        }
+    }
+
+    /// The bytes this change holds in memory until its sync.
+    fn held(&self) -> u64 {
+        match self {
+            Dirty::Data(d) => d.len() as u64,
+            Dirty::Patch(pieces) => held(pieces),
+            Dirty::Placed(_) | Dirty::Free => 0,
         }
     }
 
@@ -143,18 +201,32 @@ impl Dirty {
     }
 }
 
-/// What a txg's changes to an object held when its sync began: all dirty bytes, and those
-/// of them already written to their place (`Dirty::Placed`), whose space is allocated.
+fn held(pieces: &[Piece]) -> u64 {
+    pieces.iter().map(|p| p.data.len() as u64).sum()
+}
+
+/// How a change to a block moved an object's dirty counts (`Dirty::bytes`, `Dirty::held`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    pub bytes: i64,
+    pub held: i64,
+}
+
+/// What a txg's changes to an object held when its sync began: all dirty bytes, those of
+/// them already written to their place (`Dirty::Placed`), whose space is allocated, and the
+/// bytes held in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyncBytes {
     pub dirty: u64,
     pub placed: u64,
+    pub held: u64,
 }
 
 impl std::ops::AddAssign for SyncBytes {
     fn add_assign(&mut self, b: SyncBytes) {
         self.dirty += b.dirty;
         self.placed += b.placed;
+        self.held += b.held;
     }
 }
 
@@ -172,11 +244,27 @@ impl std::iter::Sum for SyncBytes {
 type Override = (Arc<Vec<u8>>, BlkPtr);
 
 impl State {
-    /// Block `blkid`'s change in the open txg, else in the syncing one, if any.
-    fn newest(&self, blkid: u64) -> Option<&Dirty> {
-        self.open
-            .get(&blkid)
-            .or_else(|| self.syncing.as_ref().and_then(|s| s.get(&blkid)))
+    /// What the unsynced txgs say of block `blkid`: the newest change that replaces it whole
+    /// (in the open txg, else in the syncing one; `None` if neither has one: the tree holds
+    /// it), and the pieces patched over that since, oldest first.
+    fn seen(&self, blkid: u64) -> (Option<&Dirty>, Vec<Piece>) {
+        let mut layers: Vec<&[Piece]> = Vec::new();
+        let mut base = None;
+        for map in [Some(&self.open), self.syncing.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            match map.get(&blkid) {
+                None => {}
+                Some(Dirty::Patch(p)) => layers.push(p),
+                Some(d) => {
+                    base = Some(d);
+                    break;
+                }
+            }
+        }
+        let pieces = layers.into_iter().rev().flatten().cloned().collect();
+        (base, pieces)
     }
 }
 
@@ -233,24 +321,15 @@ impl Object {
 
     /// Reads block `blkid` as of the newest write; `None` is a hole (reads as zeros).
     pub fn read_block(&self, io: &ObjectIo, blkid: u64) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
-        let dnode = {
-            let st = self.state.lock();
-            match st.newest(blkid) {
-                Some(Dirty::Data(d)) => return Ok(Some(d.clone())),
-                Some(Dirty::Free) => return Ok(None),
-                Some(Dirty::Placed(bp)) => {
-                    let bp = *bp;
-                    drop(st);
-                    return io.read_bp(&bp).map(Some);
-                }
-                None => st.dnode,
-            }
-        };
-        let bp = lookup(io, &dnode, 0, blkid)?;
-        if bp.is_hole() {
-            return Ok(None);
+        let read = self.read_blocks(io, blkid, vec![None]);
+        match read
+            .into_iter()
+            .next()
+            .expect("one block asked, one answered")?
+        {
+            Fetched::Data(d) => Ok(Some(d)),
+            Fetched::Hole | Fetched::Direct => Ok(None),
         }
-        io.read_bp(&bp).map(Some)
     }
 
     /// Reads blocks `first..first + direct.len()` as of the newest writes (`read_block` for a
@@ -258,7 +337,8 @@ impl Object {
     /// `direct`; the rest are read in batches, so blocks lying next to each other on disk
     /// cost one request. A block with a buffer in `direct` (of the block's size) that is not
     /// dirty is read straight into it and not cached: what a long sequential read wants,
-    /// which gets no hits from the cache and would only evict what others use. An error
+    /// which gets no hits from the cache and would only evict what others use. A patched
+    /// block (`Dirty::Patch`) is built in memory from what it held and its pieces. An error
     /// stands for the block it names; the others are still read.
     pub fn read_blocks(
         &self,
@@ -267,12 +347,20 @@ impl Object {
         direct: Vec<Option<&mut [u8]>>,
     ) -> Vec<Result<Fetched, ZioError>> {
         let count = direct.len() as u64;
-        let (dirty, dnode) = self.known(first, count);
+        let (seen, dnode) = self.known(first, count);
         let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
         let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
+        let mut patched: Vec<(usize, Vec<Piece>)> = Vec::new();
         let mut leaves = Leaves::new(&dnode);
-        for (i, (known, buf)) in dirty.into_iter().zip(direct).enumerate() {
+        for (i, ((known, pieces), buf)) in seen.into_iter().zip(direct).enumerate() {
+            // A patched block is built from a copy of what it held, not in the caller's buffer.
+            let buf = if pieces.is_empty() {
+                buf
+            } else {
+                patched.push((i, pieces));
+                None
+            };
             let at = match known {
                 Some(Known::Fetched(f)) => {
                     out.push(Ok(f));
@@ -318,21 +406,28 @@ impl Object {
         for (i, r) in idx.into_iter().zip(io.zio.read_batch_into(&bps, bufs)) {
             out[i] = r.map(|()| Fetched::Direct);
         }
+        lay_pieces(&mut out, patched, dnode.data_block_bytes.get() as usize);
         out
     }
 
     /// What the dirty maps say of blocks `first..first + count` (data, a free, or where it
-    /// was placed), and the dnode to look the rest up in, as of the same moment.
-    fn known(&self, first: u64, count: u64) -> (Vec<Option<Known>>, DnodePhys) {
+    /// was placed, and the pieces patched over that), and the dnode to look the rest up in,
+    /// as of the same moment.
+    fn known(&self, first: u64, count: u64) -> (Vec<Seen>, DnodePhys) {
         let st = self.state.lock();
-        let dirty = (first..first + count)
-            .map(|blkid| match st.newest(blkid)? {
-                Dirty::Data(d) => Some(Known::Fetched(Fetched::Data(d.clone()))),
-                Dirty::Free => Some(Known::Fetched(Fetched::Hole)),
-                Dirty::Placed(bp) => Some(Known::At(*bp)),
+        let seen = (first..first + count)
+            .map(|blkid| {
+                let (base, pieces) = st.seen(blkid);
+                let known = base.map(|d| match d {
+                    Dirty::Data(d) => Known::Fetched(Fetched::Data(d.clone())),
+                    Dirty::Free => Known::Fetched(Fetched::Hole),
+                    Dirty::Placed(bp) => Known::At(*bp),
+                    Dirty::Patch(_) => unreachable!("`seen` gives no patch as a base"),
+                });
+                (known, pieces)
             })
             .collect();
-        (dirty, st.dnode)
+        (seen, st.dnode)
     }
 
     /// `read_blocks` without buffers, if every block (and every indirect block on the way
@@ -345,10 +440,14 @@ impl Object {
         first: u64,
         count: u64,
     ) -> Option<Vec<Result<Fetched, ZioError>>> {
-        let (dirty, dnode) = self.known(first, count);
+        let (seen, dnode) = self.known(first, count);
         let mut leaves = Leaves::new(&dnode);
         let mut out = Vec::with_capacity(count as usize);
-        for (i, known) in dirty.into_iter().enumerate() {
+        let mut patched: Vec<(usize, Vec<Piece>)> = Vec::new();
+        for (i, (known, pieces)) in seen.into_iter().enumerate() {
+            if !pieces.is_empty() {
+                patched.push((i, pieces));
+            }
             let at = match known {
                 Some(Known::Fetched(f)) => {
                     out.push(Ok(f));
@@ -368,25 +467,75 @@ impl Object {
                 Err(e) => Err(e),
             });
         }
+        lay_pieces(&mut out, patched, dnode.data_block_bytes.get() as usize);
         Some(out)
+    }
+
+    /// Lays `data` over bytes `at..` of block `blkid` in the open txg without reading the
+    /// block (`Dirty::Patch`), if the open txg has no other change to it and its patch then
+    /// holds at most `max_held` bytes; pieces the new one covers are dropped. Returns the
+    /// change in dirty counts, or `None` (nothing changed) where the caller must write the
+    /// whole block instead. The caller holds the block's range lock and the open txg.
+    pub fn patch(&self, blkid: u64, at: usize, data: Arc<Vec<u8>>, max_held: u64) -> Option<Delta> {
+        let mut st = self.state.lock();
+        let block_bytes = st.dnode.data_block_bytes.get() as u64;
+        assert!((at + data.len()) as u64 <= block_bytes);
+        let end = at + data.len();
+        let covered = |p: &Piece| p.at >= at && p.at + p.data.len() <= end;
+        let new = data.len() as u64;
+        match st.open.get_mut(&blkid) {
+            None if new <= max_held => {
+                st.open
+                    .insert(blkid, Dirty::Patch(vec![Piece { at, data }]));
+                Some(Delta {
+                    bytes: block_bytes as i64,
+                    held: new as i64,
+                })
+            }
+            Some(Dirty::Patch(pieces)) => {
+                let before = held(pieces);
+                let kept: u64 = pieces
+                    .iter()
+                    .filter(|p| !covered(p))
+                    .map(|p| p.data.len() as u64)
+                    .sum();
+                if kept + new > max_held {
+                    return None;
+                }
+                pieces.retain(|p| !covered(p));
+                pieces.push(Piece { at, data });
+                Some(Delta {
+                    bytes: 0,
+                    held: (kept + new) as i64 - before as i64,
+                })
+            }
+            _ => None,
+        }
     }
 
     /// Records a whole-block change in the open txg; returns the change in dirty bytes, and
     /// the copy of a placed change this one supersedes, which the caller must free (in the
     /// open txg: an intent-log record may point at it until then).
     /// The caller holds the pool's txg open (so the open map cannot move to syncing meanwhile).
-    pub fn dirty(&self, blkid: u64, change: Dirty) -> (i64, Option<BlkPtr>) {
+    pub fn dirty(&self, blkid: u64, change: Dirty) -> (Delta, Option<BlkPtr>) {
         let mut st = self.state.lock();
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
         match &change {
             Dirty::Data(d) => assert_eq!(d.len() as u64, block_bytes),
             Dirty::Placed(bp) => assert_eq!(bp.lsize.get() as u64, block_bytes),
+            Dirty::Patch(_) => panic!("patches are laid with `Object::patch`"),
             Dirty::Free => {}
         }
-        let added = change.bytes() as i64;
+        let mut delta = Delta {
+            bytes: change.bytes(block_bytes) as i64,
+            held: change.held() as i64,
+        };
         let old = st.open.insert(blkid, change);
-        let removed = old.as_ref().map_or(0, |o| o.bytes() as i64);
-        (added - removed, old.and_then(|o| o.placed()))
+        if let Some(o) = &old {
+            delta.bytes -= o.bytes(block_bytes) as i64;
+            delta.held -= o.held() as i64;
+        }
+        (delta, old.and_then(|o| o.placed()))
     }
 
     /// How a data block of this object is written (its pointer's properties).
@@ -443,11 +592,13 @@ impl Object {
         }
         let map = std::mem::take(&mut st.open);
         st.syncing_overrides = std::mem::take(&mut st.overrides);
+        let block_bytes = st.dnode.data_block_bytes.get() as u64;
         let mut bytes = SyncBytes::default();
         for d in map.values() {
-            bytes.dirty += d.bytes();
+            bytes.dirty += d.bytes(block_bytes);
+            bytes.held += d.held();
             if matches!(d, Dirty::Placed(_)) {
-                bytes.placed += d.bytes();
+                bytes.placed += d.bytes(block_bytes);
             }
         }
         st.syncing = Some(Arc::new(map));
@@ -506,6 +657,7 @@ impl Object {
             .collect();
         let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
+        let mut patched: Vec<(u64, &[Piece])> = Vec::new();
         for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
             match change {
                 // Cached like any written block. (Leaving streams' blocks out, as streaming
@@ -523,6 +675,7 @@ impl Object {
                     io.zio.adopt(bp);
                     children.insert(blkid, *bp);
                 }
+                Dirty::Patch(pieces) => patched.push((blkid, pieces)),
                 _ => {
                     children.insert(blkid, BlkPtr::HOLE);
                 }
@@ -534,6 +687,7 @@ impl Object {
             io.cache.insert(&bp, d.clone());
             children.insert(blkid, bp);
         }
+        sync_patched(io, &old, &patched, data_props, txg, &mut children)?;
 
         // Indirect levels, bottom up.
         let ind_props = WriteProps {
@@ -543,7 +697,9 @@ impl Object {
             copies: (old.copies as usize).clamp(2, 3),
             class: self.class,
         };
-        let mut old_root_replaced = old.nlevels == 1 && children.contains_key(&0);
+        // (A block 0 kept as it was, `sync_patched`'s damaged block, replaces nothing.)
+        let mut old_root_replaced =
+            old.nlevels == 1 && children.get(&0).is_some_and(|bp| *bp != old.root);
         for level in 1..new.nlevels {
             if level == old.nlevels {
                 // The tree grew: the old root becomes the first child of the new level.
@@ -680,6 +836,72 @@ impl Object {
         }
         Ok(present.into_iter().collect())
     }
+}
+
+/// How many bytes of patched blocks a sync builds in memory at once (`sync_patched`).
+const PATCH_BATCH_BYTES: usize = 4 << 20;
+
+/// Writes a syncing txg's patched blocks (`Dirty::Patch`): each is what it held as of the
+/// last sync (the tree of `old`) with the txg's pieces laid over it. Built and written a
+/// bounded batch at a time: a txg of short writes into large blocks patches many more
+/// blocks than the memory it holds.
+fn sync_patched(
+    io: &ObjectIo,
+    old: &DnodePhys,
+    patched: &[(u64, &[Piece])],
+    props: WriteProps,
+    txg: u64,
+    children: &mut BTreeMap<u64, BlkPtr>,
+) -> Result<(), ZioError> {
+    let block_bytes = old.data_block_bytes.get() as usize;
+    let mut leaves = Leaves::new(old);
+    for batch in patched.chunks((PATCH_BATCH_BYTES / block_bytes).max(1)) {
+        let mut at = Vec::with_capacity(batch.len());
+        for (blkid, _) in batch {
+            at.push(leaves.get(io, *blkid)?);
+        }
+        // What each held: a hole, a cached copy, or read below.
+        let mut bases: Vec<Result<Option<Arc<Vec<u8>>>, ZioError>> =
+            at.iter().map(|bp| Ok(io.cache.get(bp))).collect();
+        let misses: Vec<usize> = (0..at.len())
+            .filter(|&i| !at[i].is_hole() && matches!(bases[i], Ok(None)))
+            .collect();
+        let bps: Vec<BlkPtr> = misses.iter().map(|&i| at[i]).collect();
+        for (i, data) in misses.into_iter().zip(io.zio.read_batch(&bps)) {
+            bases[i] = data.map(|d| Some(Arc::new(d)));
+        }
+        let mut built: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
+            match base {
+                Ok(base) => {
+                    let b = overlay(base.as_ref().map(|d| d.as_slice()), pieces, block_bytes);
+                    if is_zero(&b) {
+                        children.insert(*blkid, BlkPtr::HOLE);
+                    } else {
+                        built.push((*blkid, b));
+                    }
+                }
+                // No copy of what the block held verifies: the pieces cannot be laid over it
+                // without inventing the rest. The block keeps its damaged copy, so reads of
+                // it go on failing rather than showing made-up bytes, and the pieces are
+                // lost with it (counted; the failed read counted the damage).
+                Err(_) => {
+                    io.zio.stats.lost_patches.fetch_add(1, Ordering::Relaxed);
+                    children.insert(*blkid, bp);
+                }
+            }
+        }
+        if built.is_empty() {
+            continue;
+        }
+        let bufs: Vec<&[u8]> = built.iter().map(|(_, b)| b.as_slice()).collect();
+        let bps = io.zio.write_batch(&bufs, props, txg)?;
+        for ((blkid, b), bp) in built.into_iter().zip(bps) {
+            io.cache.insert(&bp, Arc::new(b));
+            children.insert(blkid, bp);
+        }
+    }
+    Ok(())
 }
 
 /// The pointer to block `idx` of `level` in the tree of `dn` (a hole when out of its range).

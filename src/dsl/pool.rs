@@ -17,8 +17,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use super::dir::{valid_volume_name, DirEntryPhys, ENTRY_BYTES};
 use super::scan::Scanner;
 use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
-use crate::dmu::object::SyncBytes;
 use crate::dmu::object::{spans, walk};
+use crate::dmu::object::{Delta, SyncBytes};
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::math::ChecksumKind;
 use crate::spa::label::{
@@ -296,6 +296,9 @@ pub struct Pool {
     /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
     /// is allocated, so admission must not count it again.
     placed_bytes: AtomicI64,
+    /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
+    /// placed blocks and by the unread rest of patched ones.
+    held_bytes: AtomicI64,
     /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
     /// last txg committed (kept here so writers need not take the allocator's lock to ask).
     ahead_limit: AtomicU64,
@@ -538,6 +541,7 @@ impl Pool {
             dirty_bytes: AtomicI64::new(0),
             dirty_max: AtomicU64::new(dirty_max),
             placed_bytes: AtomicI64::new(0),
+            held_bytes: AtomicI64::new(0),
             ahead_limit: AtomicU64::new(ahead_limit),
             ahead: Mutex::new(BTreeMap::new()),
             ahead_bytes: AtomicU64::new(0),
@@ -1087,8 +1091,42 @@ impl Pool {
             self.io.zio.free(&bp, txg, AllocClass::Mos);
             placed -= bp.lsize.get() as i64;
         }
-        self.dirty_bytes.fetch_add(delta, Ordering::AcqRel);
+        self.count_dirty(delta);
         self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
+    }
+
+    fn count_dirty(&self, delta: Delta) {
+        self.dirty_bytes.fetch_add(delta.bytes, Ordering::AcqRel);
+        self.held_bytes.fetch_add(delta.held, Ordering::AcqRel);
+    }
+
+    /// Lays `data` over bytes `at..` of block `blkid` of a volume in the open txg, without
+    /// reading the block (`Object::patch`), waiting first if too much is dirty and refusing
+    /// with `NoSpace` if the pool could not hold the block. Returns the txg, or `None` if
+    /// the block's change in the open txg is not one a patch can extend: the caller writes
+    /// the whole block instead. The caller holds the block's range lock.
+    pub fn patch_block(
+        &self,
+        ds: &Dataset,
+        blkid: u64,
+        at: usize,
+        data: Arc<Vec<u8>>,
+    ) -> Result<Option<u64>, PoolError> {
+        self.check_healthy()?;
+        let len = ds.volblocksize as u64;
+        self.throttle()?;
+        self.reserve_space(len, len)?;
+        let hold = self.hold_open_txg(ds)?;
+        let txg = *hold;
+        // A patch holds at most half its block: past that, the whole block costs about as
+        // much memory, and the sync would read what is mostly overwritten.
+        let Some(delta) = ds.object.patch(blkid, at, data, len / 2) else {
+            return Ok(None);
+        };
+        self.count_dirty(delta);
+        drop(hold);
+        self.sync_if_much_held();
+        Ok(Some(txg))
     }
 
     /// Asks for a sync once a quarter of the dirty limit is held in memory, or once blocks
@@ -1105,6 +1143,10 @@ impl Pool {
         {
             self.request_sync();
         }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     fn placed_bytes(&self) -> u64 {
@@ -1208,13 +1250,16 @@ impl Pool {
     }
 
     /// What writes hold in memory until a txg syncs, as the throttle counts it: the dirty
-    /// bytes not yet placed, or the buffers queued log records keep alive if those are more
-    /// (a block rewritten again and again dirties one block but pins every version of it).
-    /// Placed blocks are on their devices already: a txg of them costs its sync only their
-    /// pointers, and syncing after every 32 MiB of them rewrote the volume's indirect blocks
-    /// for every few hundred writes.
+    /// blocks' buffers and patches' pieces (`Dirty::held`), or the buffers queued log
+    /// records keep alive if those are more (a block rewritten again and again dirties one
+    /// block but pins every version of it). Placed blocks are on their devices already: a
+    /// txg of them costs its sync only their pointers, and syncing after every 32 MiB of
+    /// them rewrote the volume's indirect blocks for every few hundred writes. A patch
+    /// counts its pieces, not its block, so a txg of short writes into large blocks takes
+    /// in as many writes as the memory allows; what bounds the work its sync then does is
+    /// the free-space share in `sync_if_much_held`, which counts whole blocks.
     pub fn memory_held(&self) -> u64 {
-        self.unplaced_bytes().max(self.zil.pinned_bytes())
+        self.held_bytes().max(self.zil.pinned_bytes())
     }
 
     /// What writes may hold in memory before they wait for a sync.
@@ -1739,6 +1784,8 @@ impl Pool {
             .fetch_sub(syncing_bytes.dirty as i64, Ordering::AcqRel);
         self.placed_bytes
             .fetch_sub(syncing_bytes.placed as i64, Ordering::AcqRel);
+        self.held_bytes
+            .fetch_sub(syncing_bytes.held as i64, Ordering::AcqRel);
         drop(mos);
         // The log blocks this txg covers are free; sync requests it covers are answered.
         for ds in &datasets {

@@ -46,6 +46,9 @@ pub struct ZioStats {
     pub bytes_written: AtomicU64,
     pub blocks_read: AtomicU64,
     pub repaired_bytes: AtomicU64,
+    /// Patched blocks (`dmu::object::Dirty::Patch`) a sync could not build because no copy
+    /// of what they held verified: each kept its damaged copy, and its patch was lost.
+    pub lost_patches: AtomicU64,
 }
 
 /// The error for a block no copy could supply.

@@ -352,8 +352,9 @@ impl Volume {
         self.pool.append_log(&self.ds, rec);
     }
 
-    /// Writes `src` at `in_block` of block `blkid` into the open txg, merging a partial
-    /// block with what it held (the caller holds the block's range lock).
+    /// Writes `src` at `in_block` of block `blkid` into the open txg (the caller holds the
+    /// block's range lock). A partial block is laid over what the block holds without
+    /// reading it where it can be (`Pool::patch_block`), else merged with it here.
     fn write_span(
         &self,
         blkid: u64,
@@ -363,6 +364,25 @@ impl Volume {
     ) -> Result<(), VolError> {
         let bs = self.block_size();
         let whole = src.len() as u64 == bs;
+        if !whole {
+            // Laid over the block without reading it, if the open txg has no whole change
+            // to it: the sync reads it once for all the txg's pieces (`Dirty::Patch`).
+            let piece = Arc::new(src.to_vec());
+            let patched = self
+                .pool
+                .patch_block(&self.ds, blkid, in_block, piece.clone())
+                .map_err(|e| self.err(e))?;
+            if let Some(txg) = patched {
+                if log {
+                    self.append_log(Record::Write {
+                        txg,
+                        offset: blkid * bs + in_block as u64,
+                        data: Payload::shared(piece, 0, src.len()),
+                    });
+                }
+                return Ok(());
+            }
+        }
         let block = Arc::new(if whole {
             src.to_vec()
         } else {
