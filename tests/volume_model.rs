@@ -226,8 +226,9 @@ fn reads_without_waiting_take_memory_and_ready_devices_only() {
 
 /// A short write into a large block is laid over it without reading it (`Dirty::Patch`):
 /// no device read before the write returns, and only its own bytes held in memory. Reads
-/// see the block with the pieces over it before and after the sync. A patch that would
-/// hold more than half its block is written as a whole block instead (reading it then).
+/// see the block with the pieces over it before and after the sync. Pieces that cover
+/// their block make it whole without a read; a patch that would hold more than its block is
+/// written as a whole block instead (reading it then).
 #[test]
 fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -270,7 +271,7 @@ fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
 
     let before = reads.load(SeqCst);
     write(&vol, &mut model, 2 * BS + 4096, 4096, 2);
-    write(&vol, &mut model, 2 * BS + 6144, 4096, 3); // over half the first piece
+    write(&vol, &mut model, 2 * BS + 6144, 4096, 3); // over part of the first piece
     write(&vol, &mut model, 5 * BS + BS - 512, 1024, 4); // across into block 6
     write(&vol, &mut model, 9 * BS + 8192, 100, 5);
     assert_eq!(reads.load(SeqCst), before, "a short write read its block");
@@ -297,16 +298,25 @@ fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
     };
     check(&vol, &model, "before the sync");
 
-    // Past half a block, the patch gives way to the whole block, which is read for it.
+    // Short sequential writes that cover a block make it whole without reading it.
     let before = reads.load(SeqCst);
-    for i in 0..5 {
+    for i in 0..8 {
         write(&vol, &mut model, 12 * BS + i * 16384, 16384, 10 + i as u64);
     }
+    assert_eq!(reads.load(SeqCst), before, "a covered block was read");
+    assert!(pool.memory_held() >= BS as u64);
+    check(&vol, &model, "with a covered block");
+
+    // Pieces that overlap in part and would hold more than their block give way to the
+    // whole block, which is read for them.
+    write(&vol, &mut model, 13 * BS, 49152, 20);
+    write(&vol, &mut model, 13 * BS + 40960, 49152, 21);
+    let before = reads.load(SeqCst);
+    write(&vol, &mut model, 13 * BS + 61440, 49152, 22);
     assert!(
         reads.load(SeqCst) > before,
-        "the fifth piece made a whole block"
+        "the third piece made a whole block"
     );
-    assert!(pool.memory_held() >= BS as u64);
     check(&vol, &model, "with a whole block");
 
     pool.sync_now().unwrap();

@@ -137,6 +137,21 @@ fn overlay(base: Option<&[u8]>, pieces: &[Piece], block_bytes: usize) -> Vec<u8>
     b
 }
 
+/// Whether `pieces` together cover all `block_bytes` of their block.
+fn covers(pieces: &[Piece], block_bytes: usize) -> bool {
+    let mut spans: Vec<(usize, usize)> =
+        pieces.iter().map(|p| (p.at, p.at + p.data.len())).collect();
+    spans.sort_unstable();
+    let mut reach = 0;
+    for (start, end) in spans {
+        if start > reach {
+            return false;
+        }
+        reach = reach.max(end);
+    }
+    reach >= block_bytes
+}
+
 /// Builds each patched block of a read (`read_blocks`) from what was read for it.
 fn lay_pieces(
     out: &mut [Result<Fetched, ZioError>],
@@ -473,7 +488,8 @@ impl Object {
 
     /// Lays `data` over bytes `at..` of block `blkid` in the open txg without reading the
     /// block (`Dirty::Patch`), if the open txg has no other change to it and its patch then
-    /// holds at most `max_held` bytes; pieces the new one covers are dropped. Returns the
+    /// holds at most `max_held` bytes; pieces the new one covers are dropped, and a patch
+    /// whose pieces cover the whole block becomes the block (`Dirty::Data`). Returns the
     /// change in dirty counts, or `None` (nothing changed) where the caller must write the
     /// whole block instead. The caller holds the block's range lock and the open txg.
     pub fn patch(&self, blkid: u64, at: usize, data: Arc<Vec<u8>>, max_held: u64) -> Option<Delta> {
@@ -494,19 +510,26 @@ impl Object {
             }
             Some(Dirty::Patch(pieces)) => {
                 let before = held(pieces);
-                let kept: u64 = pieces
-                    .iter()
-                    .filter(|p| !covered(p))
-                    .map(|p| p.data.len() as u64)
-                    .sum();
-                if kept + new > max_held {
+                let mut next: Vec<Piece> = pieces.iter().filter(|p| !covered(p)).cloned().collect();
+                next.push(Piece { at, data });
+                if covers(&next, block_bytes as usize) {
+                    // Every byte is written: the block is whole without what it held (short
+                    // sequential writes never read their blocks).
+                    let whole = overlay(None, &next, block_bytes as usize);
+                    st.open.insert(blkid, Dirty::Data(Arc::new(whole)));
+                    return Some(Delta {
+                        bytes: 0,
+                        held: block_bytes as i64 - before as i64,
+                    });
+                }
+                let after = held(&next);
+                if after > max_held {
                     return None;
                 }
-                pieces.retain(|p| !covered(p));
-                pieces.push(Piece { at, data });
+                *pieces = next;
                 Some(Delta {
                     bytes: 0,
-                    held: (kept + new) as i64 - before as i64,
+                    held: after as i64 - before as i64,
                 })
             }
             _ => None,
