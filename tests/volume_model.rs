@@ -144,6 +144,24 @@ fn model_raidz3() {
     run(Layout::Raidz3, 61);
 }
 
+/// A pool on one hooked device with volume `v` of 4 MiB in blocks of `bs`, its first
+/// `filled` bytes written (`pattern(1, ..)`) and synced; returns them too.
+fn tapped_volume(tap: Tap, bs: usize, filled: usize) -> (std::sync::Arc<Pool>, Volume, Vec<u8>) {
+    let tap: std::sync::Arc<dyn zeta::vdev::BlockDevice> = std::sync::Arc::new(tap);
+    let pool = Pool::create(
+        "tank",
+        vec![zeta::dsl::TopSpec::stripe((tap, "tap".into()))],
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, bs as u32, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let data = pattern(1, filled);
+    vol.write(0, &data).unwrap();
+    pool.sync_now().unwrap();
+    (pool, vol, data)
+}
+
 /// `Volume::read_nowait` serves blocks held in memory and blocks the device has at once (as
 /// a file's page cache does), and declines, without any waiting read, a block the device
 /// would have to wait for: the NBD reader serves small reads that way and leaves the rest to
@@ -152,8 +170,6 @@ fn model_raidz3() {
 fn reads_without_waiting_take_memory_and_ready_devices_only() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
     use std::sync::Arc;
-    use zeta::dsl::TopSpec;
-    use zeta::vdev::BlockDevice;
 
     let dev = mem_devs(1, 64 * MB).pop().unwrap();
     let ready = Arc::new(AtomicBool::new(true));
@@ -171,18 +187,7 @@ fn reads_without_waiting_take_memory_and_ready_devices_only() {
         },
         ..Tap::new(dev)
     };
-    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec::stripe((tap, "tap".into()))],
-        model_opts(),
-    )
-    .unwrap();
-    pool.create_volume("v", 4 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
-    let old = pattern(1, MB as usize);
-    vol.write(0, &old).unwrap();
-    pool.sync_now().unwrap();
+    let (pool, vol, old) = tapped_volume(tap, 16384, MB as usize);
     // Nothing in the block cache: every block not dirty comes from the device.
     pool.set_cache_limit(0);
 
@@ -233,8 +238,6 @@ fn reads_without_waiting_take_memory_and_ready_devices_only() {
 fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
     use std::sync::Arc;
-    use zeta::dsl::TopSpec;
-    use zeta::vdev::BlockDevice;
 
     const BS: usize = 131072;
     let dev = mem_devs(1, 64 * MB).pop().unwrap();
@@ -248,18 +251,7 @@ fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
         },
         ..Tap::new(dev)
     };
-    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec::stripe((tap, "tap".into()))],
-        model_opts(),
-    )
-    .unwrap();
-    pool.create_volume("v", 4 * MB, BS as u32, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
-    let mut model = pattern(1, 16 * BS);
-    vol.write(0, &model).unwrap();
-    pool.sync_now().unwrap();
+    let (pool, vol, mut model) = tapped_volume(tap, BS, 16 * BS);
     // Nothing in the block cache: what a block held can only come from the device.
     pool.set_cache_limit(0);
     pool.set_cache_limit(u64::MAX);
@@ -333,8 +325,7 @@ fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
 fn a_patch_over_a_syncing_patch_reads_as_both() {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::{Arc, Condvar, Mutex};
-    use zeta::dsl::TopSpec;
-    use zeta::vdev::{BlockDevice, RESERVE_BYTES};
+    use zeta::vdev::RESERVE_BYTES;
 
     const BS: usize = 65536;
     let dev = mem_devs(1, 64 * MB).pop().unwrap();
@@ -357,18 +348,7 @@ fn a_patch_over_a_syncing_patch_reads_as_both() {
         },
         ..Tap::new(dev)
     };
-    let tap: Arc<dyn BlockDevice> = Arc::new(tap);
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec::stripe((tap, "tap".into()))],
-        model_opts(),
-    )
-    .unwrap();
-    pool.create_volume("v", 4 * MB, BS as u32, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
-    let mut model = pattern(1, 4 * BS);
-    vol.write(0, &model).unwrap();
-    pool.sync_now().unwrap();
+    let (pool, vol, mut model) = tapped_volume(tap, BS, 4 * BS);
 
     let a = pattern(2, 8192);
     vol.write((BS + 4096) as u64, &a).unwrap();
