@@ -680,7 +680,7 @@ impl Object {
             .collect();
         let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
-        let mut patched: Vec<(u64, &[Piece])> = Vec::new();
+        let mut patched: Vec<Patched> = Vec::new();
         for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
             match change {
                 // Cached like any written block. (Leaving streams' blocks out, as streaming
@@ -864,65 +864,108 @@ impl Object {
 /// How many bytes of patched blocks a sync builds in memory at once (`sync_patched`).
 const PATCH_BATCH_BYTES: usize = 4 << 20;
 
+/// What patched blocks held before their txg (`sync_patched`): a hole, a cached copy, or
+/// read and verified now, for each pointer.
+type Bases = Vec<Result<Option<Arc<Vec<u8>>>, ZioError>>;
+
+/// A patched block of a syncing txg: its id and its pieces.
+type Patched<'a> = (u64, &'a [Piece]);
+
+fn read_bases(io: &ObjectIo, at: &[BlkPtr]) -> Bases {
+    let mut bases: Bases = at.iter().map(|bp| Ok(io.cache.get(bp))).collect();
+    let misses: Vec<usize> = (0..at.len())
+        .filter(|&i| !at[i].is_hole() && matches!(bases[i], Ok(None)))
+        .collect();
+    let bps: Vec<BlkPtr> = misses.iter().map(|&i| at[i]).collect();
+    for (i, data) in misses.into_iter().zip(io.zio.read_batch(&bps)) {
+        bases[i] = data.map(|d| Some(Arc::new(d)));
+    }
+    bases
+}
+
 /// Writes a syncing txg's patched blocks (`Dirty::Patch`): each is what it held as of the
 /// last sync (the tree of `old`) with the txg's pieces laid over it. Built and written a
 /// bounded batch at a time: a txg of short writes into large blocks patches many more
-/// blocks than the memory it holds.
+/// blocks than the memory it holds. A helper thread reads the next batch's old contents
+/// while this one writes the last: done in turn, the reads (a RAID-Z block is read
+/// column by column) and the writes each left the other's resources idle, and random 4K
+/// writes on raidz2 ran 12 % slower than when writers read their blocks themselves.
 fn sync_patched(
     io: &ObjectIo,
     old: &DnodePhys,
-    patched: &[(u64, &[Piece])],
+    patched: &[Patched],
     props: WriteProps,
     txg: u64,
     children: &mut BTreeMap<u64, BlkPtr>,
 ) -> Result<(), ZioError> {
     let block_bytes = old.data_block_bytes.get() as usize;
     let mut leaves = Leaves::new(old);
-    for batch in patched.chunks((PATCH_BATCH_BYTES / block_bytes).max(1)) {
-        let mut at = Vec::with_capacity(batch.len());
-        for (blkid, _) in batch {
-            at.push(leaves.get(io, *blkid)?);
+    let mut at = Vec::with_capacity(patched.len());
+    for (blkid, _) in patched {
+        at.push(leaves.get(io, *blkid)?);
+    }
+    let per_batch = (PATCH_BATCH_BYTES / block_bytes).max(1);
+    let batches: Vec<(&[Patched], &[BlkPtr])> = patched
+        .chunks(per_batch)
+        .zip(at.chunks(per_batch))
+        .collect();
+    std::thread::scope(|s| {
+        let mut next: Option<std::thread::ScopedJoinHandle<Bases>> = None;
+        for (k, &(batch, at)) in batches.iter().enumerate() {
+            let bases = match next.take() {
+                Some(h) => h.join().expect("reading a batch's old blocks panicked"),
+                None => read_bases(io, at),
+            };
+            if let Some(&(_, at)) = batches.get(k + 1) {
+                next = Some(s.spawn(move || read_bases(io, at)));
+            }
+            write_patched(io, batch, at, bases, block_bytes, props, txg, children)?;
         }
-        // What each held: a hole, a cached copy, or read below.
-        let mut bases: Vec<Result<Option<Arc<Vec<u8>>>, ZioError>> =
-            at.iter().map(|bp| Ok(io.cache.get(bp))).collect();
-        let misses: Vec<usize> = (0..at.len())
-            .filter(|&i| !at[i].is_hole() && matches!(bases[i], Ok(None)))
-            .collect();
-        let bps: Vec<BlkPtr> = misses.iter().map(|&i| at[i]).collect();
-        for (i, data) in misses.into_iter().zip(io.zio.read_batch(&bps)) {
-            bases[i] = data.map(|d| Some(Arc::new(d)));
-        }
-        let mut built: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
-            match base {
-                Ok(base) => {
-                    let b = overlay(base.as_ref().map(|d| d.as_slice()), pieces, block_bytes);
-                    if is_zero(&b) {
-                        children.insert(*blkid, BlkPtr::HOLE);
-                    } else {
-                        built.push((*blkid, b));
-                    }
-                }
-                // No copy of what the block held verifies: the pieces cannot be laid over it
-                // without inventing the rest. The block keeps its damaged copy, so reads of
-                // it go on failing rather than showing made-up bytes, and the pieces are
-                // lost with it (counted; the failed read counted the damage).
-                Err(_) => {
-                    io.zio.stats.lost_patches.fetch_add(1, Ordering::Relaxed);
-                    children.insert(*blkid, bp);
+        Ok(())
+    })
+}
+
+/// Lays one batch of patched blocks over what they held (`bases`) and writes them.
+#[allow(clippy::too_many_arguments)]
+fn write_patched(
+    io: &ObjectIo,
+    batch: &[Patched],
+    at: &[BlkPtr],
+    bases: Bases,
+    block_bytes: usize,
+    props: WriteProps,
+    txg: u64,
+    children: &mut BTreeMap<u64, BlkPtr>,
+) -> Result<(), ZioError> {
+    let mut built: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
+        match base {
+            Ok(base) => {
+                let b = overlay(base.as_ref().map(|d| d.as_slice()), pieces, block_bytes);
+                if is_zero(&b) {
+                    children.insert(*blkid, BlkPtr::HOLE);
+                } else {
+                    built.push((*blkid, b));
                 }
             }
+            // No copy of what the block held verifies: the pieces cannot be laid over it
+            // without inventing the rest. The block keeps its damaged copy, so reads of it
+            // go on failing rather than showing made-up bytes, and the pieces are lost with
+            // it (counted; the failed read counted the damage).
+            Err(_) => {
+                io.zio.stats.lost_patches.fetch_add(1, Ordering::Relaxed);
+                children.insert(*blkid, *bp);
+            }
         }
-        if built.is_empty() {
-            continue;
-        }
-        let bufs: Vec<&[u8]> = built.iter().map(|(_, b)| b.as_slice()).collect();
-        let bps = io.zio.write_batch(&bufs, props, txg)?;
-        for ((blkid, b), bp) in built.into_iter().zip(bps) {
-            io.cache.insert(&bp, Arc::new(b));
-            children.insert(blkid, bp);
-        }
+    }
+    if built.is_empty() {
+        return Ok(());
+    }
+    let bufs: Vec<&[u8]> = built.iter().map(|(_, b)| b.as_slice()).collect();
+    let bps = io.zio.write_batch(&bufs, props, txg)?;
+    for ((blkid, b), bp) in built.into_iter().zip(bps) {
+        io.cache.insert(&bp, Arc::new(b));
+        children.insert(blkid, bp);
     }
     Ok(())
 }
