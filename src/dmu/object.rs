@@ -862,7 +862,7 @@ impl Object {
 }
 
 /// How many bytes of patched blocks a sync builds in memory at once (`sync_patched`).
-const PATCH_BATCH_BYTES: usize = 4 << 20;
+const PATCH_BATCH_BYTES: usize = 2 << 20;
 
 /// What patched blocks held before their txg (`sync_patched`): a hole, a cached copy, or
 /// read and verified now, for each pointer.
