@@ -168,24 +168,18 @@ fn tapped_volume(tap: Tap, bs: usize, filled: usize) -> (std::sync::Arc<Pool>, V
 /// a worker.
 #[test]
 fn reads_without_waiting_take_memory_and_ready_devices_only() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::Arc;
 
     let dev = mem_devs(1, 64 * MB).pop().unwrap();
     let ready = Arc::new(AtomicBool::new(true));
-    let waited = Arc::new(AtomicU64::new(0));
+    let (tap, waited) = Tap::counting_reads(dev);
     let tap = Tap {
-        on_read: {
-            let waited = waited.clone();
-            Box::new(move || {
-                waited.fetch_add(1, SeqCst);
-            })
-        },
         nowait: {
             let ready = ready.clone();
             Box::new(move || ready.load(SeqCst))
         },
-        ..Tap::new(dev)
+        ..tap
     };
     let (pool, vol, old) = tapped_volume(tap, 16384, MB as usize);
     // Nothing in the block cache: every block not dirty comes from the device.
@@ -236,21 +230,11 @@ fn reads_without_waiting_take_memory_and_ready_devices_only() {
 /// written as a whole block instead (reading it then).
 #[test]
 fn short_writes_into_large_blocks_read_nothing_until_their_sync() {
-    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering::SeqCst;
 
     const BS: usize = 131072;
     let dev = mem_devs(1, 64 * MB).pop().unwrap();
-    let reads = Arc::new(AtomicU64::new(0));
-    let tap = Tap {
-        on_read: {
-            let reads = reads.clone();
-            Box::new(move || {
-                reads.fetch_add(1, SeqCst);
-            })
-        },
-        ..Tap::new(dev)
-    };
+    let (tap, reads) = Tap::counting_reads(dev);
     let (pool, vol, mut model) = tapped_volume(tap, BS, 16 * BS);
     // Nothing in the block cache: what a block held can only come from the device.
     pool.set_cache_limit(0);

@@ -486,13 +486,24 @@ impl Object {
         Some(out)
     }
 
+    /// Whether a short write into block `blkid` can be laid over it as a patch (`patch`):
+    /// the open txg has no whole-block change for it. (A patch can still be refused for
+    /// holding too much.)
+    pub fn patchable(&self, blkid: u64) -> bool {
+        matches!(
+            self.state.lock().open.get(&blkid),
+            None | Some(Dirty::Patch(_))
+        )
+    }
+
     /// Lays `data` over bytes `at..` of block `blkid` in the open txg without reading the
     /// block (`Dirty::Patch`), if the open txg has no other change to it and its patch then
-    /// holds at most `max_held` bytes; pieces the new one covers are dropped, and a patch
-    /// whose pieces cover the whole block becomes the block (`Dirty::Data`). Returns the
-    /// change in dirty counts, or `None` (nothing changed) where the caller must write the
-    /// whole block instead. The caller holds the block's range lock and the open txg.
-    pub fn patch(&self, blkid: u64, at: usize, data: Arc<Vec<u8>>, max_held: u64) -> Option<Delta> {
+    /// holds at most a block's worth (pieces that overlap in part could hold more; past
+    /// that, the whole block takes less memory). Pieces the new one covers are dropped, and
+    /// a patch whose pieces cover the whole block becomes the block (`Dirty::Data`). Returns
+    /// the change in dirty counts, or `None` (nothing changed) where the caller must write
+    /// the whole block instead. The caller holds the block's range lock and the open txg.
+    pub fn patch(&self, blkid: u64, at: usize, data: Arc<Vec<u8>>) -> Option<Delta> {
         let mut st = self.state.lock();
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
         assert!((at + data.len()) as u64 <= block_bytes);
@@ -500,7 +511,7 @@ impl Object {
         let covered = |p: &Piece| p.at >= at && p.at + p.data.len() <= end;
         let new = data.len() as u64;
         match st.open.get_mut(&blkid) {
-            None if new <= max_held => {
+            None => {
                 st.open
                     .insert(blkid, Dirty::Patch(vec![Piece { at, data }]));
                 Some(Delta {
@@ -523,7 +534,7 @@ impl Object {
                     });
                 }
                 let after = held(&next);
-                if after > max_held {
+                if after > block_bytes {
                     return None;
                 }
                 *pieces = next;

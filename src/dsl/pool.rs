@@ -1118,9 +1118,7 @@ impl Pool {
         self.reserve_space(len, len)?;
         let hold = self.hold_open_txg(ds)?;
         let txg = *hold;
-        // A patch holds at most a block's worth (pieces that overlap in part could hold
-        // more): past that, the whole block takes less memory.
-        let Some(delta) = ds.object.patch(blkid, at, data, len) else {
+        let Some(delta) = ds.object.patch(blkid, at, data) else {
             return Ok(None);
         };
         self.count_dirty(delta);

@@ -364,9 +364,10 @@ impl Volume {
     ) -> Result<(), VolError> {
         let bs = self.block_size();
         let whole = src.len() as u64 == bs;
-        if !whole {
-            // Laid over the block without reading it, if the open txg has no whole change
-            // to it: the sync reads it once for all the txg's pieces (`Dirty::Patch`).
+        // Laid over the block without reading it, if the open txg has no whole change to
+        // it: the sync reads it once for all the txg's pieces (`Dirty::Patch`). Asked first,
+        // so a write that cannot patch costs no copy and no second admission.
+        if !whole && self.ds.object.patchable(blkid) {
             let piece = Arc::new(src.to_vec());
             let patched = self
                 .pool

@@ -182,6 +182,21 @@ impl Tap {
             nowait: Box::new(|| false),
         }
     }
+
+    /// No hooks but a count of waiting reads, returned beside it.
+    pub fn counting_reads(dev: Arc<MemDevice>) -> (Tap, Arc<std::sync::atomic::AtomicU64>) {
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tap = Tap {
+            on_read: {
+                let reads = reads.clone();
+                Box::new(move || {
+                    reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                })
+            },
+            ..Tap::new(dev)
+        };
+        (tap, reads)
+    }
 }
 
 impl BlockDevice for Tap {
