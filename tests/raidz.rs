@@ -645,6 +645,211 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
     assert_eq!(waited(), before);
 }
 
+/// A run of blocks that lie one after another is read with one request per child for the
+/// columns it holds, not one per column: at once where the device has them, the waiting way
+/// for a child that would wait. Blocks of every size chain right (each starts where the
+/// previous one's allocation, parity and padding included, ends).
+#[test]
+fn a_run_of_raidz_blocks_reads_each_childs_columns_as_one_request() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
+    // Per device: requests served at once, waiting requests, whether it serves at once.
+    let counts: Vec<(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>)> =
+        (0..6).map(|_| Default::default()).collect();
+    let slots = mem_devs(6, 8 * MB)
+        .into_iter()
+        .zip(&counts)
+        .enumerate()
+        .map(|(i, (dev, (at_once, waited, cached)))| {
+            cached.store(true, Ordering::SeqCst);
+            let (at_once, waited, cached) = (at_once.clone(), waited.clone(), cached.clone());
+            let tap = Tap {
+                on_read: Box::new(move || {
+                    waited.fetch_add(1, Ordering::SeqCst);
+                }),
+                nowait: Box::new(move || {
+                    let yes = cached.load(Ordering::SeqCst);
+                    if yes {
+                        at_once.fetch_add(1, Ordering::SeqCst);
+                    }
+                    yes
+                }),
+                ..Tap::new(dev)
+            };
+            Some(Arc::new(Leaf::new(Arc::new(tap), i as u64 + 1)))
+        })
+        .collect();
+    let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();
+    let reset = || {
+        for c in &counts {
+            c.0.store(0, Ordering::SeqCst);
+            c.1.store(0, Ordering::SeqCst);
+        }
+    };
+    let sum = |k: usize| -> Vec<u64> {
+        counts
+            .iter()
+            .map(|c| [&c.0, &c.1][k].load(Ordering::SeqCst))
+            .collect()
+    };
+    let mut rng = StdRng::seed_from_u64(11);
+    // Writes a run of blocks of these sizes from offset `at` and reads it back as one run.
+    let mut at = 0u64;
+    let mut run = |sizes: &[usize]| -> Vec<Vec<u8>> {
+        let blocks: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| {
+                let mut b = vec![0u8; n];
+                rng.fill_bytes(&mut b);
+                b
+            })
+            .collect();
+        let start = at;
+        for b in &blocks {
+            top.write(at, b).unwrap();
+            at += top.asize_of(b.len() as u64);
+        }
+        reset();
+        let mut back: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let mut bufs: Vec<&mut [u8]> = back.iter_mut().map(|b| &mut b[..]).collect();
+        top.read_run(start, &mut bufs).unwrap();
+        assert!(back == blocks, "a run of {sizes:?} read back other bytes");
+        back
+    };
+
+    // Eight 16K blocks: four data columns each, the same four children, rows in turn.
+    run(&[16384; 8]);
+    assert_eq!(sum(0), [0, 0, 1, 1, 1, 1], "one request per data child");
+    assert_eq!(sum(1), [0; 6]);
+
+    // A child that would wait gets one waiting request; the others are served at once.
+    counts[3].2.store(false, Ordering::SeqCst);
+    run(&[16384; 8]);
+    assert_eq!(sum(0), [0, 0, 1, 0, 1, 1]);
+    assert_eq!(sum(1), [0, 0, 0, 1, 0, 0]);
+    counts[3].2.store(true, Ordering::SeqCst);
+
+    // Sixteen 4K blocks take alternate halves of the row: two children hold all the data.
+    run(&[4096; 16]);
+    assert_eq!(sum(0).iter().sum::<u64>(), 2, "{:?}", sum(0));
+    assert_eq!(sum(1), [0; 6]);
+
+    // Ragged sizes still chain; far fewer requests than columns.
+    run(&[4096, 12288, 131072, 8192, 20480, 4096, 65536]);
+    let requests: u64 = sum(0).iter().sum();
+    assert!((1..=12).contains(&requests), "{requests} requests");
+}
+
+/// A device that counts write requests (a vectored write is one).
+struct CountedWrites {
+    dev: Arc<MemDevice>,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl zeta::vdev::BlockDevice for CountedWrites {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.dev.write_at(buf, offset)
+    }
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.dev.write_vectored_at(bufs, offset)
+    }
+    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.discard(offset, len)
+    }
+    fn len_bytes(&self) -> u64 {
+        self.dev.len_bytes()
+    }
+    fn name(&self) -> &str {
+        self.dev.name()
+    }
+}
+
+/// A run of blocks is written with one request per child for the columns it holds (parity
+/// included), and reads back whole; up to `nparity` failed children still leave every block
+/// readable, more fail the run.
+#[test]
+fn a_run_of_raidz_blocks_writes_each_childs_columns_as_one_request() {
+    use std::sync::atomic::AtomicU64;
+    use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
+    let devs = mem_devs(6, 8 * MB);
+    let requests: Vec<Arc<AtomicU64>> = (0..6).map(|_| Default::default()).collect();
+    let slots = devs
+        .iter()
+        .zip(&requests)
+        .enumerate()
+        .map(|(i, (dev, requests))| {
+            let counted = CountedWrites {
+                dev: dev.clone(),
+                requests: requests.clone(),
+            };
+            Some(Arc::new(Leaf::new(Arc::new(counted), i as u64 + 1)))
+        })
+        .collect();
+    let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();
+    let counts = || -> Vec<u64> {
+        requests
+            .iter()
+            .map(|r| r.swap(0, Ordering::SeqCst))
+            .collect()
+    };
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut at = 0u64;
+    let mut write_run = |sizes: &[usize]| -> Result<Vec<(u64, Vec<u8>)>, zeta::vdev::VdevError> {
+        let blocks: Vec<(u64, Vec<u8>)> = sizes
+            .iter()
+            .map(|&n| {
+                let mut b = vec![0u8; n];
+                rng.fill_bytes(&mut b);
+                let off = at;
+                at += top.asize_of(n as u64);
+                (off, b)
+            })
+            .collect();
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| &b[..]).collect();
+        top.write_run(blocks[0].0, &bufs)?;
+        Ok(blocks)
+    };
+    let reads_back = |blocks: &[(u64, Vec<u8>)]| {
+        for (off, b) in blocks {
+            let mut back = vec![0u8; b.len()];
+            top.read_verified(*off, &mut back, &|x: &[u8]| x == &b[..])
+                .unwrap();
+        }
+    };
+
+    let blocks = write_run(&[16384; 8]).unwrap();
+    assert_eq!(counts(), [1; 6], "one request per child");
+    reads_back(&blocks);
+    let blocks = write_run(&[4096, 12288, 131072, 8192, 20480, 4096, 65536]).unwrap();
+    let total: u64 = counts().iter().sum();
+    assert!(total <= 12, "{total} requests for a ragged run");
+    reads_back(&blocks);
+
+    // Two children failing: written, and readable from the other four.
+    for d in &devs[1..3] {
+        d.set_faults(Faults {
+            fail_writes: true,
+            ..Faults::default()
+        });
+    }
+    let blocks = write_run(&[16384; 8]).unwrap();
+    reads_back(&blocks);
+    // A third: the run fails.
+    devs[4].set_faults(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    assert!(write_run(&[16384; 8]).is_err());
+}
+
 /// Buffered writes of a raidz stripe's columns and of a mirror's copies run on the writing
 /// thread, one after another: handing page-cache copies to the thread pool cost more in task
 /// switches than the copies. Durable writes (the log's) wait for devices and go in parallel.

@@ -75,6 +75,16 @@ pub trait BlockDevice: Send + Sync {
     fn read_at_nowait(&self, _buf: &mut [u8], _offset_bytes: u64) -> bool {
         false
     }
+    /// `read_vectored_at` only if no part of it needs a wait for the device (see
+    /// `read_at_nowait`). False says nothing of what the buffers hold.
+    fn read_vectored_at_nowait(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> bool {
+        let mut off = offset_bytes;
+        bufs.iter_mut().all(|b| {
+            let read = self.read_at_nowait(b, off);
+            off += b.len() as u64;
+            read
+        })
+    }
     fn flush(&self) -> Result<(), VdevError>;
     /// Writes `buf` and returns once it survives a crash or power cut, like `write_at` and
     /// `flush` together, but promising nothing of other unflushed writes. Devices that can

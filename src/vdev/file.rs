@@ -142,12 +142,14 @@ enum Op {
     Write(libc::c_int),
 }
 
+/// The most buffers one `preadv`/`pwritev` takes (Linux's `UIO_MAXIOV`).
+const IOV_MAX: usize = 1024;
+
 /// `preadv`/`pwritev2` over all of `iov` from `offset`, in calls of at most `IOV_MAX` buffers,
 /// resuming after short transfers and `EINTR`. `iov` describes live buffers the caller holds
 /// for the whole call (mutable ones for a read); it is consumed as the transfer advances.
 fn vectored(file: &File, iov: &mut [libc::iovec], offset: u64, op: Op) -> std::io::Result<()> {
     let write = op != Op::Read;
-    const IOV_MAX: usize = 1024;
     let mut at = 0usize;
     let mut off = offset;
     while at < iov.len() {
@@ -288,6 +290,46 @@ impl BlockDevice for FileDevice {
             return false;
         }
         rc as usize == buf.len()
+    }
+
+    /// One `preadv2` with `RWF_NOWAIT` over all the buffers (at most `IOV_MAX` of them).
+    fn read_vectored_at_nowait(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0
+            || bufs.len() > IOV_MAX
+            || !self.nowait_reads.load(Ordering::Relaxed)
+            || check_range(self, offset_bytes, total).is_err()
+        {
+            return false;
+        }
+        let iov: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into one of `bufs`, exclusively borrowed for the call;
+        // the kernel writes at most `iov_len` bytes into each, and the count passed is the
+        // vector's length (at most IOV_MAX, checked above).
+        let rc = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                offset_bytes as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
+                self.nowait_reads.store(false, Ordering::Relaxed);
+            }
+            return false;
+        }
+        rc as usize == total
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), VdevError> {

@@ -289,11 +289,11 @@ impl Raidz {
         }
     }
 
-    /// Writes a block as one full stripe. Succeeds when at most `nparity` columns failed
-    /// (each failure counted against its leaf): the block is then readable from the rest.
-    /// `durable`: each column with `Leaf::write_data_durable`, so the block survives a crash
-    /// when this returns.
-    pub fn write(&self, offset: u64, data: &[u8], durable: bool) -> Result<(), VdevError> {
+    /// Writes a block as one full stripe, each column with `Leaf::write_data_durable`, so
+    /// the block survives a crash when this returns (an intent log block's commit). Succeeds
+    /// when at most `nparity` columns failed (each failure counted against its leaf): the
+    /// block is then readable from the rest.
+    pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         let map = self.geom.map(offset, data.len() as u64);
         let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; map.nparity];
         let data_cols = split_lens(data, &map.data_lens());
@@ -307,26 +307,18 @@ impl Raidz {
             .chain(data_cols.iter().copied())
             .collect();
         let write = |(c, buf): (&Column, &&[u8])| match &self.slots[c.child] {
-            Some(leaf) => if durable {
-                leaf.write_data_durable(buf, c.offset)
-            } else {
-                leaf.write_data(buf, c.offset)
-            }
-            .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
+            Some(leaf) => leaf
+                .write_data_durable(buf, c.offset)
+                .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
             None => Err(self.missing_error(c.child)),
         };
-        // A durable column waits for its device: those go in parallel. A buffered one is a
-        // copy into the page cache, cheaper on this thread than handed to the pool (random
-        // 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k here).
-        let results: Vec<Result<(), VdevError>> = if durable {
-            map.cols
-                .par_iter()
-                .zip(bufs.par_iter())
-                .map(write)
-                .collect()
-        } else {
-            map.cols.iter().zip(bufs.iter()).map(write).collect()
-        };
+        // A durable column waits for its device: those go in parallel.
+        let results: Vec<Result<(), VdevError>> = map
+            .cols
+            .par_iter()
+            .zip(bufs.par_iter())
+            .map(write)
+            .collect();
         let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
         if failed.len() > map.nparity {
             return Err(VdevError::Damaged(format!(
@@ -337,6 +329,86 @@ impl Raidz {
                 failed
                     .iter()
                     .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes a run of blocks that lie one after another from `offset` (each the next's
+    /// predecessor by `geom.asize` of its length), buffered, with one request per stretch of
+    /// adjacent columns on a child (see `read_run`): a run of eight 16K blocks on a raidz2 of
+    /// six is six writes of 32K rather than forty-eight of 4K. Succeeds when at most
+    /// `nparity` children failed (each failure counted against its leaf): every block is
+    /// then readable from the rest. More failed children fail the whole run, even if no one
+    /// block lost more than `nparity` columns.
+    pub fn write_run(&self, offset: u64, blocks: &[&[u8]]) -> Result<(), VdevError> {
+        let maps: Vec<StripeMap> = blocks
+            .iter()
+            .scan(offset, |at, b| {
+                let map = self.geom.map(*at, b.len() as u64);
+                *at += self.geom.asize(b.len() as u64);
+                Some(map)
+            })
+            .collect();
+        let parity: Vec<Vec<Vec<u8>>> = blocks
+            .iter()
+            .zip(&maps)
+            .map(|(data, map)| {
+                let mut parity = vec![vec![0u8; map.parity_len()]; map.nparity];
+                let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+                self.codec
+                    .generate(&split_lens(data, &map.data_lens()), &mut prefs);
+                parity
+            })
+            .collect();
+        let mut stretches: Vec<(usize, u64, Vec<&[u8]>)> = Vec::new();
+        let mut last: Vec<Option<(usize, u64)>> = vec![None; self.slots.len()];
+        for ((data, map), parity) in blocks.iter().zip(&maps).zip(&parity) {
+            let cols = parity
+                .iter()
+                .map(|p| &p[..])
+                .chain(split_lens(data, &map.data_lens()));
+            for (c, buf) in map.cols.iter().zip(cols) {
+                match &mut last[c.child] {
+                    Some((i, end)) if *end == c.offset => {
+                        stretches[*i].2.push(buf);
+                        *end += c.len as u64;
+                    }
+                    slot => {
+                        *slot = Some((stretches.len(), c.offset + c.len as u64));
+                        stretches.push((c.child, c.offset, vec![buf]));
+                    }
+                }
+            }
+        }
+        // Buffered: copies into page caches, cheaper on this thread than handed to the pool
+        // (random 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k
+        // here, one stripe at a time).
+        let mut failed: Vec<(usize, VdevError)> = Vec::new();
+        for (child, at, bufs) in &stretches {
+            let r = match &self.slots[*child] {
+                Some(leaf) => leaf
+                    .write_data_vectored(bufs, *at)
+                    .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
+                None => Err(self.missing_error(*child)),
+            };
+            if let Err(e) = r {
+                if !failed.iter().any(|(c, _)| c == child) {
+                    failed.push((*child, e));
+                }
+            }
+        }
+        if failed.len() > self.nparity() {
+            return Err(VdevError::Damaged(format!(
+                "raidz{} write lost {} of {} children: {}",
+                self.nparity(),
+                failed.len(),
+                self.slots.len(),
+                failed
+                    .iter()
+                    .map(|(_, e)| e.to_string())
                     .collect::<Vec<_>>()
                     .join("; ")
             )));
@@ -383,6 +455,68 @@ impl Raidz {
                 out.failed.push(*i);
                 out.errors.push(e.to_string());
             }
+        }
+    }
+
+    /// Reads the data columns of a run of blocks that lie one after another from `offset`
+    /// (each of `bufs` one block; the next begins `geom.asize` of its length later),
+    /// unverified, with one request per stretch of adjacent columns on a child. Blocks of a
+    /// run take the same rows of the children one after another, so a run of eight 16K
+    /// blocks on a raidz2 of six is four reads of 32K rather than thirty-two of 4K (sequential
+    /// 128K reads through NBD spent 28 % of the server's time in those calls). Stretches a
+    /// leaf has at once are read on this thread; the rest in parallel. An error is returned
+    /// as is, not counted: the caller reads the run's blocks one by one (`read_verified`),
+    /// which rebuilds from parity, counts and repairs.
+    pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), VdevError> {
+        /// Adjacent columns of one child, read as one request.
+        struct Stretch<'a> {
+            child: usize,
+            offset: u64,
+            end: u64,
+            bufs: Vec<&'a mut [u8]>,
+        }
+        let mut stretches: Vec<Stretch> = Vec::new();
+        // Each child's last stretch, the only one a later column can extend.
+        let mut last: Vec<Option<usize>> = vec![None; self.slots.len()];
+        let mut at = offset;
+        for buf in bufs.iter_mut() {
+            let len = buf.len() as u64;
+            let map = self.geom.map(at, len);
+            at += self.geom.asize(len);
+            let lens = map.data_lens();
+            for (c, b) in map.data_cols().iter().zip(split_lens_mut(buf, &lens)) {
+                match last[c.child] {
+                    Some(i) if stretches[i].end == c.offset => {
+                        stretches[i].end += c.len as u64;
+                        stretches[i].bufs.push(b);
+                    }
+                    _ => {
+                        last[c.child] = Some(stretches.len());
+                        stretches.push(Stretch {
+                            child: c.child,
+                            offset: c.offset,
+                            end: c.offset + c.len as u64,
+                            bufs: vec![b],
+                        });
+                    }
+                }
+            }
+        }
+        stretches.retain_mut(|s| {
+            !self.slots[s.child]
+                .as_ref()
+                .is_some_and(|leaf| leaf.read_data_vectored_nowait(&mut s.bufs, s.offset))
+        });
+        let read = |s: &mut Stretch| -> Result<(), VdevError> {
+            match &self.slots[s.child] {
+                Some(leaf) => leaf.read_data_vectored(&mut s.bufs, s.offset),
+                None => Err(self.missing_error(s.child)),
+            }
+        };
+        if stretches.len() <= 1 {
+            stretches.iter_mut().try_for_each(read)
+        } else {
+            stretches.par_iter_mut().try_for_each(read)
         }
     }
 

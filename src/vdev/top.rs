@@ -351,6 +351,22 @@ impl Leaf {
         read
     }
 
+    /// `read_data_vectored` if the device can serve it all without waiting
+    /// (`BlockDevice::read_vectored_at_nowait`); as `read_data_nowait` otherwise.
+    pub fn read_data_vectored_nowait(&self, bufs: &mut [&mut [u8]], offset: u64) -> bool {
+        let f = *self.inject.lock();
+        if self.is_offline() || f.vanished || f.fail_reads > 0.0 {
+            return false;
+        }
+        let read = self
+            .dev()
+            .read_vectored_at_nowait(bufs, RESERVE_BYTES + offset);
+        if read {
+            self.note_success(0);
+        }
+        read
+    }
+
     pub fn write_data(&self, buf: &[u8], offset: u64) -> Result<(), VdevError> {
         self.data_io(IoKind::Write, offset, |d, at| d.write_at(buf, at))
     }
@@ -555,10 +571,7 @@ impl TopVdev {
     /// it (the others count a write error); a stripe write fails with its leaf.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
-        match &self.raidz {
-            Some(rz) => rz.write(offset, data, false),
-            None => self.write_run(offset, &[data]),
-        }
+        self.write_run(offset, &[data])
     }
 
     /// `write`, returning once the block survives a crash on every child that took it, with
@@ -566,7 +579,7 @@ impl TopVdev {
     pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
         if let Some(rz) = &self.raidz {
-            return rz.write(offset, data, true);
+            return rz.write_durable(offset, data);
         }
         let results = self.on_each_child(|c| c.write_data_durable(data, offset));
         self.settle(results, |c| &c.counters.write_errors)
@@ -585,12 +598,14 @@ impl TopVdev {
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per
-    /// child, with `write`'s rules for a failed child. Not for a raidz, whose every block is
-    /// its own stripe (the caller writes those one by one).
+    /// child, with `write`'s rules for a failed child; on a raidz, one request per stretch of
+    /// adjacent columns on a child (`Raidz::write_run`).
     pub fn write_run(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
-        assert!(self.raidz.is_none(), "a raidz writes block by block");
+        if let Some(rz) = &self.raidz {
+            return rz.write_run(offset, bufs);
+        }
         // Buffered: copies into page caches, cheaper in turn on this thread than handed to
-        // the pool (see `Raidz::write`).
+        // the pool (see `Raidz::write_run`).
         let results = self
             .children
             .iter()
@@ -604,8 +619,13 @@ impl TopVdev {
     /// takes any that fail through `read_verified_from` with the child returned here, so the
     /// bad copy is counted and repaired. An error is returned as is, not counted: those
     /// reads are retried block by block, which counts.
+    ///
+    /// A raidz reads the run's data columns (`Raidz::read_run`); the child returned is then
+    /// 0, which its `read_verified_from` does not use.
     pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<usize, VdevError> {
-        assert!(self.raidz.is_none(), "a raidz reads block by block");
+        if let Some(rz) = &self.raidz {
+            return rz.read_run(offset, bufs).map(|()| 0);
+        }
         let Some(i) = self.read_order().find(|&i| !self.children[i].is_offline()) else {
             return Err(VdevError::AllCopiesFailed(
                 "every device is out of service".into(),

@@ -130,10 +130,13 @@ struct RunEnd {
 }
 
 impl RunEnd {
+    /// A run that begins with the copy `d` of a block of `len` bytes. The next block's copy
+    /// must begin where this one's allocation ends (`d.asize`: on a raidz, its parity and
+    /// padding too).
     fn at(d: &Dva, len: usize) -> RunEnd {
         RunEnd {
             vdev: d.vdev.get(),
-            end: d.offset.get() + len as u64,
+            end: d.offset.get() + d.asize.get() as u64,
             bytes: len,
         }
     }
@@ -149,7 +152,7 @@ impl RunEnd {
         let joins =
             d.vdev.get() == self.vdev && d.offset.get() == self.end && self.bytes + len <= limit;
         if joins {
-            self.end += len as u64;
+            self.end += d.asize.get() as u64;
             self.bytes += len;
         }
         joins
@@ -238,19 +241,13 @@ impl Zio {
             }
             out
         };
-        // Runs of adjacent copies on stripes and mirrors, per vdev; raidz copies one by one.
+        // Runs of adjacent copies, per vdev.
         let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
-        let mut singles: Vec<(Dva, &[u8])> = Vec::new();
         let mut open: Option<RunEnd> = None;
         for copy in 0..props.copies {
             for (d, &data) in dvas.iter().zip(blocks) {
                 let dva = d[copy];
                 let v = dva.vdev.get();
-                if self.tops[v as usize].raidz.is_some() {
-                    singles.push((dva, data));
-                    open = None;
-                    continue;
-                }
                 if open.as_mut().is_some_and(|e| e.extend(&dva, data.len())) {
                     let run = by_vdev[v as usize].last_mut().expect("a run is open");
                     run.1.push(data);
@@ -261,36 +258,36 @@ impl Zio {
             }
         }
         // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
-        // that may hold garbage. One device takes its runs in order from one thread (parallel
-        // buffered writes to one file only queue on its inode lock); vdevs, and raidz stripes,
-        // go in parallel.
-        let busy: Vec<(usize, &Vec<WriteRun>)> = by_vdev
+        // that may hold garbage. One stripe or mirror takes its runs in order from one thread
+        // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
+        // raidz's runs (each with its parity to compute), go in parallel.
+        let busy: Vec<(usize, &[WriteRun])> = by_vdev
             .iter()
             .enumerate()
-            .filter(|(_, runs)| !runs.is_empty())
+            .flat_map(|(v, runs)| -> Vec<(usize, &[WriteRun])> {
+                if self.tops[v].raidz.is_some() {
+                    runs.chunks(1).map(|run| (v, run)).collect()
+                } else if runs.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![(v, &runs[..])]
+                }
+            })
             .collect();
-        let write_runs = |&(v, runs): &(usize, &Vec<WriteRun>)| {
+        let write_runs = |&(v, runs): &(usize, &[WriteRun])| {
             runs.iter()
                 .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
         };
-        let write_single = |(d, data): &(Dva, &[u8])| self.issue_write(d, data);
-        // On the calling thread: one vdev's runs or one raidz stripe (rayon would hand it to
-        // a worker and wait), or a small batch (a space map's block and its indirect blocks,
+        // On the calling thread: one vdev's runs or one raidz run (rayon would hand it to a
+        // worker and wait), or a small batch (a space map's block and its indirect blocks,
         // two copies each), whose buffered writes take less than handing them to rayon, which
         // woke the pool's workers some thousand times a second during a sync, each wake-up a
         // task switch on a core the NBD server wanted.
-        let written =
-            if busy.len() + singles.len() <= 1 || bytes * props.copies <= PARALLEL_WRITE_BYTES {
-                busy.iter()
-                    .try_for_each(write_runs)
-                    .and_then(|()| singles.iter().try_for_each(write_single))
-            } else {
-                let (a, b) = rayon::join(
-                    || busy.par_iter().try_for_each(write_runs),
-                    || singles.par_iter().try_for_each(write_single),
-                );
-                a.and(b)
-            };
+        let written = if busy.len() <= 1 || bytes * props.copies <= PARALLEL_WRITE_BYTES {
+            busy.iter().try_for_each(write_runs)
+        } else {
+            busy.par_iter().try_for_each(write_runs)
+        };
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
@@ -344,9 +341,9 @@ impl Zio {
     }
 
     /// Reads and verifies many blocks into the caller's buffers (one per pointer, of its
-    /// `psize`), in order. Blocks whose first copy lies right after the previous one's on a
-    /// stripe or mirror are read as one request of up to `MAX_RUN_BYTES`, and runs go in
-    /// parallel. A block of a run that fails to read or to verify is read again alone,
+    /// `psize`), in order. Blocks whose first copy lies right after the previous one's are
+    /// read as a run of up to `MAX_RUN_BYTES` (one request on a stripe or mirror, one per
+    /// child on a raidz: `TopVdev::read_run`), and runs go in parallel. A block of a run that fails to read or to verify is read again alone,
     /// through `read`'s healing path (from the same mirror child first, so that copy is the
     /// one counted and repaired). A buffer whose block fails holds unspecified bytes.
     pub fn read_batch_into(
@@ -371,8 +368,7 @@ impl Zio {
             assert!(!bp.is_hole());
             assert_eq!(buf.len(), bp.psize.get() as usize);
             let d = &bp.dva[0];
-            let runnable = bp.checksum_kind().is_some()
-                && self.vdev_of(d, buf.len()).is_ok_and(|t| t.raidz.is_none());
+            let runnable = bp.checksum_kind().is_some() && self.vdev_of(d, buf.len()).is_ok();
             if runnable
                 && open
                     .as_mut()

@@ -164,7 +164,8 @@ pub type WriteHook = Box<dyn Fn(&[u8], u64) + Send + Sync>;
 
 /// A simulated device seen through hooks, for tests that count or hold its I/O: `on_write`
 /// runs before each write (and may block it), `on_read` before each waiting read, and
-/// `nowait` says whether `read_at_nowait` serves a read at once (as a page cache would).
+/// `nowait` says whether `read_at_nowait` serves a read at once (as a page cache would). A
+/// vectored read counts as one read.
 pub struct Tap {
     pub dev: Arc<MemDevice>,
     pub on_write: WriteHook,
@@ -206,6 +207,18 @@ impl BlockDevice for Tap {
     }
     fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
         (self.nowait)() && self.dev.read_at(buf, offset).is_ok()
+    }
+    // A vectored read is one request: one waiting read, or one ask whether it is at hand.
+    fn read_vectored_at(
+        &self,
+        bufs: &mut [&mut [u8]],
+        offset: u64,
+    ) -> Result<(), zeta::vdev::VdevError> {
+        (self.on_read)();
+        self.dev.read_vectored_at(bufs, offset)
+    }
+    fn read_vectored_at_nowait(&self, bufs: &mut [&mut [u8]], offset: u64) -> bool {
+        (self.nowait)() && self.dev.read_vectored_at(bufs, offset).is_ok()
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
         (self.on_write)(buf, offset);
