@@ -2,7 +2,8 @@
 //! byte for byte with a plain in-memory model, on stripe, mirror, two-vdev and raidz pools.
 //! A restart is a power cut that drops unflushed writes, so the model keeps the last flushed
 //! image and the test checks the volume returns exactly to it. Every read is also made the
-//! way that waits for no device (`Volume::read_nowait`), which must agree.
+//! way that waits for no device (`Volume::read_nowait`), which must agree, and half the
+//! writes are offered to `Volume::write_nowait` first.
 
 mod common;
 
@@ -48,7 +49,16 @@ fn run(layout: Layout, seed: u64) {
                 let off = rng.gen_range(0..size - len as u64);
                 let byte: u8 = rng.gen();
                 let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add(i as u8)).collect();
-                vol.write(off, &data).expect(&ctx);
+                // Half the writes go the way an NBD reader tries first, which takes short
+                // ones at once and declines the rest untouched.
+                match rng
+                    .gen_bool(0.5)
+                    .then(|| vol.write_nowait(off, &data))
+                    .flatten()
+                {
+                    Some(written) => written.expect(&ctx),
+                    None => vol.write(off, &data).expect(&ctx),
+                }
                 model[off as usize..off as usize + len].copy_from_slice(&data);
             }
             45..=74 => {
@@ -160,6 +170,53 @@ fn tapped_volume(tap: Tap, bs: usize, filled: usize) -> (std::sync::Arc<Pool>, V
     vol.write(0, &data).unwrap();
     pool.sync_now().unwrap();
     (pool, vol, data)
+}
+
+/// `Volume::write_nowait` takes a short write inside one block at once, as a patch, and
+/// declines, with nothing changed, what needs a whole block, a merge, or another block.
+#[test]
+fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
+    let pool = Pool::create(
+        "tank",
+        spec(Layout::Stripe, &mem_devs(1, 64 * MB)),
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut model = vec![0u8; 4 * MB as usize];
+    let mut taken = |off: usize, data: &[u8]| {
+        assert!(matches!(vol.write_nowait(off as u64, data), Some(Ok(()))));
+        model[off..off + data.len()].copy_from_slice(data);
+    };
+    taken(4096, &[1; 4096]);
+    taken(12288, &[2; 4096]); // ends at the block's end
+    taken(4096 + 100, &[7; 100]); // over an earlier piece
+    assert!(
+        vol.write_nowait(16384, &[3; 16384]).is_none(),
+        "a whole block"
+    );
+    assert!(
+        vol.write_nowait(30000, &[3; 4096]).is_none(),
+        "across two blocks"
+    );
+    assert!(matches!(
+        vol.write_nowait(4 * MB - 100, &[3; 4096]),
+        Some(Err(_))
+    ));
+    vol.write(32768, &[5; 16384]).unwrap();
+    model[32768..49152].fill(5);
+    assert!(
+        vol.write_nowait(32768 + 100, &[6; 100]).is_none(),
+        "a block the open txg holds whole is merged, not patched"
+    );
+    let mut all = vec![0u8; model.len()];
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "before the sync");
+    vol.flush().unwrap();
+    pool.sync_now().unwrap();
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "after the sync");
 }
 
 /// `Volume::read_nowait` serves blocks held in memory and blocks the device has at once (as

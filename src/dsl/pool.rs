@@ -1104,19 +1104,36 @@ impl Pool {
     /// reading the block (`Object::patch`), waiting first if too much is dirty and refusing
     /// with `NoSpace` if the pool could not hold the block. Returns the txg, or `None` if
     /// the block's change in the open txg is not one a patch can extend: the caller writes
-    /// the whole block instead. The caller holds the block's range lock.
+    /// the whole block instead. The caller holds the range lock of the bytes.
+    ///
+    /// Without `wait`, `None` also when the write would wait (for memory, space, or the
+    /// sync closing the txg): the caller hands it to a thread that may.
     pub fn patch_block(
         &self,
         ds: &Dataset,
         blkid: u64,
         at: usize,
         data: Arc<Vec<u8>>,
+        wait: bool,
     ) -> Result<Option<u64>, PoolError> {
         self.check_healthy()?;
         let len = ds.volblocksize as u64;
-        self.throttle()?;
-        self.reserve_space(len, len)?;
-        let hold = self.hold_open_txg(ds)?;
+        let hold = if wait {
+            self.throttle()?;
+            self.reserve_space(len, len)?;
+            self.hold_open_txg(ds)?
+        } else {
+            if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false) {
+                return Ok(None);
+            }
+            let Some(hold) = self.open_txg.try_read() else {
+                return Ok(None);
+            };
+            if ds.destroyed.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            hold
+        };
         let txg = *hold;
         let Some(delta) = ds.object.patch(blkid, at, data) else {
             return Ok(None);
@@ -1329,16 +1346,10 @@ impl Pool {
     /// cannot place a block suspends the pool.
     fn reserve_space(&self, len: u64, block: u64) -> Result<(), PoolError> {
         for attempt in 0..=RESERVE_WAITS {
-            let space = self.space();
-            let slop = (space.size / 32).max(4 << 20);
-            // Placed blocks already hold their space: only the rest is still to allocate.
-            let inflation = self.io.zio.max_inflation();
-            let dirty = (self.unplaced_bytes() + len) * inflation;
-            let ahead = self.ahead_bytes.load(Ordering::Acquire);
-            let need = dirty + dirty / 8 + slop + ahead * inflation;
-            if space.free >= 2 * need || space.free >= need && self.fits(&space, block, need) {
+            if self.has_room(len, block, true) {
                 return Ok(());
             }
+            let space = self.space();
             if attempt == RESERVE_WAITS || space.freeing == 0 && self.dirty_bytes() == 0 {
                 break;
             }
@@ -1346,6 +1357,20 @@ impl Pool {
             self.next_commit_releasing_frees()?;
         }
         Err(PoolError::NoSpace(self.name.clone()))
+    }
+
+    /// `reserve_space`'s test, once: whether the pool has room now for `len` more dirty
+    /// bytes in blocks of `block` bytes. Without `count`, a pool with less than twice the
+    /// room needed is taken as full rather than counted (`fits` takes the allocator's lock).
+    fn has_room(&self, len: u64, block: u64, count: bool) -> bool {
+        let space = self.space();
+        let slop = (space.size / 32).max(4 << 20);
+        // Placed blocks already hold their space: only the rest is still to allocate.
+        let inflation = self.io.zio.max_inflation();
+        let dirty = (self.unplaced_bytes() + len) * inflation;
+        let ahead = self.ahead_bytes.load(Ordering::Acquire);
+        let need = dirty + dirty / 8 + slop + ahead * inflation;
+        space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need)
     }
 
     /// Whether blocks of `block` bytes still find `need` bytes of room among the free

@@ -249,7 +249,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
                 continue;
             }
         }
-        let (grant, payload) = if req.kind == CMD_WRITE {
+        let (mut grant, payload) = if req.kind == CMD_WRITE {
             // Read into spare capacity (of a kept buffer, mostly): zeroing a buffer the
             // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
@@ -279,6 +279,18 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             && read_here(&sh, &req, request_buffered(&reader))
         {
             drop(grant);
+            sh.finish_one();
+        } else if req.kind == CMD_WRITE
+            && req.flags & CMD_FLAG_FUA == 0
+            && req.length as usize <= WRITE_HERE_BYTES
+            && write_here(
+                &sh,
+                &req,
+                payload.as_deref().unwrap_or_default(),
+                request_buffered(&reader),
+            )
+        {
+            grant.keep(payload.unwrap_or_default());
             sh.finish_one();
         } else {
             workers.spawn(move || execute(sh, req, payload, grant, None));
@@ -506,6 +518,27 @@ fn read_here(sh: &Arc<Shared>, req: &Request, more: bool) -> bool {
     });
     READER_HAS_MORE.with(|m| m.set(false));
     served
+}
+
+/// Writes up to this long, without FUA, are done by the connection's reader itself when the
+/// volume can take them at once (`write_here`), as short reads are (`READ_HERE_BYTES`).
+const WRITE_HERE_BYTES: usize = 16 << 10;
+
+/// Does a short write on the connection's reader if the volume takes it without waiting
+/// (`Volume::write_nowait`) and replies; false, with nothing done or sent, if not (a worker
+/// then writes it). `more`: another request is buffered behind this one, so the reply may
+/// wait to go out with the next ones.
+fn write_here(sh: &Arc<Shared>, req: &Request, data: &[u8], more: bool) -> bool {
+    let Some(written) = sh.volume().write_nowait(req.offset, data) else {
+        return false;
+    };
+    READER_HAS_MORE.with(|m| m.set(more));
+    match written {
+        Ok(()) => sh.reply_ok(req),
+        Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
+    }
+    READER_HAS_MORE.with(|m| m.set(false));
+    true
 }
 
 /// Reads up to this long reuse their worker's buffer; longer ones allocate their own.

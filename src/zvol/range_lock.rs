@@ -1,12 +1,14 @@
-//! Range locks over block ids: a writer holds the blocks it rewrites until its dirty buffers
-//! are in place, so two partial writes to one block serialize instead of losing an update.
+//! Range locks over a volume's bytes: a writer holds what it changes until its change and
+//! its log record are in place, so two writes that touch the same bytes (or one that merges a
+//! whole block, `Volume::write_span`) serialize instead of losing an update, and their
+//! records queue in the order they were applied.
 
 use std::collections::BTreeMap;
 
 use parking_lot::{Condvar, Mutex};
 
 pub struct RangeLocks {
-    /// Held ranges, first block -> last block (inclusive).
+    /// Held ranges, first byte -> last byte (inclusive).
     held: Mutex<BTreeMap<u64, u64>>,
     released: Condvar,
 }
@@ -41,6 +43,17 @@ impl RangeLocks {
         }
         held.insert(first, last);
         RangeGuard { locks: self, first }
+    }
+
+    /// Holds `first..=last` if no held range overlaps it; `None` rather than wait.
+    pub fn try_lock(&self, first: u64, last: u64) -> Option<RangeGuard<'_>> {
+        assert!(first <= last);
+        let mut held = self.held.try_lock()?;
+        if Self::overlaps(&held, first, last) {
+            return None;
+        }
+        held.insert(first, last);
+        Some(RangeGuard { locks: self, first })
     }
 }
 
