@@ -172,8 +172,8 @@ fn tapped_volume(tap: Tap, bs: usize, filled: usize) -> (std::sync::Arc<Pool>, V
     (pool, vol, data)
 }
 
-/// `Volume::write_nowait` takes a short write inside one block at once, as a patch, and
-/// declines, with nothing changed, what needs a whole block, a merge, or another block.
+/// `Volume::write_nowait` takes a whole small block, or a short write inside one block as a
+/// patch, at once, and declines, with nothing changed, what needs a merge or spans blocks.
 #[test]
 fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
     let pool = Pool::create(
@@ -192,9 +192,10 @@ fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
     taken(4096, &[1; 4096]);
     taken(12288, &[2; 4096]); // ends at the block's end
     taken(4096 + 100, &[7; 100]); // over an earlier piece
+    taken(16384, &[3; 16384]); // a whole block
     assert!(
-        vol.write_nowait(16384, &[3; 16384]).is_none(),
-        "a whole block"
+        vol.write_nowait(16384 + 200, &[4; 300]).is_none(),
+        "into a block the open txg holds whole: a merge"
     );
     assert!(
         vol.write_nowait(30000, &[3; 4096]).is_none(),

@@ -1054,17 +1054,62 @@ impl Pool {
     /// Returns the txg the change went into.
     pub fn dirty_block(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Result<u64, PoolError> {
         self.check_healthy()?;
-        let len = ds.volblocksize as u64;
-        if matches!(change, Dirty::Data(_)) {
-            self.throttle()?;
-            self.reserve_space(len, len)?;
-        }
-        let hold = self.hold_open_txg(ds)?;
+        let hold = if matches!(change, Dirty::Data(_)) {
+            self.admit_block(ds, true)?
+                .expect("a waiting admission admits")
+        } else {
+            self.hold_open_txg(ds)?
+        };
         let txg = *hold;
         self.record_change(ds, txg, blkid, change);
         drop(hold);
         self.sync_if_much_held();
         Ok(txg)
+    }
+
+    /// `dirty_block` of a whole block's new contents, if that needs no wait (for memory,
+    /// space, or the sync closing the txg); `None`, with nothing done, if it would.
+    pub fn dirty_block_nowait(
+        &self,
+        ds: &Dataset,
+        blkid: u64,
+        data: Arc<Vec<u8>>,
+    ) -> Result<Option<u64>, PoolError> {
+        self.check_healthy()?;
+        let Some(hold) = self.admit_block(ds, false)? else {
+            return Ok(None);
+        };
+        let txg = *hold;
+        self.record_change(ds, txg, blkid, Dirty::Data(data));
+        drop(hold);
+        self.sync_if_much_held();
+        Ok(Some(txg))
+    }
+
+    /// Admits one more block of the volume into the open txg and holds the txg: waits first
+    /// if too much is dirty, and refuses with `NoSpace` if the pool could not hold the block.
+    /// Without `wait`, `None` where it would wait.
+    fn admit_block(
+        &self,
+        ds: &Dataset,
+        wait: bool,
+    ) -> Result<Option<RwLockReadGuard<'_, u64>>, PoolError> {
+        let len = ds.volblocksize as u64;
+        if wait {
+            self.throttle()?;
+            self.reserve_space(len, len)?;
+            return self.hold_open_txg(ds).map(Some);
+        }
+        if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false) {
+            return Ok(None);
+        }
+        let Some(hold) = self.open_txg.try_read() else {
+            return Ok(None);
+        };
+        if ds.destroyed.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Ok(Some(hold))
     }
 
     /// The open txg, held (a sync cannot close it meanwhile), if the volume still exists.
@@ -1117,22 +1162,8 @@ impl Pool {
         wait: bool,
     ) -> Result<Option<u64>, PoolError> {
         self.check_healthy()?;
-        let len = ds.volblocksize as u64;
-        let hold = if wait {
-            self.throttle()?;
-            self.reserve_space(len, len)?;
-            self.hold_open_txg(ds)?
-        } else {
-            if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false) {
-                return Ok(None);
-            }
-            let Some(hold) = self.open_txg.try_read() else {
-                return Ok(None);
-            };
-            if ds.destroyed.load(Ordering::Acquire) {
-                return Ok(None);
-            }
-            hold
+        let Some(hold) = self.admit_block(ds, wait)? else {
+            return Ok(None);
         };
         let txg = *hold;
         let Some(delta) = ds.object.patch(blkid, at, data) else {

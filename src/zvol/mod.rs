@@ -327,22 +327,42 @@ impl Volume {
         Ok(())
     }
 
-    /// `write`, if it can be done without waiting: a short write inside one block laid over
-    /// it as a patch (`patch`), with its bytes' range lock free and the pool's memory and
-    /// space admitting it at once. `None`, with nothing done, if not: the caller hands it to
-    /// a thread that may wait (`write`). Lets an NBD connection's reader take small writes
-    /// itself rather than wake a worker for a few microseconds of work.
+    /// `write`, if it can be done without waiting: a write of one whole block (below the
+    /// streaming size) or a short write inside one block laid over it as a patch (`patch`),
+    /// with its bytes' range lock free and the pool's memory and space admitting it at
+    /// once. `None`, with nothing done, if not: the caller hands it to a thread that may wait
+    /// (`write`). Lets an NBD connection's reader take small writes itself rather than wake
+    /// a worker for a few microseconds of work.
     pub fn write_nowait(&self, offset: u64, data: &[u8]) -> Option<Result<(), VolError>> {
         if let Err(e) = self.check("write", offset, data.len() as u64) {
             return Some(Err(e));
         }
         let bs = self.block_size();
         let (blkid, in_block) = (offset / bs, (offset % bs) as usize);
-        if data.is_empty()
-            || data.len() as u64 >= bs
-            || in_block + data.len() > bs as usize
-            || !self.ds.object.patchable(blkid)
-        {
+        if data.is_empty() || in_block + data.len() > bs as usize {
+            return None;
+        }
+        if data.len() as u64 == bs {
+            if data.len() >= STREAMING_WRITE_BYTES {
+                return None;
+            }
+            let _guard = self.locks.try_lock(offset, offset + bs - 1)?;
+            self.pool.note_foreground_io();
+            let block = Arc::new(data.to_vec());
+            return match self.pool.dirty_block_nowait(&self.ds, blkid, block.clone()) {
+                Ok(Some(txg)) => {
+                    self.append_log(Record::Write {
+                        txg,
+                        offset,
+                        data: Payload::shared(block, 0, data.len()),
+                    });
+                    Some(Ok(()))
+                }
+                Ok(None) => None,
+                Err(e) => Some(Err(self.err(e))),
+            };
+        }
+        if !self.ds.object.patchable(blkid) {
             return None;
         }
         let _guard = self

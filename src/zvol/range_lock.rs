@@ -97,4 +97,19 @@ mod tests {
         let _a = locks.lock(0, 1);
         let _b = locks.lock(2, 3); // disjoint ranges do not wait
     }
+
+    #[test]
+    fn try_lock_refuses_only_overlaps() {
+        let locks = RangeLocks::new();
+        let held = locks.lock(4096, 8191);
+        assert!(locks.try_lock(8000, 8191).is_none(), "inside");
+        assert!(locks.try_lock(0, 4096).is_none(), "its first byte");
+        assert!(locks.try_lock(8191, 9000).is_none(), "its last byte");
+        assert!(locks.try_lock(0, 16383).is_none(), "around it");
+        let next = locks.try_lock(8192, 12287).expect("the bytes after it");
+        assert!(locks.try_lock(8192, 8192).is_none(), "held by try_lock");
+        drop(held);
+        drop(next);
+        assert!(locks.try_lock(0, 16383).is_some(), "all released");
+    }
 }
