@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
@@ -560,15 +560,14 @@ fn a_wiped_file_is_replaced_and_rebuilt_via_the_cli() {
     assert!(got[..data.len()] == data[..]);
 }
 
-/// Columns a device can serve at once are read that way, on the reading thread; only the
-/// others are read the waiting way (in parallel). Either way the block reads back whole.
-#[test]
-fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
-    use std::sync::atomic::{AtomicBool, AtomicU64};
+/// Per device of a tapped raidz2: requests served at once, waiting requests, and whether
+/// it serves at once (initially true).
+type ReadCounts = Vec<(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>)>;
+
+/// A raidz2 of six tapped devices that count their reads (`ReadCounts`).
+fn counted_raidz2() -> (zeta::vdev::TopVdev, ReadCounts) {
     use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
-    // Per device: served at once, read the waiting way, and whether it serves at once.
-    let counts: Vec<(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>)> =
-        (0..6).map(|_| Default::default()).collect();
+    let counts: ReadCounts = (0..6).map(|_| Default::default()).collect();
     let slots = mem_devs(6, 8 * MB)
         .into_iter()
         .zip(&counts)
@@ -593,6 +592,14 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
         })
         .collect();
     let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();
+    (top, counts)
+}
+
+/// Columns a device can serve at once are read that way, on the reading thread; only the
+/// others are read the waiting way (in parallel). Either way the block reads back whole.
+#[test]
+fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
+    let (top, counts) = counted_raidz2();
     let mut data = vec![0u8; 128 << 10];
     StdRng::seed_from_u64(5).fill_bytes(&mut data);
     top.write(0, &data).unwrap();
@@ -651,35 +658,7 @@ fn raidz_reads_cached_columns_at_once_and_waits_only_for_the_rest() {
 /// previous one's allocation, parity and padding included, ends).
 #[test]
 fn a_run_of_raidz_blocks_reads_each_childs_columns_as_one_request() {
-    use std::sync::atomic::{AtomicBool, AtomicU64};
-    use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
-    // Per device: requests served at once, waiting requests, whether it serves at once.
-    let counts: Vec<(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>)> =
-        (0..6).map(|_| Default::default()).collect();
-    let slots = mem_devs(6, 8 * MB)
-        .into_iter()
-        .zip(&counts)
-        .enumerate()
-        .map(|(i, (dev, (at_once, waited, cached)))| {
-            cached.store(true, Ordering::SeqCst);
-            let (at_once, waited, cached) = (at_once.clone(), waited.clone(), cached.clone());
-            let tap = Tap {
-                on_read: Box::new(move || {
-                    waited.fetch_add(1, Ordering::SeqCst);
-                }),
-                nowait: Box::new(move || {
-                    let yes = cached.load(Ordering::SeqCst);
-                    if yes {
-                        at_once.fetch_add(1, Ordering::SeqCst);
-                    }
-                    yes
-                }),
-                ..Tap::new(dev)
-            };
-            Some(Arc::new(Leaf::new(Arc::new(tap), i as u64 + 1)))
-        })
-        .collect();
-    let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();
+    let (top, counts) = counted_raidz2();
     let reset = || {
         for c in &counts {
             c.0.store(0, Ordering::SeqCst);
@@ -740,44 +719,11 @@ fn a_run_of_raidz_blocks_reads_each_childs_columns_as_one_request() {
     assert!((1..=12).contains(&requests), "{requests} requests");
 }
 
-/// A device that counts write requests (a vectored write is one).
-struct CountedWrites {
-    dev: Arc<MemDevice>,
-    requests: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl zeta::vdev::BlockDevice for CountedWrites {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.requests.fetch_add(1, Ordering::SeqCst);
-        self.dev.write_at(buf, offset)
-    }
-    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.requests.fetch_add(1, Ordering::SeqCst);
-        self.dev.write_vectored_at(bufs, offset)
-    }
-    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
-        self.dev.discard(offset, len)
-    }
-    fn len_bytes(&self) -> u64 {
-        self.dev.len_bytes()
-    }
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-}
-
 /// A run of blocks is written with one request per child for the columns it holds (parity
 /// included), and reads back whole; up to `nparity` failed children still leave every block
 /// readable, more fail the run.
 #[test]
 fn a_run_of_raidz_blocks_writes_each_childs_columns_as_one_request() {
-    use std::sync::atomic::AtomicU64;
     use zeta::vdev::{Leaf, RaidzConfig, TopVdev};
     let devs = mem_devs(6, 8 * MB);
     let requests: Vec<Arc<AtomicU64>> = (0..6).map(|_| Default::default()).collect();
@@ -786,11 +732,14 @@ fn a_run_of_raidz_blocks_writes_each_childs_columns_as_one_request() {
         .zip(&requests)
         .enumerate()
         .map(|(i, (dev, requests))| {
-            let counted = CountedWrites {
-                dev: dev.clone(),
-                requests: requests.clone(),
+            let requests = requests.clone();
+            let tap = Tap {
+                on_write_request: Box::new(move || {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                }),
+                ..Tap::new(dev.clone())
             };
-            Some(Arc::new(Leaf::new(Arc::new(counted), i as u64 + 1)))
+            Some(Arc::new(Leaf::new(Arc::new(tap), i as u64 + 1)))
         })
         .collect();
     let top = TopVdev::new_raidz(0, 99, RaidzConfig::new(2, 6, false).unwrap(), slots).unwrap();

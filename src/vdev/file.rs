@@ -260,39 +260,11 @@ impl BlockDevice for FileDevice {
     /// counts as not read. Kernels or file systems that refuse the flag (`EOPNOTSUPP`,
     /// `EINVAL`) are not asked again.
     fn read_at_nowait(&self, buf: &mut [u8], offset_bytes: u64) -> bool {
-        use std::sync::atomic::Ordering;
-        if buf.is_empty()
-            || !self.nowait_reads.load(Ordering::Relaxed)
-            || check_range(self, offset_bytes, buf.len()).is_err()
-        {
-            return false;
-        }
-        let iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: the one iovec points at `buf`, exclusively borrowed for the call; the kernel
-        // writes at most `iov_len` bytes into it.
-        let rc = unsafe {
-            libc::preadv2(
-                self.file.as_raw_fd(),
-                &iov,
-                1,
-                offset_bytes as libc::off_t,
-                libc::RWF_NOWAIT,
-            )
-        };
-        if rc < 0 {
-            let err = std::io::Error::last_os_error();
-            if matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
-                self.nowait_reads.store(false, Ordering::Relaxed);
-            }
-            return false;
-        }
-        rc as usize == buf.len()
+        self.read_vectored_at_nowait(&mut [buf], offset_bytes)
     }
 
-    /// One `preadv2` with `RWF_NOWAIT` over all the buffers (at most `IOV_MAX` of them).
+    /// One `preadv2` with `RWF_NOWAIT` over all the buffers (at most `IOV_MAX` of them), as
+    /// `read_at_nowait`.
     fn read_vectored_at_nowait(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> bool {
         use std::sync::atomic::Ordering;
         let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -303,16 +275,23 @@ impl BlockDevice for FileDevice {
         {
             return false;
         }
-        let iov: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
+        let to_iov = |b: &mut &mut [u8]| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        };
+        // One buffer (a short read served by an NBD reader) needs no allocation.
+        let one: [libc::iovec; 1];
+        let many: Vec<libc::iovec>;
+        let iov: &[libc::iovec] = if let [b] = bufs {
+            one = [to_iov(b)];
+            &one
+        } else {
+            many = bufs.iter_mut().map(to_iov).collect();
+            &many
+        };
         // SAFETY: every iovec points into one of `bufs`, exclusively borrowed for the call;
         // the kernel writes at most `iov_len` bytes into each, and the count passed is the
-        // vector's length (at most IOV_MAX, checked above).
+        // slice's length (at most IOV_MAX, checked above).
         let rc = unsafe {
             libc::preadv2(
                 self.file.as_raw_fd(),

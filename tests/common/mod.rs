@@ -165,10 +165,12 @@ pub type WriteHook = Box<dyn Fn(&[u8], u64) + Send + Sync>;
 /// A simulated device seen through hooks, for tests that count or hold its I/O: `on_write`
 /// runs before each write (and may block it), `on_read` before each waiting read, and
 /// `nowait` says whether `read_at_nowait` serves a read at once (as a page cache would). A
-/// vectored read counts as one read.
+/// vectored read counts as one read. `on_write_request` runs once per write request, before
+/// `on_write` runs for each of its buffers (a vectored write is one request).
 pub struct Tap {
     pub dev: Arc<MemDevice>,
     pub on_write: WriteHook,
+    pub on_write_request: Box<dyn Fn() + Send + Sync>,
     pub on_read: Box<dyn Fn() + Send + Sync>,
     pub nowait: Box<dyn Fn() -> bool + Send + Sync>,
 }
@@ -179,6 +181,7 @@ impl Tap {
         Tap {
             dev,
             on_write: Box::new(|_, _| {}),
+            on_write_request: Box::new(|| {}),
             on_read: Box::new(|| {}),
             nowait: Box::new(|| false),
         }
@@ -221,8 +224,19 @@ impl BlockDevice for Tap {
         (self.nowait)() && self.dev.read_vectored_at(bufs, offset).is_ok()
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        (self.on_write_request)();
         (self.on_write)(buf, offset);
         self.dev.write_at(buf, offset)
+    }
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        (self.on_write_request)();
+        let mut at = offset;
+        for b in bufs {
+            (self.on_write)(b, at);
+            self.dev.write_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
     }
     fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
         self.dev.flush()
