@@ -313,12 +313,8 @@ impl Raidz {
             None => Err(self.missing_error(c.child)),
         };
         // A durable column waits for its device: those go in parallel.
-        let results: Vec<Result<(), VdevError>> = map
-            .cols
-            .par_iter()
-            .zip(bufs.par_iter())
-            .map(write)
-            .collect();
+        let cols: Vec<(&Column, &&[u8])> = map.cols.iter().zip(&bufs).collect();
+        let results = super::top::waiting_in_parallel(&cols, |&c| write(c));
         let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
         if failed.len() > map.nparity {
             return Err(VdevError::Damaged(format!(

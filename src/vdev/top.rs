@@ -5,8 +5,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use super::device::{BlockDevice, VdevError};
 use super::layout::{label_offset, usable_bytes, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 use super::raidz::{Raidz, RaidzConfig};
@@ -585,16 +583,12 @@ impl TopVdev {
         self.settle(results, |c| &c.counters.write_errors)
     }
 
-    /// Runs `io` on every child, in parallel when there are several; a lone child's runs on
-    /// this thread (rayon would hand it to a worker and wait for it).
+    /// Runs `io` on every child at once (`waiting_in_parallel`).
     fn on_each_child(
         &self,
         io: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
     ) -> Vec<Result<(), VdevError>> {
-        match &self.children[..] {
-            [one] => vec![io(one)],
-            all => all.par_iter().map(|c| io(c)).collect(),
-        }
+        waiting_in_parallel(&self.children, |c| io(c))
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per
@@ -820,6 +814,34 @@ impl TopVdev {
     }
 }
 
+/// Runs `io` on each of a few items at once and returns the results in order: the first on
+/// this thread, each other on a scoped thread of its own. For I/Os that each wait for a
+/// device, such as the durable writes of a log block's copies or columns: a thread started
+/// for the purpose begins sooner than a sleeping rayon worker wakes (a queue-depth-1 client
+/// writing and flushing on a raidz2 of six files: 2.5k commits a second through rayon,
+/// 2.9-3.3k this way; one after another on this thread, 2.3k).
+pub(super) fn waiting_in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    io: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let Some((first, rest)) = items.split_first() else {
+        return Vec::new();
+    };
+    let io = &io;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = rest
+            .iter()
+            .map(|item| scope.spawn(move || io(item)))
+            .collect();
+        std::iter::once(io(first))
+            .chain(others.into_iter().map(|h| match h.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }))
+            .collect()
+    })
+}
+
 /// A mirror of `n` 8 MiB in-memory leaves (guids 1..=n), for unit tests in this crate.
 #[cfg(test)]
 pub(crate) fn mem_mirror(n: usize, guid: u64) -> (TopVdev, Vec<Arc<super::mem::MemDevice>>) {
@@ -838,6 +860,26 @@ pub(crate) fn mem_mirror(n: usize, guid: u64) -> (TopVdev, Vec<Arc<super::mem::M
 mod tests {
     use super::super::mem::{Faults, MemDevice};
     use super::*;
+
+    #[test]
+    fn waiting_in_parallel_runs_every_item_at_once_and_keeps_their_order() {
+        use std::sync::atomic::AtomicUsize;
+        use std::time::{Duration, Instant};
+        // Each item waits (up to a deadline, so a serial run fails rather than hangs) until
+        // all have started: only a run of all at once sees every one arrive.
+        let started = AtomicUsize::new(0);
+        let items = [10, 20, 30, 40];
+        let out = waiting_in_parallel(&items, |&x| {
+            started.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while started.load(Ordering::SeqCst) < items.len() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (x, started.load(Ordering::SeqCst) == items.len())
+        });
+        assert_eq!(out, [(10, true), (20, true), (30, true), (40, true)]);
+        assert!(waiting_in_parallel(&[] as &[u8], |_| ()).is_empty());
+    }
 
     fn mirror(n: usize) -> (TopVdev, Vec<Arc<MemDevice>>) {
         mem_mirror(n, 99)
