@@ -228,6 +228,42 @@ fn split_lens_mut<'a>(mut buf: &'a mut [u8], lens: &[usize]) -> Vec<&'a mut [u8]
         .collect()
 }
 
+/// Adjacent columns of one child, moved as one request; `B` is a column's buffer.
+struct Stretch<B> {
+    child: usize,
+    offset: u64,
+    end: u64,
+    bufs: Vec<B>,
+}
+
+impl<B> Stretch<B> {
+    /// Gathers the columns of a run of blocks, in order, into stretches: a column that
+    /// begins where its child's last stretch ends joins it.
+    fn gather(columns: impl Iterator<Item = (Column, B)>, children: usize) -> Vec<Stretch<B>> {
+        let mut stretches: Vec<Stretch<B>> = Vec::new();
+        // Each child's last stretch, the only one a later column can extend.
+        let mut last: Vec<Option<usize>> = vec![None; children];
+        for (c, buf) in columns {
+            match last[c.child] {
+                Some(i) if stretches[i].end == c.offset => {
+                    stretches[i].end += c.len as u64;
+                    stretches[i].bufs.push(buf);
+                }
+                _ => {
+                    last[c.child] = Some(stretches.len());
+                    stretches.push(Stretch {
+                        child: c.child,
+                        offset: c.offset,
+                        end: c.offset + c.len as u64,
+                        bufs: vec![buf],
+                    });
+                }
+            }
+        }
+        stretches
+    }
+}
+
 /// Calls `f` with every combination of `k` elements of `items`, in lexicographic order,
 /// until it returns true; returns whether it did.
 fn any_combination(items: &[usize], k: usize, f: &mut dyn FnMut(&[usize]) -> bool) -> bool {
@@ -289,22 +325,36 @@ impl Raidz {
         }
     }
 
+    /// The maps of a run of blocks of these lengths lying one after another from `offset`.
+    fn run_maps(&self, offset: u64, lens: impl Iterator<Item = usize>) -> Vec<StripeMap> {
+        lens.scan(offset, |at, len| {
+            let map = self.geom.map(*at, len as u64);
+            *at += self.geom.asize(len as u64);
+            Some(map)
+        })
+        .collect()
+    }
+
+    /// The parity columns of `data`, a block laid out as `map`.
+    fn parity(&self, map: &StripeMap, data: &[u8]) -> Vec<Vec<u8>> {
+        let mut parity = vec![vec![0u8; map.parity_len()]; map.nparity];
+        let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+        self.codec
+            .generate(&split_lens(data, &map.data_lens()), &mut prefs);
+        parity
+    }
+
     /// Writes a block as one full stripe, each column with `Leaf::write_data_durable`, so
     /// the block survives a crash when this returns (an intent log block's commit). Succeeds
     /// when at most `nparity` columns failed (each failure counted against its leaf): the
     /// block is then readable from the rest.
     pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         let map = self.geom.map(offset, data.len() as u64);
-        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; map.nparity];
-        let data_cols = split_lens(data, &map.data_lens());
-        {
-            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
-            self.codec.generate(&data_cols, &mut prefs);
-        }
+        let parity = self.parity(&map, data);
         let bufs: Vec<&[u8]> = parity
             .iter()
             .map(|p| &p[..])
-            .chain(data_cols.iter().copied())
+            .chain(split_lens(data, &map.data_lens()))
             .collect();
         let write = |(c, buf): (&Column, &&[u8])| match &self.slots[c.child] {
             Some(leaf) => leaf
@@ -340,59 +390,38 @@ impl Raidz {
     /// then readable from the rest. More failed children fail the whole run, even if no one
     /// block lost more than `nparity` columns.
     pub fn write_run(&self, offset: u64, blocks: &[&[u8]]) -> Result<(), VdevError> {
-        let maps: Vec<StripeMap> = blocks
-            .iter()
-            .scan(offset, |at, b| {
-                let map = self.geom.map(*at, b.len() as u64);
-                *at += self.geom.asize(b.len() as u64);
-                Some(map)
-            })
-            .collect();
+        let maps = self.run_maps(offset, blocks.iter().map(|b| b.len()));
         let parity: Vec<Vec<Vec<u8>>> = blocks
             .iter()
             .zip(&maps)
-            .map(|(data, map)| {
-                let mut parity = vec![vec![0u8; map.parity_len()]; map.nparity];
-                let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
-                self.codec
-                    .generate(&split_lens(data, &map.data_lens()), &mut prefs);
-                parity
-            })
+            .map(|(data, map)| self.parity(map, data))
             .collect();
-        let mut stretches: Vec<(usize, u64, Vec<&[u8]>)> = Vec::new();
-        let mut last: Vec<Option<(usize, u64)>> = vec![None; self.slots.len()];
-        for ((data, map), parity) in blocks.iter().zip(&maps).zip(&parity) {
-            let cols = parity
-                .iter()
-                .map(|p| &p[..])
-                .chain(split_lens(data, &map.data_lens()));
-            for (c, buf) in map.cols.iter().zip(cols) {
-                match &mut last[c.child] {
-                    Some((i, end)) if *end == c.offset => {
-                        stretches[*i].2.push(buf);
-                        *end += c.len as u64;
-                    }
-                    slot => {
-                        *slot = Some((stretches.len(), c.offset + c.len as u64));
-                        stretches.push((c.child, c.offset, vec![buf]));
-                    }
-                }
-            }
-        }
+        let columns = blocks
+            .iter()
+            .zip(&maps)
+            .zip(&parity)
+            .flat_map(|((data, map), parity)| {
+                let bufs = parity
+                    .iter()
+                    .map(|p| &p[..])
+                    .chain(split_lens(data, &map.data_lens()));
+                map.cols.iter().copied().zip(bufs)
+            });
+        let stretches = Stretch::gather(columns, self.slots.len());
         // Buffered: copies into page caches, cheaper on this thread than handed to the pool
         // (random 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k
         // here, one stripe at a time).
         let mut failed: Vec<(usize, VdevError)> = Vec::new();
-        for (child, at, bufs) in &stretches {
-            let r = match &self.slots[*child] {
+        for s in &stretches {
+            let r = match &self.slots[s.child] {
                 Some(leaf) => leaf
-                    .write_data_vectored(bufs, *at)
+                    .write_data_vectored(&s.bufs, s.offset)
                     .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
-                None => Err(self.missing_error(*child)),
+                None => Err(self.missing_error(s.child)),
             };
             if let Err(e) = r {
-                if !failed.iter().any(|(c, _)| c == child) {
-                    failed.push((*child, e));
+                if !failed.iter().any(|&(c, _)| c == s.child) {
+                    failed.push((s.child, e));
                 }
             }
         }
@@ -464,46 +493,18 @@ impl Raidz {
     /// as is, not counted: the caller reads the run's blocks one by one (`read_verified`),
     /// which rebuilds from parity, counts and repairs.
     pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), VdevError> {
-        /// Adjacent columns of one child, read as one request.
-        struct Stretch<'a> {
-            child: usize,
-            offset: u64,
-            end: u64,
-            bufs: Vec<&'a mut [u8]>,
-        }
-        let mut stretches: Vec<Stretch> = Vec::new();
-        // Each child's last stretch, the only one a later column can extend.
-        let mut last: Vec<Option<usize>> = vec![None; self.slots.len()];
-        let mut at = offset;
-        for buf in bufs.iter_mut() {
-            let len = buf.len() as u64;
-            let map = self.geom.map(at, len);
-            at += self.geom.asize(len);
-            let lens = map.data_lens();
-            for (c, b) in map.data_cols().iter().zip(split_lens_mut(buf, &lens)) {
-                match last[c.child] {
-                    Some(i) if stretches[i].end == c.offset => {
-                        stretches[i].end += c.len as u64;
-                        stretches[i].bufs.push(b);
-                    }
-                    _ => {
-                        last[c.child] = Some(stretches.len());
-                        stretches.push(Stretch {
-                            child: c.child,
-                            offset: c.offset,
-                            end: c.offset + c.len as u64,
-                            bufs: vec![b],
-                        });
-                    }
-                }
-            }
-        }
+        let maps = self.run_maps(offset, bufs.iter().map(|b| b.len()));
+        let columns = bufs.iter_mut().zip(&maps).flat_map(|(buf, map)| {
+            let data_cols = map.data_cols().iter().copied();
+            data_cols.zip(split_lens_mut(buf, &map.data_lens()))
+        });
+        let mut stretches = Stretch::gather(columns, self.slots.len());
         stretches.retain_mut(|s| {
             !self.slots[s.child]
                 .as_ref()
                 .is_some_and(|leaf| leaf.read_data_vectored_nowait(&mut s.bufs, s.offset))
         });
-        let read = |s: &mut Stretch| -> Result<(), VdevError> {
+        let read = |s: &mut Stretch<&mut [u8]>| -> Result<(), VdevError> {
             match &self.slots[s.child] {
                 Some(leaf) => leaf.read_data_vectored(&mut s.bufs, s.offset),
                 None => Err(self.missing_error(s.child)),
