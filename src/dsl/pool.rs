@@ -1050,37 +1050,27 @@ impl Pool {
     }
 
     /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
-    /// dirty, and refusing with `NoSpace` if the pool could not hold it.
-    /// Returns the txg the change went into.
-    pub fn dirty_block(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Result<u64, PoolError> {
+    /// dirty, and refusing with `NoSpace` if the pool could not hold it. Returns the txg the
+    /// change went into. Without `wait`, `None`, with nothing done, where new contents
+    /// (`Dirty::Data`) would wait (for memory, space, or the sync closing the txg).
+    pub fn dirty_block(
+        &self,
+        ds: &Dataset,
+        blkid: u64,
+        change: Dirty,
+        wait: bool,
+    ) -> Result<Option<u64>, PoolError> {
         self.check_healthy()?;
         let hold = if matches!(change, Dirty::Data(_)) {
-            self.admit_block(ds, true)?
-                .expect("a waiting admission admits")
+            match self.admit_block(ds, wait)? {
+                Some(hold) => hold,
+                None => return Ok(None),
+            }
         } else {
             self.hold_open_txg(ds)?
         };
         let txg = *hold;
         self.record_change(ds, txg, blkid, change);
-        drop(hold);
-        self.sync_if_much_held();
-        Ok(txg)
-    }
-
-    /// `dirty_block` of a whole block's new contents, if that needs no wait (for memory,
-    /// space, or the sync closing the txg); `None`, with nothing done, if it would.
-    pub fn dirty_block_nowait(
-        &self,
-        ds: &Dataset,
-        blkid: u64,
-        data: Arc<Vec<u8>>,
-    ) -> Result<Option<u64>, PoolError> {
-        self.check_healthy()?;
-        let Some(hold) = self.admit_block(ds, false)? else {
-            return Ok(None);
-        };
-        let txg = *hold;
-        self.record_change(ds, txg, blkid, Dirty::Data(data));
         drop(hold);
         self.sync_if_much_held();
         Ok(Some(txg))

@@ -306,7 +306,7 @@ impl Volume {
         // write waits for the whole block like any merge.
         if first == last && (data.len() as u64) < bs && self.ds.object.patchable(first) {
             let _guard = self.locks.lock(offset, offset + data.len() as u64 - 1);
-            if self.patch(first, (offset % bs) as usize, data, log)? {
+            if self.patch(first, (offset % bs) as usize, data, log, true)? {
                 return Ok(());
             }
         }
@@ -342,38 +342,21 @@ impl Volume {
         if data.is_empty() || in_block + data.len() > bs as usize {
             return None;
         }
-        if data.len() as u64 == bs {
-            if data.len() >= STREAMING_WRITE_BYTES {
-                return None;
-            }
-            let _guard = self.locks.try_lock(offset, offset + bs - 1)?;
-            self.pool.note_foreground_io();
-            let block = Arc::new(data.to_vec());
-            return match self.pool.dirty_block_nowait(&self.ds, blkid, block.clone()) {
-                Ok(Some(txg)) => {
-                    self.append_log(Record::Write {
-                        txg,
-                        offset,
-                        data: Payload::shared(block, 0, data.len()),
-                    });
-                    Some(Ok(()))
-                }
-                Ok(None) => None,
-                Err(e) => Some(Err(self.err(e))),
-            };
-        }
-        if !self.ds.object.patchable(blkid) {
+        let whole = data.len() as u64 == bs;
+        if whole && data.len() >= STREAMING_WRITE_BYTES {
             return None;
         }
+        // A whole block holds the block; a patch only its bytes (as in `write`).
         let _guard = self
             .locks
             .try_lock(offset, offset + data.len() as u64 - 1)?;
         self.pool.note_foreground_io();
-        match self.patch_with(blkid, in_block, data, true, false) {
-            Ok(true) => Some(Ok(())),
-            Ok(false) => None,
-            Err(e) => Some(Err(e)),
-        }
+        let written = if whole {
+            self.put_block(blkid, Arc::new(data.to_vec()), 0, data.len(), true, false)
+        } else {
+            self.patch(blkid, in_block, data, true, false)
+        };
+        written.map(|done| done.then_some(())).transpose()
     }
 
     /// Writes the whole blocks of a streaming write to their place at once, from the
@@ -425,7 +408,7 @@ impl Volume {
     ) -> Result<(), VolError> {
         let bs = self.block_size();
         let whole = src.len() as u64 == bs;
-        if !whole && self.patch(blkid, in_block, src, log)? {
+        if !whole && self.patch(blkid, in_block, src, log, true)? {
             return Ok(());
         }
         let block = Arc::new(if whole {
@@ -450,22 +433,42 @@ impl Volume {
             b[in_block..in_block + src.len()].copy_from_slice(src);
             b
         });
+        self.put_block(blkid, block, in_block, src.len(), log, true)?;
+        Ok(())
+    }
+
+    /// Makes `block` the new contents of block `blkid` in the open txg and queues the record
+    /// of the `len` bytes at `in_block` that the write changed, if `log`. Without `wait`,
+    /// false, with nothing done, where the pool would have the write wait. The caller holds
+    /// the block's range lock.
+    fn put_block(
+        &self,
+        blkid: u64,
+        block: Arc<Vec<u8>>,
+        in_block: usize,
+        len: usize,
+        log: bool,
+        wait: bool,
+    ) -> Result<bool, VolError> {
         // The record shares the block's buffer, which the open txg holds anyway: no copy.
         // (A record of a block rewritten since keeps an older buffer alive; the pool counts
         // those bytes, `Zil::pinned_bytes`, and syncs and throttles on them.)
-        let payload = Payload::shared(block.clone(), in_block, src.len());
-        let txg = self
+        let payload = Payload::shared(block.clone(), in_block, len);
+        let Some(txg) = self
             .pool
-            .dirty_block(&self.ds, blkid, Dirty::Data(block))
-            .map_err(|e| self.err(e))?;
+            .dirty_block(&self.ds, blkid, Dirty::Data(block), wait)
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(false);
+        };
         if log {
             self.append_log(Record::Write {
                 txg,
-                offset: blkid * bs + in_block as u64,
+                offset: blkid * self.block_size() + in_block as u64,
                 data: payload,
             });
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Lays `src` at `in_block` of block `blkid` over the block in the open txg without
@@ -473,13 +476,9 @@ impl Volume {
     /// the txg's pieces (`Dirty::Patch`). False if the block cannot take a patch; the caller
     /// merges the block then. Asked first (`patchable`), so a write that cannot patch costs no
     /// copy and no second admission. The caller holds at least `src`'s bytes' range lock.
-    fn patch(&self, blkid: u64, in_block: usize, src: &[u8], log: bool) -> Result<bool, VolError> {
-        self.patch_with(blkid, in_block, src, log, true)
-    }
-
-    /// `patch`; without `wait`, false also if the pool would have the write wait
-    /// (`Pool::patch_block`).
-    fn patch_with(
+    ///
+    /// Without `wait`, false also where the pool would have the write wait.
+    fn patch(
         &self,
         blkid: u64,
         in_block: usize,
@@ -544,8 +543,9 @@ impl Volume {
             for blkid in present {
                 txg = self
                     .pool
-                    .dirty_block(&self.ds, blkid, Dirty::Free)
-                    .map_err(|e| self.err(e))?;
+                    .dirty_block(&self.ds, blkid, Dirty::Free, true)
+                    .map_err(|e| self.err(e))?
+                    .expect("a waiting change is made");
             }
             if log {
                 self.append_log(Record::Zero {
