@@ -1533,13 +1533,17 @@ impl Pool {
         let mut at = header.head;
         let mut records = Vec::new();
         for b in &blocks {
-            if let Err(why) = self.zil.claim_slot(at) {
+            // Only the part of its slot the block took: the rest was freed when it was
+            // written and may hold a block of another chain now.
+            let body = b.records.iter().map(Record::encoded_len).sum();
+            let part = self.zil.written_part(at, body);
+            if let Err(why) = self.zil.claim_slot(part) {
                 return Err(PoolError::CannotImport {
                     pool: self.name.clone(),
                     why: format!("volume {vol}: intent log: {why}"),
                 });
             }
-            addrs.push(at);
+            addrs.push(part);
             at = b.next;
             records.extend(b.records.iter().filter(|r| r.txg() > after).cloned());
         }

@@ -183,7 +183,10 @@ pub struct Log {
 
 /// A batch laid out as blocks: (address, block), and the slots taken for it.
 struct Plan {
+    /// Each block at the part of its slot it takes (`Zil::written_part`).
     blocks: Vec<(BlockAddr, LogBlock)>,
+    /// Each block's whole slot, whose tail is freed once the block is written.
+    slots: Vec<BlockAddr>,
     first_slot: BlockAddr,
     first_seq: u64,
     /// Slots allocated by this plan (every block after the first, and the new next slot).
@@ -587,6 +590,7 @@ impl Log {
         let first_seq = st.next_seq;
         let mut taken = Vec::new();
         let mut blocks = Vec::new();
+        let mut slots = Vec::new();
         let (mut slot, mut seq, mut at) = (first_slot, first_seq, 0usize);
         let mut rotor = st.rotor;
         loop {
@@ -609,8 +613,10 @@ impl Log {
             };
             taken.push(next);
             let max_txg = mine.iter().map(|r| r.txg()).max().unwrap_or(0);
+            let body = mine.iter().map(|r| r.encoded_len()).sum();
+            slots.push(slot);
             blocks.push((
-                slot,
+                zil.written_part(slot, body),
                 LogBlock {
                     chain: st.chain,
                     seq,
@@ -638,6 +644,7 @@ impl Log {
         st.next_seq = seq;
         Some(Plan {
             blocks,
+            slots,
             first_slot,
             first_seq,
             taken,
@@ -764,6 +771,10 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
                 b.inflight = false;
             }
         }
+        // Only now: a failed write is retried in the plan's first slot, all of it.
+        for (slot, (part, _)) in p.slots.iter().zip(&p.blocks) {
+            zil.free_tail(*slot, *part);
+        }
     } else {
         st.blocks.retain(|b| !addrs.contains(&b.addr));
         st.next_slot = p.first_slot;
@@ -775,6 +786,6 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
 }
 
 /// A block size for `bytes` of header and records: whole 4 KiB sectors, at most MAX_BLOCK.
-fn size_for(bytes: usize) -> u32 {
+pub(crate) fn size_for(bytes: usize) -> u32 {
     (bytes.next_multiple_of(MIN_BLOCK as usize) as u32).clamp(MIN_BLOCK, MAX_BLOCK)
 }

@@ -32,7 +32,9 @@ use serde::Serialize;
 
 pub use crate::spa::props::{CommitPolicy, Placement};
 use crate::vdev::TopVdev;
+use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
+use log::size_for;
 pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
 use space::LogSpace;
 pub use wake::after_wakeups;
@@ -291,6 +293,34 @@ impl Zil {
         if let Some(top) = self.top(a.vdev) {
             self.space
                 .free(a.vdev, a.offset, top.asize_of(a.len as u64));
+        }
+    }
+
+    /// The part of `slot` a block with `body` bytes of records takes: its whole 4 KiB
+    /// sectors, on a vdev where a block's first sectors are a block of their own (a stripe or
+    /// mirror, whose addresses map straight onto their leaves). The committer writes only
+    /// that part and frees the rest of the slot, so the slack a slot keeps for a batch larger
+    /// than the last is neither written nor held. A raidz lays a block's columns out by its
+    /// size, so there a block fills its slot.
+    pub(crate) fn written_part(&self, slot: BlockAddr, body: usize) -> BlockAddr {
+        let linear = self.top(slot.vdev).is_some_and(|t| t.raidz.is_none());
+        if !linear {
+            return slot;
+        }
+        BlockAddr {
+            len: size_for(HEADER_BYTES + body).min(slot.len),
+            ..slot
+        }
+    }
+
+    /// Frees what of `slot` lies past `part` (from `written_part`).
+    pub(crate) fn free_tail(&self, slot: BlockAddr, part: BlockAddr) {
+        if part.len < slot.len {
+            self.space.free(
+                slot.vdev,
+                slot.offset + part.len as u64,
+                (slot.len - part.len) as u64,
+            );
         }
     }
 
