@@ -127,10 +127,24 @@ pub struct Piece {
 /// The block `pieces` are laid over, in the order they were written (a later piece wins
 /// where they overlap): `base`, or zeros for a hole.
 fn overlay(base: Option<&[u8]>, pieces: &[Piece], block_bytes: usize) -> Vec<u8> {
-    let mut b = match base {
+    let b = match base {
         Some(d) => d.to_vec(),
         None => vec![0u8; block_bytes],
     };
+    lay(b, pieces)
+}
+
+/// `overlay` over a base the caller gives up: laid over in place when no one else holds it
+/// (a block just read for the purpose), saving a block's allocation and copy.
+fn overlay_owned(base: Option<Arc<Vec<u8>>>, pieces: &[Piece], block_bytes: usize) -> Vec<u8> {
+    match base.map(Arc::try_unwrap) {
+        Some(Ok(own)) => lay(own, pieces),
+        Some(Err(shared)) => overlay(Some(&shared), pieces, block_bytes),
+        None => overlay(None, pieces, block_bytes),
+    }
+}
+
+fn lay(mut b: Vec<u8>, pieces: &[Piece]) -> Vec<u8> {
     for p in pieces {
         b[p.at..p.at + p.data.len()].copy_from_slice(&p.data);
     }
@@ -952,7 +966,7 @@ fn write_patched(
     for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
         match base {
             Ok(base) => {
-                let b = overlay(base.as_ref().map(|d| d.as_slice()), pieces, block_bytes);
+                let b = overlay_owned(base, pieces, block_bytes);
                 if is_zero(&b) {
                     children.insert(*blkid, BlkPtr::HOLE);
                 } else {
