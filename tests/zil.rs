@@ -44,6 +44,23 @@ fn three_stripes(vols: usize, o: &PoolOptions) -> (Vec<Arc<MemDevice>>, Arc<Pool
     (devs, pool)
 }
 
+/// A pool of one stripe (so every log block of every chain is on it) holding volumes `v0`..
+/// of 8 MiB, 16K blocks.
+fn one_device(vols: usize) -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create(
+        "tank",
+        spec(Layout::Stripe, &devs),
+        log_opts(CommitPolicy::Group, Placement::Global),
+    )
+    .unwrap();
+    for i in 0..vols {
+        pool.create_volume(&format!("v{i}"), 8 * MB, 16384, None)
+            .unwrap();
+    }
+    (devs, pool)
+}
+
 fn reimport(devs: &[Arc<MemDevice>]) -> Arc<Pool> {
     Pool::import(
         as_leaves(devs),
@@ -186,15 +203,7 @@ fn log_blocks_on(dev: &MemDevice) -> Vec<(u64, u64)> {
 #[test]
 fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
     for damage in ["torn", "corrupt"] {
-        // One device, so every block of the chain is on it.
-        let devs = mem_devs(1, 96 * MB);
-        let pool = Pool::create(
-            "tank",
-            spec(Layout::Stripe, &devs),
-            log_opts(CommitPolicy::Group, Placement::Global),
-        )
-        .unwrap();
-        pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+        let (devs, pool) = one_device(1);
         let vol = Volume::open(&pool, "v0").unwrap();
         let first = pattern(10, 16384);
         let second = pattern(11, 16384);
@@ -240,14 +249,7 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
 /// holds only the sectors it fills, and an import claims only those.
 #[test]
 fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
-    let devs = mem_devs(1, 96 * MB);
-    let pool = Pool::create(
-        "tank",
-        spec(Layout::Stripe, &devs),
-        log_opts(CommitPolicy::Group, Placement::Global),
-    )
-    .unwrap();
-    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    let (devs, pool) = one_device(1);
     let vol = Volume::open(&pool, "v0").unwrap();
     // The chain's header must be on disk before the log takes commits.
     pool.sync_now().unwrap();
@@ -296,19 +298,9 @@ fn blocks_placed_in_the_freed_ends_of_live_slots_replay_after_a_power_cut() {
     let seed = common::procs::seed_from_env("ZETA_ZIL_SEED");
     eprintln!("log reuse seed {seed} (ZETA_ZIL_SEED to repeat)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let devs = mem_devs(1, 96 * MB);
-    let pool = Pool::create(
-        "tank",
-        spec(Layout::Stripe, &devs),
-        log_opts(CommitPolicy::Group, Placement::Global),
-    )
-    .unwrap();
+    let (devs, pool) = one_device(2);
     let vols: Vec<Volume> = (0..2)
-        .map(|i| {
-            pool.create_volume(&format!("v{i}"), 8 * MB, 16384, None)
-                .unwrap();
-            Volume::open(&pool, &format!("v{i}")).unwrap()
-        })
+        .map(|i| Volume::open(&pool, &format!("v{i}")).unwrap())
         .collect();
     pool.sync_now().unwrap();
     let region = pool.zil.stats().space_total;
