@@ -302,9 +302,9 @@ impl Volume {
         // A short write inside one block that can be laid over it as a patch holds only its
         // own bytes: patches of disjoint bytes commute, so sequential 4K writes into a 16K
         // block go side by side (queued on the whole block's lock, they spent 46 % of the
-        // server's time in futex calls). If the block cannot take a patch after all, the
-        // write waits for the whole block like any merge.
-        if first == last && (data.len() as u64) < bs && self.ds.object.patchable(first) {
+        // server's time in futex calls). If the block cannot take a patch (`patch` asks,
+        // under this lock), the write waits for the whole block like any merge.
+        if first == last && (data.len() as u64) < bs {
             let _guard = self.locks.lock(offset, offset + data.len() as u64 - 1);
             if self.patch(first, (offset % bs) as usize, data, log, true)? {
                 return Ok(());
