@@ -1535,8 +1535,7 @@ impl Pool {
         for b in &blocks {
             // Only the part of its slot the block took: the rest was freed when it was
             // written and may hold a block of another chain now.
-            let body = b.records.iter().map(Record::encoded_len).sum();
-            let part = self.zil.written_part(at, body);
+            let part = self.zil.written_part(at, b.body_len());
             if let Err(why) = self.zil.claim_slot(part) {
                 return Err(PoolError::CannotImport {
                     pool: self.name.clone(),

@@ -579,16 +579,8 @@ impl TopVdev {
         if let Some(rz) = &self.raidz {
             return rz.write_durable(offset, data);
         }
-        let results = self.on_each_child(|c| c.write_data_durable(data, offset));
+        let results = waiting_in_parallel(&self.children, |c| c.write_data_durable(data, offset));
         self.settle(results, |c| &c.counters.write_errors)
-    }
-
-    /// Runs `io` on every child at once (`waiting_in_parallel`).
-    fn on_each_child(
-        &self,
-        io: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
-    ) -> Vec<Result<(), VdevError>> {
-        waiting_in_parallel(&self.children, |c| io(c))
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per

@@ -236,6 +236,11 @@ pub fn records_that_fit(records: &[Record], len: usize) -> usize {
 }
 
 impl LogBlock {
+    /// Bytes of records after the header (the header's body length).
+    pub fn body_len(&self) -> usize {
+        self.records.iter().map(Record::encoded_len).sum()
+    }
+
     /// The block's bytes, `len` long (a multiple of 4096 that holds every record).
     pub fn encode(&self, len: usize) -> Vec<u8> {
         assert!(len.is_multiple_of(4096) && len >= 4096);

@@ -613,18 +613,15 @@ impl Log {
             };
             taken.push(next);
             let max_txg = mine.iter().map(|r| r.txg()).max().unwrap_or(0);
-            let body = mine.iter().map(|r| r.encoded_len()).sum();
+            let block = LogBlock {
+                chain: st.chain,
+                seq,
+                max_txg,
+                next,
+                records: mine,
+            };
             slots.push(slot);
-            blocks.push((
-                zil.written_part(slot, body),
-                LogBlock {
-                    chain: st.chain,
-                    seq,
-                    max_txg,
-                    next,
-                    records: mine,
-                },
-            ));
+            blocks.push((zil.written_part(slot, block.body_len()), block));
             slot = next;
             seq += 1;
             if at == records.len() {
