@@ -297,7 +297,7 @@ impl Log {
             return;
         }
         let mut rotor = st.rotor;
-        let Some(slot) = zil.alloc_slot(&mut rotor, MIN_BLOCK) else {
+        let Some(slot) = zil.alloc_slot(&mut rotor, MIN_BLOCK, MIN_BLOCK) else {
             st.mode = Mode::Off;
             return;
         };
@@ -598,14 +598,17 @@ impl Log {
             let mine = records[at..at + fit].to_vec();
             at += fit;
             let left: usize = records[at..].iter().map(|r| r.encoded_len()).sum();
-            let next_len = if at < records.len() {
-                size_for(HEADER_BYTES + left)
+            // Short of room for that, a smaller slot: one that holds the next record, or
+            // any for a guess (a batch that does not fit goes on in a slot of its size).
+            let (next_len, least) = if at < records.len() {
+                let one = size_for(HEADER_BYTES + records[at].encoded_len());
+                (size_for(HEADER_BYTES + left), one)
             } else {
                 // Predict the next batch from this one, with room to grow: a batch that
                 // outgrows its slot spills into a second block, a second durable write.
-                size_for(total + total / 2)
+                (size_for(total + total / 2), MIN_BLOCK)
             };
-            let Some(next) = zil.alloc_slot(&mut rotor, next_len) else {
+            let Some(next) = zil.alloc_slot(&mut rotor, next_len, least) else {
                 for a in taken {
                     zil.free_slot(a);
                 }

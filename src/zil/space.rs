@@ -98,6 +98,14 @@ impl LogSpace {
         free.take(asize, cursor)
     }
 
+    /// The longest run of free bytes on vdev `v` (0 if it has no log region).
+    pub fn largest(&self, v: u32) -> u64 {
+        match self.regions.read().get(v as usize) {
+            Some(Some(r)) => r.lock().free.largest(),
+            _ => 0,
+        }
+    }
+
     pub fn free(&self, v: u32, off: u64, asize: u64) {
         if let Some(Some(r)) = self.regions.read().get(v as usize) {
             r.lock().free.add(off, asize);
