@@ -1120,6 +1120,71 @@ fn a_commit_that_finds_the_log_full_waits_for_the_syncing_txg() {
     pool.verify().unwrap();
 }
 
+/// A block frees the end of its slot that it did not fill, so once the log has wrapped its
+/// free space is such ends, each smaller than the slot the next batch asks for. A commit
+/// takes them rather than wait for a txg: with no txg able to commit, the log fills before
+/// any commit waits. Every flushed write survives a power cut.
+#[test]
+fn a_commit_fills_the_freed_ends_of_slots_before_it_waits_for_space() {
+    let (devs, pool, gate, _) = gated_pool();
+    let vol = Volume::open(&pool, "v0").unwrap();
+    pool.sync_now().unwrap();
+    *gate.0.lock().unwrap() = true;
+    let stop = AtomicBool::new(false);
+    let acked: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // 40 records of 4K: about 166K a batch, whose next slot is half again as
+                // large (252K) and whose block leaves a third of its slot free.
+                let mut round = Vec::new();
+                for _ in 0..40 {
+                    let off = rng.gen_range(0..(8 * MB / 4096)) * 4096;
+                    vol.write(off, &pattern(i, 4096)).unwrap();
+                    round.push((off, i));
+                    i += 1;
+                }
+                vol.flush().unwrap();
+                acked.lock().unwrap().extend(round);
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while pool.zil.stats().space_waits == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let full = pool.zil.stats();
+        open_gate(&gate);
+        let held = acked.lock().unwrap().len();
+        while acked.lock().unwrap().len() < held + 400 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(full.space_waits > 0, "the log never ran out: {full:?}");
+        // Waiting for 252K slots, the commit waited with a third of the log free.
+        assert!(
+            full.space_used as f64 >= 0.95 * full.space_total as f64,
+            "a commit waited with {} of {} bytes of log space in use",
+            full.space_used,
+            full.space_total
+        );
+    });
+    let mut want = std::collections::HashMap::new();
+    for (off, i) in acked.into_inner().unwrap() {
+        want.insert(off, i);
+    }
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    for (off, i) in want {
+        assert_eq!(read(&vol, off, 4096), pattern(i, 4096), "offset {off}");
+    }
+    pool.verify().unwrap();
+}
+
 /// `Pool::wait_commit` returns once the sync in flight commits; `sync_now` would wait for the
 /// next one as well. (Writers short of log space or pool space wait this way.)
 #[test]

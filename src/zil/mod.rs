@@ -31,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 pub use crate::spa::props::{CommitPolicy, Placement};
-use crate::vdev::TopVdev;
+use crate::vdev::{TopVdev, SECTOR};
 use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
@@ -55,7 +55,6 @@ pub trait TxgHooks: Send + Sync {
 /// The largest block size below `want`, in whole 4 KiB sectors, whose space on `top` fits
 /// in `room` bytes; `None` if not even a sector does.
 fn largest_slot(top: &TopVdev, room: u64, want: u32) -> Option<u32> {
-    const SECTOR: u64 = 4096;
     let below_want = (want as u64).saturating_sub(SECTOR);
     let mut len = room.min(below_want) / SECTOR * SECTOR;
     // A raidz block takes more than its size (parity, padding): scale down, then step.
