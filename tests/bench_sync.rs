@@ -130,6 +130,7 @@ fn bad_arguments_are_one_line() {
         ),
         (&["--size", "10M"], "at least 16M"),
         (&["--runtime", "0"], "from 1 to 3600"),
+        (&["--pool-scale", "1"], "from 2 to 64"),
     ] {
         let out = zeta(&[&["bench", "sync"][..], args].concat());
         let err = String::from_utf8_lossy(&out.stderr);

@@ -429,10 +429,16 @@ pub struct BenchSyncArgs {
     /// Seconds per measurement [default: 30, or 10 with --quick].
     #[arg(long, value_name = "SECS")]
     pub runtime: Option<u64>,
-    /// Size of each volume, and of each raw and nbdkit file. Each of the pool's three files
-    /// is three times this (written in full before the run), so the volumes fill a third.
+    /// Size of each volume, and of each raw and nbdkit file.
     #[arg(long, default_value = "1G")]
     pub size: String,
+    /// Each of the pool's three files is this many times --size, plus 256M for metadata and
+    /// the log (written in full before the run), so the volumes fill 1/N of the pool. The
+    /// paper's three 10 GB volumes sat on three 500 GB disks (1/50); copy-on-write needs free
+    /// room for several txgs of rewritten blocks, so with 128K blocks a fuller pool is bound
+    /// by free space rather than by the log.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub pool_scale: u64,
     /// Volume block sizes, comma-separated [default: 128K,16K, or 128K with --quick].
     #[arg(long, value_name = "LIST")]
     pub volblocksize: Option<String>,
