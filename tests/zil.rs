@@ -1103,13 +1103,19 @@ fn a_commit_that_finds_the_log_full_waits_for_the_syncing_txg() {
     });
     let st = pool.zil.stats();
     assert_eq!(st.fallback_syncs, 0, "{st:?}");
+    acked_writes_survive_a_power_cut(&devs, pool, vol, acked.into_inner().unwrap());
+}
 
-    // Newest write of each offset, as acknowledged.
-    let mut want = std::collections::HashMap::new();
-    for (off, i) in acked.into_inner().unwrap() {
-        want.insert(off, i);
-    }
-    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+/// Cuts the power, imports again, and reads back the newest of the acknowledged 4K writes
+/// (`acked`: offset and pattern seed, in the order they were answered) at each offset.
+fn acked_writes_survive_a_power_cut(
+    devs: &[Arc<MemDevice>],
+    pool: Arc<Pool>,
+    vol: Volume,
+    acked: Vec<(u64, u64)>,
+) {
+    let want: std::collections::HashMap<u64, u64> = acked.into_iter().collect();
+    let cut = power_cut(devs, PowerCut::DropUnflushed);
     drop(vol);
     drop(pool);
     let pool = reimport(&cut);
@@ -1170,19 +1176,7 @@ fn a_commit_fills_the_freed_ends_of_slots_before_it_waits_for_space() {
             full.space_total
         );
     });
-    let mut want = std::collections::HashMap::new();
-    for (off, i) in acked.into_inner().unwrap() {
-        want.insert(off, i);
-    }
-    let cut = power_cut(&devs, PowerCut::DropUnflushed);
-    drop(vol);
-    drop(pool);
-    let pool = reimport(&cut);
-    let vol = Volume::open(&pool, "v0").unwrap();
-    for (off, i) in want {
-        assert_eq!(read(&vol, off, 4096), pattern(i, 4096), "offset {off}");
-    }
-    pool.verify().unwrap();
+    acked_writes_survive_a_power_cut(&devs, pool, vol, acked.into_inner().unwrap());
 }
 
 /// `Pool::wait_commit` returns once the sync in flight commits; `sync_now` would wait for the
