@@ -55,18 +55,10 @@ pub trait TxgHooks: Send + Sync {
 /// The largest block size below `want`, in whole 4 KiB sectors, whose space on `top` fits
 /// in `room` bytes; `None` if not even a sector does.
 fn largest_slot(top: &TopVdev, room: u64, want: u32) -> Option<u32> {
-    let below_want = (want as u64).saturating_sub(SECTOR);
-    let mut len = room.min(below_want) / SECTOR * SECTOR;
-    // A raidz block takes more than its size (parity, padding): scale down, then step.
-    // (`asize_of` never falls as the size grows.)
-    let asize = top.asize_of(len.max(SECTOR));
-    if asize > room && len > 0 {
-        len = (len as u128 * room as u128 / asize as u128) as u64 / SECTOR * SECTOR;
-    }
-    // Padding makes the scaled guess low or high by a few sectors.
-    while len + SECTOR <= below_want && top.asize_of(len + SECTOR) <= room {
-        len += SECTOR;
-    }
+    // A raidz block takes more than its size (parity, padding); `asize_of` never falls as
+    // the size grows, so the first size down from the top that fits is the largest. (At
+    // most 64 steps: blocks are at most 256K.)
+    let mut len = room.min((want as u64).saturating_sub(SECTOR)) / SECTOR * SECTOR;
     while len >= SECTOR && top.asize_of(len) > room {
         len -= SECTOR;
     }
@@ -283,8 +275,12 @@ impl Zil {
     /// was free in pieces of 4-248K.
     fn alloc_slot(&self, local: &mut usize, want: u32, least: u32) -> Option<BlockAddr> {
         let vdevs = self.vdevs.read();
-        let usable: Vec<&LogVdev> = vdevs.iter().flatten().filter(|lv| lv.usable()).collect();
-        if usable.is_empty() {
+        let (dedicated, reserves): (Vec<&LogVdev>, Vec<&LogVdev>) = vdevs
+            .iter()
+            .flatten()
+            .filter(|lv| lv.usable())
+            .partition(|lv| lv.dedicated);
+        if dedicated.is_empty() && reserves.is_empty() {
             return None;
         }
         let first = match self.placement {
@@ -295,15 +291,13 @@ impl Zil {
             }
         };
         // Dedicated log devices first, each class from the rotor's position.
-        let mut order: Vec<&TopVdev> = Vec::with_capacity(usable.len());
-        for dedicated in [true, false] {
-            let class: Vec<&LogVdev> = usable
-                .iter()
-                .copied()
-                .filter(|lv| lv.dedicated == dedicated)
-                .collect();
-            order.extend((0..class.len()).map(|k| &*class[(first + k) % class.len()].top));
-        }
+        let order: Vec<&TopVdev> = [&dedicated, &reserves]
+            .into_iter()
+            .flat_map(|class| {
+                let n = class.len();
+                (0..n).map(move |k| &*class[(first + k) % n].top)
+            })
+            .collect();
         let take = |top: &TopVdev, len: u32| {
             let offset = self.space.alloc(top.id, top.asize_of(len as u64))?;
             self.note_pressure();
