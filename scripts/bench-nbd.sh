@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # NBD benchmark: fio's nbd engine against (a) `zeta serve` on a one-file pool (or, with
 # --layout raidz2, a raidz2 of six files) and (c) `nbdkit file` serving a raw file of the same
-# size on the same disk, in one run, with ratios.
+# size on the same disk, in one run, with ratios; and the disk itself as the ceiling of what
+# is persisted.
 #
 #   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
 #                        [--layout stripe|raidz2] [--leaf-size SIZE]
@@ -11,6 +12,13 @@
 # is measured N times, alternating servers, and the median is printed. Needs fio, nbdkit and a
 # release build of zeta (built here if missing). Prints IOPS, mean and p99 latency, and the
 # zeta/nbdkit IOPS ratio; then the peak RSS of the zeta server.
+#
+# disk_iops is fio with O_DIRECT (libaio) on a third file of the volume's size, same pattern
+# and depth: what the disk does when every byte reaches it, with no copy through the page
+# cache. nbdkit's writes stay in the page cache: with a 1G file on a machine of a few GiB or
+# more, the kernel writes nothing back within a run (it waits 30 s, or for a tenth of memory
+# to be dirty). zeta writes every block to its file and syncs every txg, so at large sizes
+# its writes meet the disk's ceiling long before nbdkit's.
 #
 # The pool is three times the volume (--leaf-size sets each file's size instead). A
 # copy-on-write pool places a txg's new copies while the frees of the two txgs before it are
@@ -30,7 +38,7 @@ while [ $# -gt 0 ]; do
         --runs) RUNS=$2; shift 2 ;;
         --layout) LAYOUT=$2; shift 2 ;;
         --leaf-size) LEAF_SIZE=$2; shift 2 ;;
-        -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+        -h|--help) sed -n "2,/^set /p" "$0" | sed "\$d"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -79,6 +87,7 @@ case "$LAYOUT" in
 esac
 $ZETA vol create bench/v "$SIZE" >/dev/null
 truncate -s "$BYTES" "$WORK/raw"
+precondition "$BYTES" "$WORK/disk"
 
 $ZETA serve --listen 127.0.0.1:10811 bench >"$WORK/zeta.log" 2>&1 &
 ZPID=$!
@@ -92,31 +101,39 @@ for uri in nbd://127.0.0.1:10811/bench/v nbd://127.0.0.1:10812/; do
         --output-format=terse >/dev/null
 done
 
-point() { # uri rw bs -> "iops mean_us p99_us"
-    fio --name=p --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=32 --size="$BYTES" \
-        --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json |
-    python3 -c '
+FIO_SUMMARY='
 import json,sys
 t=sys.stdin.read()
 j=json.loads(t[t.index("{"):])["jobs"][0]
 side=j["read"] if j["read"]["io_bytes"] else j["write"]
 lat=side["clat_ns"]
 print("%.0f %.1f %.1f" % (side["iops"], lat["mean"]/1e3, lat["percentile"].get("99.000000",0)/1e3))'
+point() { # uri rw bs -> "iops mean_us p99_us"
+    fio --name=p --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=32 --size="$BYTES" \
+        --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json |
+    python3 -c "$FIO_SUMMARY"
+}
+disk_point() { # rw bs -> "iops mean_us p99_us", O_DIRECT on the disk file
+    fio --name=d --filename="$WORK/disk" --direct=1 --ioengine=libaio --rw="$1" --bs="$2" \
+        --iodepth=32 --size="$BYTES" --time_based --runtime="$RUNTIME" --ramp_time=1 \
+        --output-format=json | python3 -c "$FIO_SUMMARY"
 }
 median() { python3 -c 'import sys; v=sorted(sys.stdin.read().split("\n")[:-1], key=lambda l: float(l.split()[0])); print(v[len(v)//2])'; }
 
-printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7s\n" rw bs zeta_iops mean_us p99_us nbdkit_iops mean_us p99_us ratio
+printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7s %10s %9s\n" rw bs zeta_iops mean_us p99_us \
+    nbdkit_iops mean_us p99_us ratio disk_iops zeta/disk
 for rw in randread randwrite read write; do
     for bs in $BSS; do
-        Z="" K=""
+        Z="" K="" D=""
         for _ in $(seq "$RUNS"); do
             Z+="$(point nbd://127.0.0.1:10811/bench/v $rw $bs)"$'\n'
             K+="$(point nbd://127.0.0.1:10812/ $rw $bs)"$'\n'
+            D+="$(disk_point $rw $bs)"$'\n'
         done
-        z=$(printf "%s" "$Z" | median) k=$(printf "%s" "$K" | median)
-        read -r zi zm zp <<<"$z"; read -r ki km kp <<<"$k"
-        printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7.2f\n" $rw $bs $zi $zm $zp $ki $km $kp \
-            "$(python3 -c "print($zi/$ki if $ki else 0)")"
+        z=$(printf "%s" "$Z" | median) k=$(printf "%s" "$K" | median) d=$(printf "%s" "$D" | median)
+        read -r zi zm zp <<<"$z"; read -r ki km kp <<<"$k"; read -r di _ _ <<<"$d"
+        printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7.2f %10s %9.2f\n" $rw $bs $zi $zm $zp $ki $km \
+            $kp "$(python3 -c "print($zi/$ki if $ki else 0)")" $di "$(python3 -c "print($zi/$di if $di else 0)")"
     done
 done
 
