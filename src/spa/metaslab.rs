@@ -29,20 +29,24 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 }
 
 /// Bytes at the end of a vdev of `asize` bytes (metaslabs of 2^shift) to keep for the intent
-/// log, in whole metaslabs: 1/32 of it, at most 1 GiB, but no less than 256 MiB or an eighth of
+/// log, in whole metaslabs: 1/32 of it, at most 1 GiB, but no less than 768 MiB or an eighth of
 /// the vdev, whichever is smaller; the data keeps at least seven eighths of the metaslabs.
 ///
 /// The log holds what the syncing txg and the open one will commit, so this bounds how much
 /// sync-written data can wait for a txg; a commit that finds it full waits for a txg to free
 /// some. Under steady sync writes the txg sync runs back to back and each txg takes about as
-/// long to sync as it took to fill, so the reserve must hold two txgs' log. A thirty-second
-/// of a small vdev did not: three 1.75G files, three volumes of 4K writes with a flush every
-/// 5th (`zeta bench load`) waited about 50 times in 10 s with flushes at 17-20 ms mean; with
-/// an eighth (224M each), 15 times and 10-13 ms.
+/// long to sync as it took to fill, so the reserve must hold two txgs' log, and a txg may
+/// take up to the dirty limit (1G by default). A thirty-second of a small vdev did not:
+/// three 1.75G files, three volumes of 4K writes with a flush every 5th (`zeta bench load`)
+/// waited about 50 times in 10 s with flushes at 17-20 ms mean; with an eighth (224M each),
+/// 15 times and 10-13 ms. On three 4.25G files, 256M each still filled: 16K writes into
+/// 128K blocks ran at 34k writes/s with flush p99 at 435-453 ms, and 4K writes into 16K
+/// blocks at 71-78k with 170-194 ms; with an eighth (544M each), 36-38k and 49-59 ms, and
+/// 78-80k and 17 ms.
 pub fn log_reserve_for(asize: u64, shift: u32) -> u64 {
     let ms_size = 1u64 << shift;
     let count = asize / ms_size;
-    let floor = (asize / 8).min(256 << 20);
+    let floor = (asize / 8).min(768 << 20);
     let want = (asize / 32)
         .max(floor)
         .min(1 << 30)
@@ -599,7 +603,7 @@ mod tests {
             assert!(r >= (asize / 64).min(1 << 30), "{asize}: {r}");
             // Room for two txgs' log on small vdevs too.
             assert!(
-                r >= ((asize / 8).min(256 << 20)).saturating_sub(1 << shift),
+                r >= ((asize / 8).min(768 << 20)).saturating_sub(1 << shift),
                 "{asize}: {r}"
             );
             assert!(r <= asize / 8 + (1 << shift), "{asize}: {r}");
