@@ -603,10 +603,13 @@ fn a_flush_after_a_burst_too_large_to_log_commits_a_txg_and_writes_no_log() {
     let vol = Volume::open(&pool, "big").unwrap();
     let logged = |p: &Pool| p.zil.stats().bytes.iter().sum::<u64>();
     let (txg, before) = (pool.synced_txg(), logged(&pool));
-    // More than BULK_SYNC_BYTES of buffered writes, then one flush. The writes are shorter
-    // than a streaming write, whose blocks go to their place at once and are logged by
-    // pointer, so these would be logged with their data.
-    let burst = pattern(7, zeta::zil::log::BULK_SYNC_BYTES + (1 << 20));
+    // More than a bulk sync's size of buffered writes (a quarter of this small pool's log
+    // space), then one flush. The writes are shorter than a streaming write, whose blocks go
+    // to their place at once and are logged by pointer, so these would be logged with their
+    // data.
+    let bulk = pool.zil.bulk_sync_bytes();
+    assert!(bulk < zeta::zil::log::BULK_SYNC_BYTES && bulk > 4 * MB as usize);
+    let burst = pattern(7, bulk + (1 << 20));
     let piece = zeta::zvol::STREAMING_WRITE_BYTES / 2;
     for (i, chunk) in burst.chunks(piece).enumerate() {
         vol.write(MB + (i * piece) as u64, chunk).unwrap();

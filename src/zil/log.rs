@@ -33,13 +33,20 @@ use super::{CommitPolicy, Zil};
 pub const MAX_BLOCK: u32 = 256 << 10;
 const MIN_BLOCK: u32 = 4096;
 
-/// A batch carrying at least this much data is committed by a txg sync instead of the log.
-/// Logged, its data would be written twice (to the log now, in place at the txg) and the
-/// log's copy freed a txg later; a txg sync writes it once, to its place, and the sync is due
-/// soon anyway with this much dirty. It arises when a flush follows a burst of buffered
-/// writes (a bulk copy, `zeta vol put`), never in a steady stream of small sync writes, whose
-/// batches are bounded by the requests in flight.
-pub const BULK_SYNC_BYTES: usize = 8 << 20;
+/// A batch carrying at least this much data, or a quarter of the log space if that is less
+/// (`Zil::bulk_sync_bytes`), is committed by a txg sync instead of the log. Logged, its data
+/// would be written twice (to the log now, in place at the txg) and the log's copy freed a
+/// txg later; a txg sync writes it once, to its place, and the sync is due soon anyway with
+/// this much dirty. It arises when a flush follows a burst of buffered writes (a bulk copy).
+///
+/// A steady stream of sync writes makes large batches too, when a commit takes a while:
+/// every write queues its record, not only those a flush waits for. There a txg sync is the
+/// worse choice, as it rewrites whole blocks where the records are parts of them, and the
+/// next batch, queued while it ran, is larger still. At 8M, three volumes of 32K writes into
+/// 128K blocks with a flush every 5th (`zeta bench load`, 4.25G files) committed most
+/// batches by txg syncs, flushes taking 73-76 ms on average: 17.7-18.9k writes/s. At 64M the
+/// log took every batch, 215 records each: 22.4-25.2k writes/s, flushes at 41-47 ms.
+pub const BULK_SYNC_BYTES: usize = 64 << 20;
 
 /// Called once a sync request's records are durable (or cannot be made so).
 pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
@@ -424,7 +431,8 @@ impl Log {
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             zil.unpin(batch.iter().map(|(_, r)| r));
             st.inflight_first = Some(batch[0].0);
-            let bulk = batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= BULK_SYNC_BYTES;
+            let bulk =
+                batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= zil.bulk_sync_bytes();
             let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain && !bulk;
             let started = Instant::now();
             // Large whole-block writes go to their place first (outside the lock: it is a

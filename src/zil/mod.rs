@@ -249,6 +249,14 @@ impl Zil {
         }
     }
 
+    /// The size from which a batch is committed by a txg sync (`log::BULK_SYNC_BYTES`): a
+    /// quarter of the log space if that is less, as a batch that size would crowd out the
+    /// other volumes' commits, and one larger than the log waits for txgs and then syncs one.
+    pub fn bulk_sync_bytes(&self) -> usize {
+        let (_, total) = self.space.usage();
+        (total / 4).min(log::BULK_SYNC_BYTES as u64) as usize
+    }
+
     /// Commits a batch too large to be worth logging by a txg sync.
     fn bulk_sync(&self) -> Result<(), String> {
         self.stats.bulk_syncs.fetch_add(1, Ordering::Relaxed);
@@ -518,6 +526,19 @@ mod tests {
             zil.free_tail(a, part);
         }
         assert_eq!(zil.space.largest(0), tail);
+    }
+
+    #[test]
+    fn a_bulk_sync_starts_at_64m_or_a_quarter_of_the_log() {
+        assert_eq!(mirror_log().bulk_sync_bytes(), 256 << 10);
+        let (top, _devs) = mem_mirror(2, 7);
+        // Only the region's bounds matter here: nothing is written to it.
+        let zil = Zil::new(
+            vec![(Arc::new(top), (1 << 20, 4 << 30), false)],
+            CommitPolicy::Group,
+            Placement::Global,
+        );
+        assert_eq!(zil.bulk_sync_bytes(), log::BULK_SYNC_BYTES);
     }
 
     #[test]
