@@ -481,11 +481,12 @@ fn execute(
 
 /// The capacity of a connection's read buffer. Small requests come through it, many per
 /// system call; a write's payload is copied out of it as far as it took the payload in, and
-/// read straight from the socket past that (`read_payload`). A larger buffer takes in more of
-/// the payloads queued behind a request, only to copy them again: with 256K, sequential 128K
-/// writes over fio's nbd engine (queue depth 32) ran at 20.6-22.3k writes/s and random ones at
-/// 16.9-19.2k; with 64K at 22.3-25.4k and 20.6-21.7k. 4K writes did not tell them apart.
-const READ_BUFFER_BYTES: usize = 64 << 10;
+/// read straight from the socket past that (`read_payload`). A smaller buffer copies less of
+/// the payloads queued behind a request, but then finds itself empty after most large writes,
+/// and the reader runs them itself (`serve`: alone, nothing buffered): at 64K, sequential
+/// 128K writes on one file ran 12 % faster, but on raidz2 of six files random ones fell from
+/// 8.1-8.6k to 6.3-6.5k writes/s, the parity and six writes no longer beside the reading.
+const READ_BUFFER_BYTES: usize = 256 << 10;
 
 /// Reads up to this long are served by the connection's reader itself when the volume has
 /// their blocks at once (`read_here`). Handing a 4K read to a worker cost a thread's wake-up
