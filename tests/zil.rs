@@ -290,6 +290,39 @@ fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
     assert_eq!(read(&vol, 1 << 20, 4096), small);
 }
 
+/// A batch goes in blocks of up to 1 MiB: 48 records of 16K (768K) take the slot the chain
+/// named for them (sized from a small batch before) and one block more. (At 256 KiB, four
+/// more: each block is a durable write of its own, and 32K writes into 128K blocks ran a
+/// fifth slower that way.) A power cut then finds them all.
+#[test]
+fn a_large_batch_goes_in_one_block_of_up_to_a_mebibyte() {
+    let (devs, pool) = one_device(1);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    pool.sync_now().unwrap();
+    vol.write(0, &pattern(30, 4096)).unwrap();
+    vol.flush().unwrap();
+    let before = pool.zil.stats();
+    let data = pattern(31, 48 * 16384);
+    for k in 0..48u64 {
+        let at = k as usize * 16384;
+        vol.write(16384 + k * 16384, &data[at..at + 16384]).unwrap();
+    }
+    vol.flush().unwrap();
+    let after = pool.zil.stats();
+    assert!(after.bytes[0] - before.bytes[0] >= 48 * 16384);
+    assert_eq!(
+        after.blocks[0] - before.blocks[0],
+        2,
+        "{before:?} {after:?}"
+    );
+    drop(vol);
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    assert_eq!(read(&vol, 16384, 48 * 16384), data);
+}
+
 /// Freed ends of slots are taken again by other blocks while the blocks before them are
 /// still live: two volumes share one device's small log region, with batches of every size,
 /// until it has wrapped around many times. A power cut then finds every flushed write.

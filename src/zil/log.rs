@@ -29,8 +29,14 @@ use super::wake::wake_all;
 use super::{CommitPolicy, Zil};
 
 /// The largest log block. Records are at most a volume block (128 KiB) plus their header, so
-/// every record fits in one.
-pub const MAX_BLOCK: u32 = 256 << 10;
+/// every record fits in one. Each block is a durable write of its own, written one after
+/// another (`Zil::write_blocks`), so a large batch wants few of them: three volumes of 32K
+/// writes into 128K blocks with a flush every 5th (`zeta bench load`) made batches of ~210
+/// records, 31 blocks of 256K that took 19-22 ms a batch and 21.6-22.5k writes/s; in blocks of
+/// 1M, 6-7 ms a batch and 26.8-28.7k writes/s (16K writes: 43k to 46k; 4K ones, whose
+/// batches fit in 256K, the same). In blocks of 4M, one block's write took long enough to
+/// hold up the next batch: 22k.
+pub const MAX_BLOCK: u32 = 1 << 20;
 const MIN_BLOCK: u32 = 4096;
 
 /// A batch carrying at least this much data, or a quarter of the log space if that is less

@@ -57,7 +57,7 @@ pub trait TxgHooks: Send + Sync {
 fn largest_slot(top: &TopVdev, room: u64, want: u32) -> Option<u32> {
     // A raidz block takes more than its size (parity, padding); `asize_of` never falls as
     // the size grows, so the first size down from the top that fits is the largest. (At
-    // most 64 steps: blocks are at most 256K.)
+    // most 256 steps: blocks are at most 1M.)
     let mut len = room.min((want as u64).saturating_sub(SECTOR)) / SECTOR * SECTOR;
     while len >= SECTOR && top.asize_of(len) > room {
         len -= SECTOR;
