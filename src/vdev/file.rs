@@ -373,8 +373,9 @@ impl BlockDevice for FileDevice {
     /// `fdatasync` would, but leaves the rest of the file's dirty pages alone. An intent log
     /// commit then costs one small write, not the writeback of a whole txg.
     ///
-    /// Whole 4K sectors go through the `O_DIRECT` descriptor, from a sector-aligned copy:
-    /// these are log blocks, read back only by a replay, and through the page cache each was
+    /// Whole 4K sectors go through the `O_DIRECT` descriptor, from the buffer itself if it
+    /// starts on a sector boundary in memory (a `SectorVec`), else from an aligned copy
+    /// (a tenth of the log's cost in 1M blocks, with its allocation): these are log blocks, read back only by a replay, and through the page cache each was
     /// copied in, then written back page by page before the call returned. (The kernel
     /// writes back and drops any cached pages of the range first, so the buffered
     /// descriptor's reads stay coherent.) Where the file system refuses the direct write,
@@ -387,9 +388,11 @@ impl BlockDevice for FileDevice {
                 && offset_bytes.is_multiple_of(SECTOR)
                 && (buf.len() as u64).is_multiple_of(SECTOR)
             {
-                let copy = SectorBuf::copy_of(buf);
+                let aligned = (buf.as_ptr() as usize).is_multiple_of(SECTOR as usize);
+                let copy = (!aligned).then(|| SectorBuf::copy_of(buf));
+                let from = copy.as_ref().map_or(buf.as_ptr(), SectorBuf::as_ptr);
                 let mut iov = [libc::iovec {
-                    iov_base: copy.as_ptr() as *mut libc::c_void,
+                    iov_base: from as *mut libc::c_void,
                     iov_len: buf.len(),
                 }];
                 match vectored(direct, &mut iov, offset_bytes, Op::Write(libc::RWF_DSYNC)) {
@@ -502,6 +505,13 @@ mod tests {
         want.extend_from_slice(&[1u8; 100]);
         want.extend_from_slice(&[3u8; 1000]);
         want.resize(16384, 1);
+        dev.read_at(&mut back, 8192).unwrap();
+        assert_eq!(back, want);
+        // And from a buffer aligned in memory (taken as it is): over the first sector.
+        let mut aligned = crate::vdev::SectorVec::with_capacity(4096);
+        aligned.resize(4096, 4);
+        dev.write_durable(&aligned, 8192).unwrap();
+        want[..4096].fill(4);
         dev.read_at(&mut back, 8192).unwrap();
         assert_eq!(back, want);
         // And through a descriptor of its own, as an import after a crash would read it.

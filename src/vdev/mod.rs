@@ -9,6 +9,7 @@ pub mod file;
 pub mod layout;
 pub mod mem;
 pub mod raidz;
+pub mod sector_vec;
 pub mod top;
 
 pub use device::{BlockDevice, VdevError};
@@ -16,6 +17,7 @@ pub use file::FileDevice;
 pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
+pub use sector_vec::SectorVec;
 pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -33,6 +33,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::math::fletcher::fletcher4;
 use crate::spa::bp::{BlkPtr, BP_BYTES};
+use crate::vdev::SectorVec;
 
 /// Blocks written now: a Fletcher-4 checksum (`checksum_v2`).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL2");
@@ -164,7 +165,7 @@ impl Record {
             }
     }
 
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut SectorVec) {
         let kind = match self {
             Record::Write { .. } => 1u8,
             Record::Zero { .. } => 2,
@@ -241,10 +242,15 @@ impl LogBlock {
         self.records.iter().map(Record::encoded_len).sum()
     }
 
-    /// The block's bytes, `len` long (a multiple of 4096 that holds every record).
-    pub fn encode(&self, len: usize) -> Vec<u8> {
+    /// The block's bytes, `len` long (a multiple of 4096 that holds every record), aligned
+    /// in memory for a direct write.
+    pub fn encode(&self, len: usize) -> SectorVec {
         assert!(len.is_multiple_of(4096) && len >= 4096);
-        let mut out = Vec::with_capacity(len);
+        assert!(
+            HEADER_BYTES + self.body_len() <= len,
+            "records overflow the log block"
+        );
+        let mut out = SectorVec::with_capacity(len);
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&self.chain.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
@@ -259,7 +265,6 @@ impl LogBlock {
             r.encode(&mut out);
         }
         let body_len = out.len() - HEADER_BYTES;
-        assert!(out.len() <= len, "records overflow the log block");
         out[48..52].copy_from_slice(&(body_len as u32).to_le_bytes());
         out[52..56].copy_from_slice(&(self.records.len() as u32).to_le_bytes());
         let sum = checksum_v2(&out[..64], &out[HEADER_BYTES..]);
@@ -463,7 +468,7 @@ mod tests {
                     write(10 + i, 7, 0xee, 13),
                 ],
             };
-            disk.insert(addr(i), b.encode(8192));
+            disk.insert(addr(i), b.encode(8192).to_vec());
             blocks.push(b);
         }
         (disk, blocks)

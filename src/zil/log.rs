@@ -27,6 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::block::{records_that_fit, BlockAddr, LogBlock, Record, HEADER_BYTES};
 use super::wake::wake_all;
 use super::{CommitPolicy, Zil};
+use crate::vdev::SectorVec;
 
 /// The largest log block. Records are at most a volume block (128 KiB) plus their header, so
 /// every record fits in one. Each block is a durable write of its own, written one after
@@ -766,7 +767,7 @@ fn write_plan(
     let Some(p) = plan else {
         return Err("no log space".into());
     };
-    let encoded: Vec<(BlockAddr, Vec<u8>)> = p
+    let encoded: Vec<(BlockAddr, SectorVec)> = p
         .blocks
         .iter()
         .map(|(a, b)| (*a, b.encode(a.len as usize)))

@@ -31,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 pub use crate::spa::props::{CommitPolicy, Placement};
-use crate::vdev::{TopVdev, SECTOR};
+use crate::vdev::{SectorVec, TopVdev, SECTOR};
 use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
@@ -433,7 +433,7 @@ impl Zil {
     /// writes (RWF_DSYNC) 0.3 ms each.
     fn write_blocks(
         &self,
-        blocks: &[(BlockAddr, Vec<u8>)],
+        blocks: &[(BlockAddr, SectorVec)],
         records: u64,
         data_vdevs: &[u32],
     ) -> Result<(), String> {
