@@ -291,9 +291,9 @@ fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
 }
 
 /// A batch goes in blocks of up to 1 MiB: 48 records of 16K (768K) take the slot the chain
-/// named for them (sized from a small batch before) and one block more. (At 256 KiB, four
-/// more: each block is a durable write of its own, and 32K writes into 128K blocks ran a
-/// fifth slower that way.) A power cut then finds them all.
+/// named for them (sized from a small batch before) and one block more. (At 256 KiB, they
+/// took five blocks: each block is a durable write of its own, and 32K writes into 128K
+/// blocks ran a fifth slower that way.) A power cut then finds them all.
 #[test]
 fn a_large_batch_goes_in_one_block_of_up_to_a_mebibyte() {
     let (devs, pool) = one_device(1);

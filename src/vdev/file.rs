@@ -375,7 +375,8 @@ impl BlockDevice for FileDevice {
     ///
     /// Whole 4K sectors go through the `O_DIRECT` descriptor, from the buffer itself if it
     /// starts on a sector boundary in memory (a `SectorVec`), else from an aligned copy
-    /// (a tenth of the log's cost in 1M blocks, with its allocation): these are log blocks, read back only by a replay, and through the page cache each was
+    /// (which with its allocation cost two thirds as much as encoding a log block): these
+    /// are log blocks, read back only by a replay, and through the page cache each was
     /// copied in, then written back page by page before the call returned. (The kernel
     /// writes back and drops any cached pages of the range first, so the buffered
     /// descriptor's reads stay coherent.) Where the file system refuses the direct write,
