@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::bp::Dva;
-use super::range_tree::RangeTree;
+use super::range_tree::{RangeSet, RangeTree};
 use super::space_map::SmRecord;
 use crate::vdev::SECTOR;
 
@@ -78,14 +78,14 @@ pub struct Metaslab {
     pub size: u64,
     pub free: RangeTree,
     /// Live MOS blocks in this metaslab (not in the space map).
-    pub mos: RangeTree,
+    pub mos: RangeSet,
     /// Records of the syncing txg, not yet appended to the space map.
     pub pending: Vec<SmRecord>,
     /// Records in the persisted space map (for the condense decision).
     pub sm_records: u64,
     /// Deferred frees in this metaslab (also in `Allocator::deferred`, by txg): the condense
     /// decision and image need them per metaslab, coalesced.
-    deferred: RangeTree,
+    deferred: RangeSet,
     cursor: u64,
 }
 
@@ -97,10 +97,10 @@ impl Metaslab {
             start,
             size,
             free,
-            mos: RangeTree::new(),
+            mos: RangeSet::new(),
             pending: Vec::new(),
             sm_records: 0,
-            deferred: RangeTree::new(),
+            deferred: RangeSet::new(),
             cursor: start,
         }
     }

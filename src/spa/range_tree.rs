@@ -1,24 +1,65 @@
-//! A set of disjoint byte ranges, indexed by start and by size: the in-memory free space of a
-//! metaslab. Adjacent ranges merge, so the segment count is a fair measure of fragmentation.
+//! Sets of disjoint byte ranges. Adjacent ranges merge, so the segment count is a fair
+//! measure of fragmentation.
+//!
+//! [`RangeTree`] also indexes its segments by size, for the allocator's best-fit and
+//! largest-segment queries: the in-memory free space of a metaslab. [`RangeSet`] keeps no such
+//! index, for sets that are only added to, taken from and walked (a metaslab's deferred frees
+//! and its allocations not yet in a space map): under random 128K writes half of the
+//! allocator's range operations went to those sets, and each kept a size index no query read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
+/// What a set of ranges keeps beside its segments by start: told of every segment that
+/// enters or leaves.
+pub trait SegmentIndex: Default + Clone + std::fmt::Debug {
+    fn inserted(&mut self, start: u64, end: u64);
+    fn removed(&mut self, start: u64, end: u64);
+}
+
+/// No index.
 #[derive(Default, Clone, Debug)]
-pub struct RangeTree {
+pub struct NoIndex;
+
+impl SegmentIndex for NoIndex {
+    fn inserted(&mut self, _: u64, _: u64) {}
+    fn removed(&mut self, _: u64, _: u64) {}
+}
+
+/// The segments by (length, start).
+#[derive(Default, Clone, Debug)]
+pub struct BySize(BTreeSet<(u64, u64)>);
+
+impl SegmentIndex for BySize {
+    fn inserted(&mut self, s: u64, e: u64) {
+        self.0.insert((e - s, s));
+    }
+    fn removed(&mut self, s: u64, e: u64) {
+        self.0.remove(&(e - s, s));
+    }
+}
+
+/// A set of disjoint ranges with index `I` (see [`RangeTree`], [`RangeSet`]).
+#[derive(Default, Clone, Debug)]
+pub struct Ranges<I: SegmentIndex> {
     /// start -> end (exclusive).
     segs: BTreeMap<u64, u64>,
-    /// (length, start), for best-fit and largest-segment queries.
-    by_size: BTreeSet<(u64, u64)>,
+    index: I,
     space: u64,
 }
+
+/// Ranges indexed by size as well: free space to allocate from.
+pub type RangeTree = Ranges<BySize>;
+
+/// Ranges by start only.
+pub type RangeSet = Ranges<NoIndex>;
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Overlap;
 
-impl RangeTree {
-    pub fn new() -> RangeTree {
-        RangeTree::default()
+impl<I: SegmentIndex> Ranges<I> {
+    pub fn new() -> Self {
+        Self::default()
     }
 
     pub fn space(&self) -> u64 {
@@ -27,20 +68,6 @@ impl RangeTree {
 
     pub fn segments(&self) -> usize {
         self.segs.len()
-    }
-
-    pub fn largest(&self) -> u64 {
-        self.by_size.iter().next_back().map_or(0, |&(len, _)| len)
-    }
-
-    /// The space in segments counted in whole `piece`s: what blocks of that size can take.
-    pub fn space_in_pieces(&self, piece: u64) -> u64 {
-        self.by_size
-            .iter()
-            .rev()
-            .take_while(|&&(len, _)| len >= piece)
-            .map(|&(len, _)| len - len % piece)
-            .sum()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -71,29 +98,34 @@ impl RangeTree {
 
     fn insert_seg(&mut self, s: u64, e: u64) {
         self.segs.insert(s, e);
-        self.by_size.insert((e - s, s));
+        self.index.inserted(s, e);
     }
 
     fn remove_seg(&mut self, s: u64, e: u64) {
         self.segs.remove(&s);
-        self.by_size.remove(&(e - s, s));
+        self.index.removed(s, e);
     }
 
     /// Adds a range that must not overlap any present one.
     pub fn try_add(&mut self, start: u64, len: u64) -> Result<(), Overlap> {
         assert!(len > 0);
-        if self.overlaps(start, len) {
+        let (mut s, mut e) = (start, start + len);
+        // One lookup finds the segment at or before the range (which must end by its start)
+        // and one the segment after it (which must start at or past its end).
+        let before = self.segs.range(..=s).next_back().map(|(&a, &b)| (a, b));
+        if before.is_some_and(|(_, pe)| pe > s) {
             return Err(Overlap);
         }
-        let (mut s, mut e) = (start, start + len);
-        if let Some((ps, pe)) = self.segs.range(..s).next_back().map(|(&a, &b)| (a, b)) {
-            if pe == s {
-                self.remove_seg(ps, pe);
-                s = ps;
-            }
+        let after = self.segs.range(s + 1..).next().map(|(&a, &b)| (a, b));
+        if after.is_some_and(|(ns, _)| ns < e) {
+            return Err(Overlap);
         }
-        if let Some(ne) = self.segs.get(&e).copied() {
-            self.remove_seg(e, ne);
+        if let Some((ps, pe)) = before.filter(|&(_, pe)| pe == s) {
+            self.remove_seg(ps, pe);
+            s = ps;
+        }
+        if let Some((ns, ne)) = after.filter(|&(ns, _)| ns == e) {
+            self.remove_seg(ns, ne);
             e = ne;
         }
         self.insert_seg(s, e);
@@ -153,6 +185,23 @@ impl RangeTree {
         self.try_remove(start, len)
             .expect("range tree: removing a range that is not present")
     }
+}
+
+impl Ranges<BySize> {
+    pub fn largest(&self) -> u64 {
+        self.index.0.iter().next_back().map_or(0, |&(len, _)| len)
+    }
+
+    /// The space in segments counted in whole `piece`s: what blocks of that size can take.
+    pub fn space_in_pieces(&self, piece: u64) -> u64 {
+        self.index
+            .0
+            .iter()
+            .rev()
+            .take_while(|&&(len, _)| len >= piece)
+            .map(|&(len, _)| len - len % piece)
+            .sum()
+    }
 
     /// Takes `len` bytes found by [`find`](Self::find) from `cursor`, and moves the cursor past
     /// them (next fit: successive allocations land in order). `None` if nothing fits.
@@ -169,11 +218,10 @@ impl RangeTree {
     /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
     /// segments (keeps sequential writes sequential), else the smallest segment that fits.
     pub fn find(&self, len: u64, cursor: u64) -> Option<u64> {
-        if let Some((s, e)) = self.containing(cursor) {
+        if let Some((_, e)) = self.containing(cursor) {
             if e - cursor >= len {
                 return Some(cursor);
             }
-            let _ = s;
         }
         for (&s, &e) in self
             .segs
@@ -184,7 +232,7 @@ impl RangeTree {
                 return Some(s);
             }
         }
-        self.by_size.range((len, 0)..).next().map(|&(_, s)| s)
+        self.index.0.range((len, 0)..).next().map(|&(_, s)| s)
     }
 }
 
@@ -227,9 +275,14 @@ mod tests {
 
     #[test]
     fn union_matches_a_bitmap_model() {
+        union_model::<BySize>();
+        union_model::<NoIndex>();
+    }
+
+    fn union_model<I: SegmentIndex>() {
         let seed = 0x5eed_0002u64;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut t = RangeTree::new();
+        let mut t = Ranges::<I>::new();
         let mut model = vec![false; 600];
         for _ in 0..3_000 {
             let s = rng.gen_range(0..500u64);
@@ -252,9 +305,46 @@ mod tests {
 
     #[test]
     fn matches_a_bitmap_model_under_random_operations() {
-        let seed = 0x5eed_0001u64;
+        let sized = random_operations::<BySize>(0x5eed_0001);
+        let plain = random_operations::<NoIndex>(0x5eed_0001);
+        // Both kinds hold the same segments after the same operations.
+        assert_eq!(
+            sized.iter().collect::<Vec<_>>(),
+            plain.iter().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn the_size_index_follows_every_change() {
+        let seed = 0x5eed_0003u64;
+        let mut t = random_operations::<BySize>(seed);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut t = RangeTree::new();
+        for _ in 0..2_000 {
+            let want: Vec<(u64, u64)> = {
+                let mut v: Vec<(u64, u64)> = t.iter().map(|(s, e)| (e - s, s)).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(t.index.0.iter().copied().collect::<Vec<_>>(), want);
+            assert_eq!(t.largest(), want.last().map_or(0, |&(l, _)| l));
+            // Best fit past the cursor's neighbourhood: the smallest segment that fits.
+            let len = rng.gen_range(1..16u64);
+            let best = want.iter().find(|&&(l, _)| l >= len).map(|&(_, s)| s);
+            assert_eq!(t.find(len, u64::MAX - 1), best, "seed {seed}");
+            let mut cursor = rng.gen_range(0..512u64);
+            if let Some(off) = t.take(len, &mut cursor) {
+                assert_eq!(cursor, off + len);
+                assert!(!t.overlaps(off, len));
+            } else {
+                t.union(rng.gen_range(0..500u64), len);
+            }
+        }
+    }
+
+    /// 20,000 random adds and removes checked against a bitmap; returns the set.
+    fn random_operations<I: SegmentIndex>(seed: u64) -> Ranges<I> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut t = Ranges::<I>::new();
         let mut model = vec![false; 512];
         for _ in 0..20_000 {
             let s = rng.gen_range(0..500u64);
@@ -262,6 +352,7 @@ mod tests {
             let r = s as usize..(s + l) as usize;
             if rng.gen_bool(0.5) {
                 let ok = model[r.clone()].iter().all(|&b| !b);
+                assert_eq!(t.overlaps(s, l), !ok, "seed {seed}");
                 assert_eq!(t.try_add(s, l).is_ok(), ok, "seed {seed}");
                 if ok {
                     model[r].iter_mut().for_each(|b| *b = true);
@@ -283,5 +374,6 @@ mod tests {
             }
         }
         assert_eq!(t.segments(), runs);
+        t
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
-use crate::spa::range_tree::RangeTree;
+use crate::spa::range_tree::RangeSet;
 /// What `flush_then` calls, and how such a callback defers work to the end of the batch of
 /// requests being answered with it (`zil::wake`).
 pub use crate::zil::{after_wakeups, Done};
@@ -46,7 +46,7 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
 /// ones were applied.) A record past the end cannot come from the volume's history as it
 /// stands (it was shrunk since): it is not applied, and hides nothing.
 fn surviving(records: &[Record], size: u64) -> Vec<bool> {
-    let mut covered = RangeTree::new();
+    let mut covered = RangeSet::new();
     let mut live = vec![false; records.len()];
     for (i, r) in records.iter().enumerate().rev() {
         let (offset, len) = r.extent();
