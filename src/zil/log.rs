@@ -27,7 +27,6 @@ use parking_lot::{Mutex, MutexGuard};
 use super::block::{records_that_fit, BlockAddr, LogBlock, Record, HEADER_BYTES};
 use super::wake::wake_all;
 use super::{CommitPolicy, Zil};
-use crate::vdev::SectorVec;
 
 /// The largest log block. Records are at most a volume block (128 KiB) plus their header, so
 /// every record fits in one. Each block is a durable write of its own, written one after
@@ -756,8 +755,8 @@ impl Log {
     }
 }
 
-/// Encodes a plan's blocks and writes them (with their devices' flushes); an error if
-/// there is no plan (no log space).
+/// Encodes a plan's blocks, each as it is written, and writes them (with their devices'
+/// flushes); an error if there is no plan (no log space).
 fn write_plan(
     zil: &Zil,
     plan: Option<&Plan>,
@@ -767,12 +766,8 @@ fn write_plan(
     let Some(p) = plan else {
         return Err("no log space".into());
     };
-    let encoded: Vec<(BlockAddr, SectorVec)> = p
-        .blocks
-        .iter()
-        .map(|(a, b)| (*a, b.encode(a.len as usize)))
-        .collect();
-    zil.write_blocks(&encoded, records, data_vdevs)
+    let encoded = p.blocks.iter().map(|(a, b)| (*a, b.encode(a.len as usize)));
+    zil.write_blocks(encoded, records, data_vdevs)
 }
 
 /// After a plan's write: its blocks are durable links of the chain, or (on failure, when they
