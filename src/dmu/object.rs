@@ -915,8 +915,9 @@ impl Object {
 /// a block cache configured to `cache_bytes`: a 32nd of it, between 256K and 2M. The sync
 /// holds two batches (one built and written, the next read), memory that neither the cache
 /// nor the dirty limit counts: the memory governor's margin covers it as a 16th of the
-/// budget. With a fixed 2M, a 16M dirty limit and a 32M cache, one run in ten of random 4K
-/// writes into 16K blocks (`zeta bench vol`) peaked 2-3 MiB over the 48M budget.
+/// budget. At a fixed 2M, with a 16M dirty limit and a 32M cache, those two batches were
+/// part of the peaks that took `zeta bench vol` over its 48M budget (with the log's encoded
+/// blocks, `Zil::write_blocks`); at the default 256M cache a batch is 2M as before.
 fn patch_batch_bytes(cache_bytes: u64) -> usize {
     (cache_bytes / 32).clamp(256 << 10, 2 << 20) as usize
 }
