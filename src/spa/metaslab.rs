@@ -346,18 +346,18 @@ impl Allocator {
         if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize) {
             return Some(off);
         }
-        // Then by weight: the largest free segment first, lower offsets on ties.
-        let mut rest: Vec<usize> = (0..count).filter(|&i| i != preferred).collect();
-        rest.sort_by_key(|&i| (std::cmp::Reverse(top.metaslabs[i].free.largest()), i));
-        for i in rest {
-            if let Some(off) = Self::take_from(&mut top.metaslabs[i], asize) {
-                if hint == 0 {
-                    top.active = i;
-                }
-                return Some(off);
-            }
+        // Then the one with the largest free segment, the lowest on ties. A metaslab takes
+        // `asize` exactly when its largest segment holds it, so if that one cannot, none
+        // can: no ranking of the rest is needed (sorting them all cost 3 % of the sync
+        // thread on a nearly full pool, where the preferred one misses often).
+        let best = (0..count)
+            .filter(|&i| i != preferred)
+            .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
+        let off = Self::take_from(&mut top.metaslabs[best], asize)?;
+        if hint == 0 {
+            top.active = best;
         }
-        None
+        Some(off)
     }
 
     /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them.
@@ -619,6 +619,26 @@ mod tests {
         let shift = ms_shift_for(1 << 40);
         let count = (1u64 << 40) >> shift;
         assert!((100..=200).contains(&count), "{count}");
+    }
+
+    #[test]
+    fn a_miss_moves_to_the_largest_free_segment_lowest_metaslab_on_ties() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let at = |a: &mut Allocator, size: u64| {
+            a.alloc(size, 1, AllocClass::Recorded)
+                .map(|d| d[0].offset.get())
+        };
+        assert_eq!(at(&mut a, MB).unwrap(), 0, "metaslab 0, whole");
+        // Metaslab 0 is full: every other one is wholly free, so the lowest of them.
+        assert_eq!(at(&mut a, MB / 2).unwrap(), MB);
+        // Metaslab 1, now the active one, has half its room: 768K goes to the next whole one.
+        assert_eq!(at(&mut a, 3 * MB / 4).unwrap(), 2 * MB);
+        // Metaslab 2 keeps 256K, 1 keeps 512K, 3 and up are whole: 384K fits in 3.
+        assert_eq!(at(&mut a, 3 * MB / 8).unwrap(), 3 * MB);
+        // No metaslab has a segment this long: refused, nothing taken.
+        let before = a.space().alloc;
+        assert!(at(&mut a, 2 * MB).is_err());
+        assert_eq!(a.space().alloc, before);
     }
 
     #[test]
