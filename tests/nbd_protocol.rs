@@ -321,12 +321,7 @@ fn disconnects_mid_request_and_mid_payload() {
     }
     {
         let mut c = Client::open(rig.addr(), VOL);
-        let mut m = REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&0u16.to_be_bytes());
-        m.extend_from_slice(&CMD_WRITE.to_be_bytes());
-        m.extend_from_slice(&1u64.to_be_bytes());
-        m.extend_from_slice(&(1u64 << 20).to_be_bytes());
-        m.extend_from_slice(&65536u32.to_be_bytes());
+        let mut m = request_header(CMD_WRITE, 0, 1, 1 << 20, 65536).to_vec();
         m.extend_from_slice(&[0xee; 1000]);
         c.s.write_all(&m).unwrap();
     }
@@ -427,10 +422,10 @@ fn large_and_small_requests_mixed_in_one_stream() {
         let mut written = Vec::new();
         for (i, &len) in sizes.iter().enumerate() {
             let data = pattern(len, round * 16 + i as u8);
-            stream.extend_from_slice(&request(CMD_WRITE, i as u64, at, len as u32));
+            stream.extend_from_slice(&request_header(CMD_WRITE, 0, i as u64, at, len as u32));
             stream.extend_from_slice(&data);
             if i % 3 == 2 {
-                stream.extend_from_slice(&request(CMD_FLUSH, 100 + i as u64, 0, 0));
+                stream.extend_from_slice(&request_header(CMD_FLUSH, 0, 100 + i as u64, 0, 0));
             }
             written.push((at, data));
             at += len as u64 + 4096;
@@ -458,17 +453,6 @@ fn large_and_small_requests_mixed_in_one_stream() {
         }
     }
     rig.assert_serving();
-}
-
-/// A request header, as the client's `send` writes it.
-fn request(kind: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    let mut m = REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&0u16.to_be_bytes());
-    m.extend_from_slice(&kind.to_be_bytes());
-    m.extend_from_slice(&cookie.to_be_bytes());
-    m.extend_from_slice(&offset.to_be_bytes());
-    m.extend_from_slice(&length.to_be_bytes());
-    m
 }
 
 /// CAN_MULTI_CONN is advertised, so a FLUSH on one connection must make the writes replied

@@ -267,12 +267,7 @@ fn decode_cookie(c: u64) -> (u32, bool, u64) {
 
 fn request(msg: &mut Vec<u8>, kind: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
     msg.clear();
-    msg.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    msg.extend_from_slice(&flags.to_be_bytes());
-    msg.extend_from_slice(&kind.to_be_bytes());
-    msg.extend_from_slice(&cookie.to_be_bytes());
-    msg.extend_from_slice(&offset.to_be_bytes());
-    msg.extend_from_slice(&length.to_be_bytes());
+    msg.extend_from_slice(&request_header(kind, flags, cookie, offset, length));
 }
 
 #[derive(Default)]

@@ -121,6 +121,25 @@ pub enum Incoming {
     BadMagic(u32),
 }
 
+/// A request header as a client sends it (`read_request` reads it back); a write's payload
+/// follows it.
+pub fn request_header(
+    kind: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) -> [u8; REQUEST_BYTES] {
+    let mut h = [0u8; REQUEST_BYTES];
+    h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
+    h[6..8].copy_from_slice(&kind.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..24].copy_from_slice(&offset.to_be_bytes());
+    h[24..28].copy_from_slice(&length.to_be_bytes());
+    h
+}
+
 pub fn read_request(r: &mut impl Read) -> io::Result<Incoming> {
     let mut h = [0u8; REQUEST_BYTES];
     r.read_exact(&mut h)?;
@@ -187,5 +206,34 @@ pub fn command_name(kind: u16) -> &'static str {
         CMD_WRITE_ZEROES => "WRITE_ZEROES",
         CMD_BLOCK_STATUS => "BLOCK_STATUS",
         _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_header_reads_back_field_for_field() {
+        let h = request_header(
+            CMD_WRITE,
+            CMD_FLAG_FUA,
+            0x0102_0304_0506_0708,
+            1 << 40,
+            65536,
+        );
+        let Incoming::Request(r) = read_request(&mut &h[..]).unwrap() else {
+            panic!("magic not recognised");
+        };
+        assert_eq!(
+            (r.kind, r.flags, r.cookie, r.offset, r.length),
+            (
+                CMD_WRITE,
+                CMD_FLAG_FUA,
+                0x0102_0304_0506_0708,
+                1 << 40,
+                65536
+            )
+        );
     }
 }

@@ -144,12 +144,7 @@ impl Client {
         length: u32,
         payload: &[u8],
     ) -> std::io::Result<()> {
-        let mut m = REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&kind.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&length.to_be_bytes());
+        let mut m = request_header(kind, flags, cookie, offset, length).to_vec();
         m.extend_from_slice(payload);
         if kind == CMD_READ {
             self.reads.insert(cookie, length);
