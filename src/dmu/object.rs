@@ -690,14 +690,16 @@ impl Object {
         // Blocks written ahead are adopted where the dirty buffer is still theirs; the others
         // were superseded and are freed.
         let mut adopted: BTreeMap<u64, BlkPtr> = BTreeMap::new();
+        let mut superseded: Vec<BlkPtr> = Vec::new();
         for (blkid, (data, bp)) in overrides {
             match dirty.get(&blkid) {
                 Some(Dirty::Data(d)) if Arc::ptr_eq(d, &data) => {
                     adopted.insert(blkid, bp);
                 }
-                _ => io.zio.free(&bp, txg, AllocClass::Mos),
+                _ => superseded.push(bp),
             }
         }
+        io.zio.free_all(&superseded, txg, AllocClass::Mos);
         let checksum =
             ChecksumKind::from_u8(old.checksum).expect("dnode checksum validated at load");
         let data_props = WriteProps {
@@ -731,6 +733,8 @@ impl Object {
         let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
         let mut patched: Vec<Patched> = Vec::new();
+        // Adopted together below: a stream's blocks lie one after another.
+        let mut to_adopt: Vec<BlkPtr> = Vec::new();
         for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
             match change {
                 // Cached like any written block. (Leaving streams' blocks out, as streaming
@@ -739,13 +743,13 @@ impl Object {
                 // the heap more than the cache held.)
                 Dirty::Data(d) if adopted.contains_key(&blkid) => {
                     let bp = adopted[&blkid];
-                    io.zio.adopt(&bp);
+                    to_adopt.push(bp);
                     io.cache.insert(&bp, d.clone());
                     children.insert(blkid, bp);
                 }
                 Dirty::Data(d) if nonzero => to_write.push((blkid, d)),
                 Dirty::Placed(bp) => {
-                    io.zio.adopt(bp);
+                    to_adopt.push(*bp);
                     children.insert(blkid, *bp);
                 }
                 Dirty::Patch(pieces) => patched.push((blkid, pieces)),
@@ -754,6 +758,7 @@ impl Object {
                 }
             }
         }
+        io.zio.adopt_all(&to_adopt);
         let bufs: Vec<&[u8]> = to_write.iter().map(|(_, d)| d.as_slice()).collect();
         let bps = io.zio.write_batch(&bufs, data_props, txg)?;
         for ((blkid, d), bp) in to_write.into_iter().zip(bps) {
@@ -788,6 +793,9 @@ impl Object {
             // neighbours land next to each other and go to the device as a few long writes.
             let mut parents: BTreeMap<u64, BlkPtr> = BTreeMap::new();
             let mut built: Vec<(u64, Vec<u8>, u64)> = Vec::new();
+            // The blocks these children replace, freed together (in block order: those of a
+            // stream lie one after another).
+            let mut replaced: Vec<BlkPtr> = Vec::new();
             for (pidx, group) in groups {
                 let old_parent = if level < old.nlevels {
                     lookup(io, &old, level, pidx)?
@@ -806,7 +814,7 @@ impl Object {
                     let slot = (idx as usize) & (FANOUT - 1);
                     let prev = bp_at(&content, slot);
                     if !prev.is_hole() && prev != bp {
-                        io.zio.free(&prev, txg, self.class);
+                        replaced.push(prev);
                     }
                     set_bp(&mut content, slot, &bp);
                 }
@@ -817,6 +825,7 @@ impl Object {
                     parents.insert(pidx, BlkPtr::HOLE);
                 }
             }
+            io.zio.free_all(&replaced, txg, self.class);
             let props = WriteProps { level, ..ind_props };
             let contents: Vec<&[u8]> = built.iter().map(|(_, c, _)| c.as_slice()).collect();
             let bps = if contents.is_empty() {

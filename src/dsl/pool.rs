@@ -1117,17 +1117,25 @@ impl Pool {
     /// Makes `change` block `blkid`'s change in open txg `txg` (held by the caller), counts
     /// its dirty bytes and frees the placed copy it supersedes, if any.
     fn record_change(&self, ds: &Dataset, txg: u64, blkid: u64, change: Dirty) {
+        if let Some(bp) = self.record_change_keeping(ds, blkid, change) {
+            self.io.zio.free(&bp, txg, AllocClass::Mos);
+        }
+    }
+
+    /// `record_change`, but the copy written ahead that the change supersedes, if any, is
+    /// returned for the caller to free (with its neighbours: `Zio::free_all`).
+    fn record_change_keeping(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Option<BlkPtr> {
         let mut placed = match &change {
             Dirty::Placed(bp) => bp.lsize.get() as i64,
             _ => 0,
         };
         let (delta, superseded) = ds.object.dirty(blkid, change);
-        if let Some(bp) = superseded {
-            self.io.zio.free(&bp, txg, AllocClass::Mos);
+        if let Some(bp) = &superseded {
             placed -= bp.lsize.get() as i64;
         }
         self.count_dirty(delta);
         self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
+        superseded
     }
 
     fn count_dirty(&self, delta: Delta) {
@@ -1270,9 +1278,12 @@ impl Pool {
                 }
                 Err(e) => return Err(e),
             };
-            for (&(blkid, _), bp) in blocks.iter().zip(&bps) {
-                self.record_change(ds, txg, blkid, bp.map_or(Dirty::Free, Dirty::Placed));
-            }
+            let superseded: Vec<BlkPtr> = (blocks.iter().zip(&bps))
+                .filter_map(|(&(blkid, _), bp)| {
+                    self.record_change_keeping(ds, blkid, bp.map_or(Dirty::Free, Dirty::Placed))
+                })
+                .collect();
+            self.io.zio.free_all(&superseded, txg, AllocClass::Mos);
             drop(hold);
             self.sync_if_much_held();
             return Ok((txg, bps));

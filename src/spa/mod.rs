@@ -12,5 +12,5 @@ pub mod range_tree;
 pub mod scan_state;
 pub mod space_map;
 
-pub use bp::{BlkPtr, BlockKind, Dva};
+pub use bp::{BlkPtr, BlockKind, Dva, Dvas};
 pub use metaslab::{AllocClass, AllocError, Allocator, Space, SpaceGauge};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::math::ChecksumKind;
-use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, SpaceGauge};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, Dvas, SpaceGauge};
 use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +119,19 @@ const PARALLEL_WRITE_BYTES: usize = 256 << 10;
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
 /// Blocks written as one request: where the first goes, and the blocks in order.
-type WriteRun<'a> = (u64, Vec<&'a [u8]>);
+/// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
+/// batch allocated them, so adjacent ones come together.
+fn copies_in_order(bps: &[BlkPtr]) -> impl Iterator<Item = &Dva> {
+    (0..3).flat_map(move |c| {
+        bps.iter()
+            .map(move |bp| &bp.dva[c])
+            .filter(|d| !d.is_empty())
+    })
+}
+
+/// A run of blocks whose copies lie one after another on a vdev, from the offset: always
+/// consecutive blocks of a batch, so a slice of it (no vector to gather them).
+type WriteRun<'a> = (u64, &'a [&'a [u8]]);
 
 /// The end of a run of adjacent blocks being gathered into one request.
 struct RunEnd {
@@ -222,7 +234,7 @@ impl Zio {
         } else {
             blocks.iter().map(|d| props.checksum.compute(d)).collect()
         };
-        let dvas: Vec<Vec<Dva>> = {
+        let dvas: Vec<Dvas> = {
             let mut alloc = self.alloc.lock();
             let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
             let mut out = Vec::with_capacity(blocks.len());
@@ -232,7 +244,7 @@ impl Zio {
                     Err(e) => {
                         // Give back what this batch took (freed in this txg, like any block
                         // the txg allocated and then dropped): none of it was written.
-                        for d in out.iter().flatten() {
+                        for d in out.iter().flat_map(|d| d.iter()) {
                             alloc.free(d, txg, props.class);
                         }
                         return Err(e.into());
@@ -241,19 +253,22 @@ impl Zio {
             }
             out
         };
-        // Runs of adjacent copies, per vdev.
+        // Runs of adjacent copies, per vdev; a run never spans two copies of the batch, so
+        // it is a slice of `blocks`.
         let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
-        let mut open: Option<RunEnd> = None;
         for copy in 0..props.copies {
-            for (d, &data) in dvas.iter().zip(blocks) {
+            let mut open: Option<(RunEnd, usize)> = None;
+            for (i, (d, &data)) in dvas.iter().zip(blocks).enumerate() {
                 let dva = d[copy];
-                let v = dva.vdev.get();
-                if open.as_mut().is_some_and(|e| e.extend(&dva, data.len())) {
-                    let run = by_vdev[v as usize].last_mut().expect("a run is open");
-                    run.1.push(data);
+                let v = dva.vdev.get() as usize;
+                let joined = open
+                    .as_mut()
+                    .and_then(|(end, first)| end.extend(&dva, data.len()).then_some(*first));
+                if let Some(first) = joined {
+                    by_vdev[v].last_mut().expect("a run is open").1 = &blocks[first..=i];
                 } else {
-                    open = Some(RunEnd::at(&dva, data.len()));
-                    by_vdev[v as usize].push((dva.offset.get(), vec![data]));
+                    open = Some((RunEnd::at(&dva, data.len()), i));
+                    by_vdev[v].push((dva.offset.get(), &blocks[i..=i]));
                 }
             }
         }
@@ -261,19 +276,14 @@ impl Zio {
         // that may hold garbage. One stripe or mirror takes its runs in order from one thread
         // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
         // raidz's runs (each with its parity to compute), go in parallel.
-        let busy: Vec<(usize, &[WriteRun])> = by_vdev
-            .iter()
-            .enumerate()
-            .flat_map(|(v, runs)| -> Vec<(usize, &[WriteRun])> {
-                if self.tops[v].raidz.is_some() {
-                    runs.chunks(1).map(|run| (v, run)).collect()
-                } else if runs.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![(v, &runs[..])]
-                }
-            })
-            .collect();
+        let mut busy: Vec<(usize, &[WriteRun])> = Vec::new();
+        for (v, runs) in by_vdev.iter().enumerate() {
+            if self.tops[v].raidz.is_some() {
+                busy.extend(runs.chunks(1).map(|run| (v, run)));
+            } else if !runs.is_empty() {
+                busy.push((v, &runs[..]));
+            }
+        }
         let write_runs = |&(v, runs): &(usize, &[WriteRun])| {
             runs.iter()
                 .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
@@ -292,7 +302,7 @@ impl Zio {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
             let mut alloc = self.alloc.lock();
-            for d in dvas.iter().flatten() {
+            for d in dvas.iter().flat_map(|d| d.iter()) {
                 alloc.free(d, txg, props.class);
             }
             return Err(ZioError::Write(e));
@@ -309,9 +319,7 @@ impl Zio {
             .zip(sums)
             .map(|((d, data), sum)| {
                 let mut bp = BlkPtr::HOLE;
-                for (slot, d) in bp.dva.iter_mut().zip(d) {
-                    *slot = *d;
-                }
+                bp.dva = d.slots();
                 bp.lsize = (data.len() as u32).into();
                 bp.psize = (data.len() as u32).into();
                 bp.birth_txg = txg.into();
@@ -605,10 +613,13 @@ impl Zio {
     /// Records in the space map a block allocated unrecorded (`AllocClass::Mos`) and written
     /// ahead of its txg, now that the txg's tree points at it.
     pub fn adopt(&self, bp: &BlkPtr) {
-        let mut a = self.alloc.lock();
-        for d in bp.dvas() {
-            a.record_alloc(d);
-        }
+        self.adopt_all(std::slice::from_ref(bp));
+    }
+
+    /// `adopt` of many blocks under one hold of the allocator; the copies of blocks written
+    /// one after another become one extent each (`Allocator::record_alloc_all`).
+    pub fn adopt_all(&self, bps: &[BlkPtr]) {
+        self.alloc.lock().record_alloc_all(copies_in_order(bps));
     }
 
     /// Marks a block's space allocated without recording it in the space map (a block an
@@ -619,9 +630,12 @@ impl Zio {
     }
 
     pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
-        let mut a = self.alloc.lock();
-        for d in bp.dvas() {
-            a.free(d, txg, class);
-        }
+        self.free_all(std::slice::from_ref(bp), txg, class);
+    }
+
+    /// `free` of many blocks under one hold of the allocator, adjacent copies as one extent
+    /// (`Allocator::free_all`).
+    pub fn free_all(&self, bps: &[BlkPtr], txg: u64, class: AllocClass) {
+        self.alloc.lock().free_all(copies_in_order(bps), txg, class);
     }
 }
