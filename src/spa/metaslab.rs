@@ -331,6 +331,44 @@ impl Allocator {
         Ok(dvas)
     }
 
+    /// `count` blocks of `psize` bytes, one copy each, one after another in a single extent
+    /// of the vdev the rotor points at, from its active metaslab, if that has room for all
+    /// of them in one piece: `(vdev, offset, asize of each)`. `None`, with nothing taken, if
+    /// not (the caller then places them
+    /// one by one with `alloc_sized`, which may move on to another metaslab). One range-tree
+    /// update for a 128K write into 16K blocks, not eight; they would land next to each
+    /// other anyway.
+    pub fn alloc_run(
+        &mut self,
+        psize: u64,
+        count: usize,
+        class: AllocClass,
+        asize_of: &dyn Fn(u32, u64) -> u64,
+    ) -> Option<(u32, u64, u64)> {
+        assert!(psize > 0 && psize.is_multiple_of(SECTOR) && count > 0);
+        let v = self.rotor;
+        let asize = asize_of(v as u32, psize);
+        let total = asize * count as u64;
+        let top = &mut self.tops[v];
+        let ms = &mut top.metaslabs[top.active];
+        let off = Self::take_from(ms, total)?;
+        match class {
+            AllocClass::Recorded => ms.pending.push(SmRecord {
+                offset: off,
+                len: total,
+                free: false,
+            }),
+            AllocClass::Mos => ms.mos.add(off, total),
+        }
+        self.gauge.taken(total);
+        self.rotor_bytes += total;
+        if self.rotor_bytes >= ROTOR_STRIDE {
+            self.rotor_bytes = 0;
+            self.rotor = (self.rotor + 1) % self.tops.len();
+        }
+        Some((v as u32, off, asize))
+    }
+
     /// Takes `asize` bytes from vdev `v`; copy `hint` of `of` starts its search that fraction of
     /// the way across the vdev, so ditto copies on one vdev land far apart.
     fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
@@ -726,6 +764,33 @@ mod tests {
         assert_eq!(a.space().freeing, 8 * k);
         a.txg_synced(7);
         assert_eq!(a.space().freeing, 0);
+        assert_eq!(a.space().alloc, 0);
+    }
+
+    #[test]
+    fn a_run_of_blocks_takes_one_extent_of_the_active_metaslab_or_nothing() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let k = 16 << 10;
+        // Raidz-like: each block takes more than its size.
+        let asize_of = |_: u32, psize: u64| psize + 4096;
+        let run = a.alloc_run(k, 8, AllocClass::Recorded, &asize_of).unwrap();
+        assert_eq!(run, (0, 0, k + 4096));
+        assert_eq!(a.space().alloc, 8 * (k + 4096));
+        let (records, _) = a.take_records(0, 0);
+        assert_eq!(records.len(), 1, "one record for the run: {records:?}");
+        assert_eq!((records[0].offset, records[0].len), (0, 8 * (k + 4096)));
+        // More than the active metaslab holds in one piece: refused, nothing taken.
+        let before = a.space();
+        assert!(a
+            .alloc_run(k, 64, AllocClass::Recorded, &|_, p| p)
+            .is_none());
+        assert_eq!(a.space(), before);
+        // The blocks come back one by one like any others.
+        for i in 0..8 {
+            let d = Dva::new(0, i * (k + 4096), (k + 4096) as u32);
+            a.free(&d, 3, AllocClass::Recorded);
+        }
+        a.txg_synced(5);
         assert_eq!(a.space().alloc, 0);
     }
 

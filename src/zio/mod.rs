@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::math::ChecksumKind;
-use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, Dvas, SpaceGauge};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, SpaceGauge};
 use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +119,10 @@ const PARALLEL_WRITE_BYTES: usize = 256 << 10;
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
 /// Blocks written as one request: where the first goes, and the blocks in order.
+fn psize_of(bp: &BlkPtr) -> u64 {
+    bp.psize.get() as u64
+}
+
 /// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
 /// batch allocated them, so adjacent ones come together.
 fn copies_in_order(bps: &[BlkPtr]) -> impl Iterator<Item = &Dva> {
@@ -222,71 +226,87 @@ impl Zio {
                 d.len()
             );
         }
+        // The pointers first, each with its checksum; the copies' addresses follow.
+        let bytes: usize = blocks.iter().map(|d| d.len()).sum();
+        let pointer = |data: &[u8]| {
+            let mut bp = BlkPtr::HOLE;
+            bp.lsize = (data.len() as u32).into();
+            bp.psize = (data.len() as u32).into();
+            bp.birth_txg = txg.into();
+            bp.fill = 1.into();
+            bp.checksum_kind = props.checksum as u8;
+            bp.level = props.level;
+            bp.kind = props.kind as u8;
+            bp.checksum = props.checksum.compute(data).0;
+            bp
+        };
         // A small batch is checksummed by the calling thread, where its data is hot, and
         // without waking pool threads (a streaming write's handful of blocks: an NBD server's
         // many workers doing that through rayon spent more in task switches than in sums).
-        let bytes: usize = blocks.iter().map(|d| d.len()).sum();
-        let sums: Vec<_> = if bytes > PARALLEL_SUM_BYTES {
-            blocks
-                .par_iter()
-                .map(|d| props.checksum.compute(d))
-                .collect()
+        let mut bps: Vec<BlkPtr> = if bytes > PARALLEL_SUM_BYTES {
+            blocks.par_iter().map(|d| pointer(d)).collect()
         } else {
-            blocks.iter().map(|d| props.checksum.compute(d)).collect()
+            blocks.iter().map(|d| pointer(d)).collect()
         };
-        let dvas: Vec<Dvas> = {
+        {
             let mut alloc = self.alloc.lock();
             let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
-            let mut out = Vec::with_capacity(blocks.len());
-            for d in blocks {
-                match alloc.alloc_sized(d.len() as u64, props.copies, props.class, &asize_of) {
-                    Ok(v) => out.push(v),
-                    Err(e) => {
-                        // Give back what this batch took (freed in this txg, like any block
-                        // the txg allocated and then dropped): none of it was written.
-                        for d in out.iter().flat_map(|d| d.iter()) {
-                            alloc.free(d, txg, props.class);
+            // Blocks of one size with one copy each (a volume's write, a level of indirect
+            // blocks): one extent if the active metaslab has it.
+            let psize = blocks.first().map_or(0, |d| d.len());
+            let run =
+                (props.copies == 1 && blocks.len() > 1 && blocks.iter().all(|d| d.len() == psize))
+                    .then(|| alloc.alloc_run(psize as u64, blocks.len(), props.class, &asize_of))
+                    .flatten();
+            if let Some((v, off, asize)) = run {
+                for (i, bp) in bps.iter_mut().enumerate() {
+                    bp.dva[0] = Dva::new(v, off + i as u64 * asize, asize as u32);
+                }
+            } else {
+                for i in 0..bps.len() {
+                    match alloc.alloc_sized(psize_of(&bps[i]), props.copies, props.class, &asize_of)
+                    {
+                        Ok(d) => bps[i].dva = d.slots(),
+                        Err(e) => {
+                            // Give back what this batch took (freed in this txg, like any
+                            // block the txg allocated and then dropped): none of it was
+                            // written.
+                            alloc.free_all(copies_in_order(&bps[..i]), txg, props.class);
+                            return Err(e.into());
                         }
-                        return Err(e.into());
                     }
                 }
             }
-            out
-        };
-        // Runs of adjacent copies, per vdev; a run never spans two copies of the batch, so
-        // it is a slice of `blocks`.
-        let mut by_vdev: Vec<Vec<WriteRun>> = vec![Vec::new(); self.tops.len()];
+        }
+        // Runs of adjacent copies, by vdev; a run never spans two copies of the batch, so it
+        // is a slice of `blocks`.
+        let mut runs: Vec<(usize, WriteRun)> = Vec::new();
         for copy in 0..props.copies {
             let mut open: Option<(RunEnd, usize)> = None;
-            for (i, (d, &data)) in dvas.iter().zip(blocks).enumerate() {
-                let dva = d[copy];
-                let v = dva.vdev.get() as usize;
+            for (i, (bp, &data)) in bps.iter().zip(blocks).enumerate() {
+                let dva = bp.dva[copy];
                 let joined = open
                     .as_mut()
                     .and_then(|(end, first)| end.extend(&dva, data.len()).then_some(*first));
                 if let Some(first) = joined {
-                    by_vdev[v].last_mut().expect("a run is open").1 = &blocks[first..=i];
+                    runs.last_mut().expect("a run is open").1 .1 = &blocks[first..=i];
                 } else {
                     open = Some((RunEnd::at(&dva, data.len()), i));
-                    by_vdev[v].push((dva.offset.get(), &blocks[i..=i]));
+                    runs.push((dva.vdev.get() as usize, (dva.offset.get(), &blocks[i..=i])));
                 }
             }
         }
-        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
-        // that may hold garbage. One stripe or mirror takes its runs in order from one thread
-        // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
-        // raidz's runs (each with its parity to compute), go in parallel.
-        let mut busy: Vec<(usize, &[WriteRun])> = Vec::new();
-        for (v, runs) in by_vdev.iter().enumerate() {
-            if self.tops[v].raidz.is_some() {
-                busy.extend(runs.chunks(1).map(|run| (v, run)));
-            } else if !runs.is_empty() {
-                busy.push((v, &runs[..]));
-            }
-        }
-        let write_runs = |&(v, runs): &(usize, &[WriteRun])| {
+        runs.sort_by_key(|&(v, _)| v); // stable: each vdev's runs stay in order
+                                       // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
+                                       // that may hold garbage. One stripe or mirror takes its runs in order from one thread
+                                       // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
+                                       // raidz's runs (each with its parity to compute), go in parallel.
+        let busy: Vec<&[(usize, WriteRun)]> = runs
+            .chunk_by(|a, b| a.0 == b.0 && self.tops[a.0].raidz.is_none())
+            .collect();
+        let write_runs = |runs: &&[(usize, WriteRun)]| {
             runs.iter()
-                .try_for_each(|(off, bufs)| self.tops[v].write_run(*off, bufs))
+                .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs))
         };
         // On the calling thread: one vdev's runs or one raidz run (rayon would hand it to a
         // worker and wait), or a small batch (a space map's block and its indirect blocks,
@@ -301,10 +321,9 @@ impl Zio {
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
-            let mut alloc = self.alloc.lock();
-            for d in dvas.iter().flat_map(|d| d.iter()) {
-                alloc.free(d, txg, props.class);
-            }
+            self.alloc
+                .lock()
+                .free_all(copies_in_order(&bps), txg, props.class);
             return Err(ZioError::Write(e));
         }
         self.stats
@@ -313,24 +332,7 @@ impl Zio {
         self.stats
             .bytes_written
             .fetch_add((bytes * props.copies) as u64, Ordering::Relaxed);
-        Ok(dvas
-            .iter()
-            .zip(blocks)
-            .zip(sums)
-            .map(|((d, data), sum)| {
-                let mut bp = BlkPtr::HOLE;
-                bp.dva = d.slots();
-                bp.lsize = (data.len() as u32).into();
-                bp.psize = (data.len() as u32).into();
-                bp.birth_txg = txg.into();
-                bp.fill = 1.into();
-                bp.checksum_kind = props.checksum as u8;
-                bp.level = props.level;
-                bp.kind = props.kind as u8;
-                bp.checksum = sum.0;
-                bp
-            })
-            .collect())
+        Ok(bps)
     }
 
     /// Reads and verifies many blocks: `read` for a batch, in order (see `read_batch_into`).
