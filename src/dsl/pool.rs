@@ -1211,30 +1211,40 @@ impl Pool {
         txg: u64,
         blocks: &[&[u8]],
     ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
-        let data: Vec<bool> = blocks.iter().map(|b| b.iter().any(|&x| x != 0)).collect();
-        let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
-            .filter(|(_, &d)| d)
-            .map(|(b, _)| *b)
-            .collect();
+        let is_data = |b: &&[u8]| b.iter().any(|&x| x != 0);
         let props = WriteProps {
             class: AllocClass::Mos,
             ..ds.object.data_props()
         };
-        let mut bps = if bufs.is_empty() {
-            Vec::new()
+        // Mostly every block holds data: then the batch is the caller's slice as it is.
+        let (bps, data) = if blocks.iter().all(is_data) {
+            (self.io.zio.write_batch(blocks, props, txg)?, None)
         } else {
-            self.io.zio.write_batch(&bufs, props, txg)?
-        }
-        .into_iter();
-        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+            let data: Vec<bool> = blocks.iter().map(is_data).collect();
+            let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
+                .filter(|(_, &d)| d)
+                .map(|(b, _)| *b)
+                .collect();
+            let bps = if bufs.is_empty() {
+                Vec::new()
+            } else {
+                self.io.zio.write_batch(&bufs, props, txg)?
+            };
+            (bps, Some(data))
+        };
+        let bytes: u64 = bps.iter().map(|bp| bp.psize.get() as u64).sum();
         if bytes > 0 {
             *self.ahead.lock().entry(txg).or_default() += bytes;
             self.ahead_bytes.fetch_add(bytes, Ordering::AcqRel);
         }
-        Ok(data
-            .into_iter()
-            .map(|d| d.then(|| bps.next().expect("a pointer per written block")))
-            .collect())
+        let mut bps = bps.into_iter();
+        Ok(match data {
+            None => bps.map(Some).collect(),
+            Some(data) => data
+                .into_iter()
+                .map(|d| d.then(|| bps.next().expect("a pointer per written block")))
+                .collect(),
+        })
     }
 
     /// Writes whole blocks of a volume to their place now, straight from the caller's

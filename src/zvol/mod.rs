@@ -312,7 +312,11 @@ impl Volume {
         }
         let _guard = self.locks.lock(first * bs, (last + 1) * bs - 1);
         let streaming = data.len() >= STREAMING_WRITE_BYTES;
-        let mut placed: Vec<(u64, &[u8])> = Vec::new();
+        let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(if streaming {
+            (last - first + 1) as usize
+        } else {
+            0
+        });
         for sp in spans(offset, data.len(), bs) {
             let src = &data[sp.in_buf..sp.in_buf + sp.len];
             if streaming && sp.is_whole_block(bs) {
