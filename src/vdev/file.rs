@@ -145,6 +145,9 @@ enum Op {
 /// The most buffers one `preadv`/`pwritev` takes (Linux's `UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
+/// Buffers of a write that go in an array on the stack rather than a vector.
+const STACK_IOVECS: usize = 32;
+
 /// `preadv`/`pwritev2` over all of `iov` from `offset`, in calls of at most `IOV_MAX` buffers,
 /// resuming after short transfers and `EINTR`. `iov` describes live buffers the caller holds
 /// for the whole call (mutable ones for a read); it is consumed as the transfer advances.
@@ -336,14 +339,26 @@ impl BlockDevice for FileDevice {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         check_range(self, offset_bytes, total)?;
         // The kernel only reads through these pointers for a write (`pwritev`).
-        let mut iov: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        vectored(&self.file, &mut iov, offset_bytes, Op::Write(0))
+        let to_iov = |b: &&[u8]| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        };
+        // A run of a few blocks (a volume's 128K write: eight) needs no allocation.
+        let mut few = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; STACK_IOVECS];
+        let mut many: Vec<libc::iovec>;
+        let iov: &mut [libc::iovec] = if bufs.len() <= STACK_IOVECS {
+            for (slot, b) in few.iter_mut().zip(bufs) {
+                *slot = to_iov(b);
+            }
+            &mut few[..bufs.len()]
+        } else {
+            many = bufs.iter().map(to_iov).collect();
+            &mut many
+        };
+        vectored(&self.file, iov, offset_bytes, Op::Write(0))
             .map_err(|e| VdevError::io(&self.path, e))?;
         // Start writing the run back now, without waiting: the device works while the next
         // runs are copied in, and the flush that ends a txg finds little left to do (it
