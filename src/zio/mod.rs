@@ -118,7 +118,7 @@ const PARALLEL_WRITE_BYTES: usize = 256 << 10;
 /// (Cut into four runs rather than two, 0.57-0.63: twice the system calls.)
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
-/// Blocks written as one request: where the first goes, and the blocks in order.
+/// The bytes a block pointer's block holds on the device, before any parity or padding.
 fn psize_of(bp: &BlkPtr) -> u64 {
     bp.psize.get() as u64
 }
