@@ -311,33 +311,18 @@ impl Allocator {
             }
         }
         for d in dvas.iter() {
-            let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
-            let ms = &mut self.tops[d.vdev.get() as usize].metaslabs[ms_i];
-            let asize = d.asize.get() as u64;
-            match class {
-                AllocClass::Recorded => ms.pending.push(SmRecord {
-                    offset: d.offset.get(),
-                    len: asize,
-                    free: false,
-                }),
-                AllocClass::Mos => ms.mos.add(d.offset.get(), asize),
-            }
+            self.note_taken(d.vdev.get(), d.offset.get(), d.asize.get() as u64, class);
         }
-        self.rotor_bytes += total;
-        if self.rotor_bytes >= ROTOR_STRIDE {
-            self.rotor_bytes = 0;
-            self.rotor = (self.rotor + 1) % n;
-        }
+        self.advance_rotor(total);
         Ok(dvas)
     }
 
     /// `count` blocks of `psize` bytes, one copy each, one after another in a single extent
     /// of the vdev the rotor points at, from its active metaslab, if that has room for all
     /// of them in one piece: `(vdev, offset, asize of each)`. `None`, with nothing taken, if
-    /// not (the caller then places them
-    /// one by one with `alloc_sized`, which may move on to another metaslab). One range-tree
-    /// update for a 128K write into 16K blocks, not eight; they would land next to each
-    /// other anyway.
+    /// not (the caller then places them one by one with `alloc_sized`, which may move on to
+    /// another metaslab). One range-tree update for a 128K write into 16K blocks, not eight;
+    /// they would land next to each other anyway.
     pub fn alloc_run(
         &mut self,
         psize: u64,
@@ -352,21 +337,34 @@ impl Allocator {
         let top = &mut self.tops[v];
         let ms = &mut top.metaslabs[top.active];
         let off = Self::take_from(ms, total)?;
+        self.gauge.taken(total);
+        self.note_taken(v as u32, off, total, class);
+        self.advance_rotor(total);
+        Some((v as u32, off, asize))
+    }
+
+    /// Notes `len` bytes just taken at `off` on vdev `v` where `class` keeps them: a record
+    /// for the space map, or the metaslab's unrecorded (MOS) allocations.
+    fn note_taken(&mut self, v: u32, off: u64, len: u64, class: AllocClass) {
+        let ms_i = self.ms_index(v, off);
+        let ms = &mut self.tops[v as usize].metaslabs[ms_i];
         match class {
             AllocClass::Recorded => ms.pending.push(SmRecord {
                 offset: off,
-                len: total,
+                len,
                 free: false,
             }),
-            AllocClass::Mos => ms.mos.add(off, total),
+            AllocClass::Mos => ms.mos.add(off, len),
         }
-        self.gauge.taken(total);
-        self.rotor_bytes += total;
+    }
+
+    /// Moves the rotor to the next vdev once `ROTOR_STRIDE` bytes have gone to this one.
+    fn advance_rotor(&mut self, bytes: u64) {
+        self.rotor_bytes += bytes;
         if self.rotor_bytes >= ROTOR_STRIDE {
             self.rotor_bytes = 0;
             self.rotor = (self.rotor + 1) % self.tops.len();
         }
-        Some((v as u32, off, asize))
     }
 
     /// Takes `asize` bytes from vdev `v`; copy `hint` of `of` starts its search that fraction of

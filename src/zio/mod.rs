@@ -118,11 +118,6 @@ const PARALLEL_WRITE_BYTES: usize = 256 << 10;
 /// (Cut into four runs rather than two, 0.57-0.63: twice the system calls.)
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
-/// The bytes a block pointer's block holds on the device, before any parity or padding.
-fn psize_of(bp: &BlkPtr) -> u64 {
-    bp.psize.get() as u64
-}
-
 /// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
 /// batch allocated them, so adjacent ones come together.
 fn copies_in_order(bps: &[BlkPtr]) -> impl Iterator<Item = &Dva> {
@@ -264,8 +259,12 @@ impl Zio {
                 }
             } else {
                 for i in 0..bps.len() {
-                    match alloc.alloc_sized(psize_of(&bps[i]), props.copies, props.class, &asize_of)
-                    {
+                    match alloc.alloc_sized(
+                        bps[i].psize.get() as u64,
+                        props.copies,
+                        props.class,
+                        &asize_of,
+                    ) {
                         Ok(d) => bps[i].dva = d.slots(),
                         Err(e) => {
                             // Give back what this batch took (freed in this txg, like any
@@ -296,11 +295,12 @@ impl Zio {
                 }
             }
         }
-        runs.sort_by_key(|&(v, _)| v); // stable: each vdev's runs stay in order
-                                       // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
-                                       // that may hold garbage. One stripe or mirror takes its runs in order from one thread
-                                       // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
-                                       // raidz's runs (each with its parity to compute), go in parallel.
+        // A stable sort: each vdev's runs stay in order.
+        runs.sort_by_key(|&(v, _)| v);
+        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
+        // that may hold garbage. One stripe or mirror takes its runs in order from one thread
+        // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
+        // raidz's runs (each with its parity to compute), go in parallel.
         let busy: Vec<&[(usize, WriteRun)]> = runs
             .chunk_by(|a, b| a.0 == b.0 && self.tops[a.0].raidz.is_none())
             .collect();
@@ -612,14 +612,10 @@ impl Zio {
     }
 
     /// Frees every copy of a block in txg `txg`.
-    /// Records in the space map a block allocated unrecorded (`AllocClass::Mos`) and written
-    /// ahead of its txg, now that the txg's tree points at it.
-    pub fn adopt(&self, bp: &BlkPtr) {
-        self.adopt_all(std::slice::from_ref(bp));
-    }
-
-    /// `adopt` of many blocks under one hold of the allocator; the copies of blocks written
-    /// one after another become one extent each (`Allocator::record_alloc_all`).
+    /// Records in the space map blocks allocated unrecorded (`AllocClass::Mos`) and written
+    /// ahead of their txg, now that the txg's tree points at them; under one hold of the
+    /// allocator, the copies of blocks written one after another as one extent each
+    /// (`Allocator::record_alloc_all`).
     pub fn adopt_all(&self, bps: &[BlkPtr]) {
         self.alloc.lock().record_alloc_all(copies_in_order(bps));
     }
