@@ -101,14 +101,6 @@ impl Zio {
 /// read splits into pieces that proceed in parallel.
 pub const MAX_RUN_BYTES: usize = 1 << 20;
 
-/// `write_batch` checksums a batch of more than this many bytes on the rayon pool, and a
-/// smaller one on the calling thread.
-const PARALLEL_SUM_BYTES: usize = 1 << 20;
-
-/// `write_batch` writes to several vdevs at once only for a batch of more than this many
-/// bytes (all copies counted).
-const PARALLEL_WRITE_BYTES: usize = 256 << 10;
-
 /// `read_batch_into` cuts a batch of at least this many bytes into two runs or more, which
 /// the caller and the zio helper thread claim in turn (`helper::share`), and reads a smaller
 /// one on the calling thread alone. A 1 MiB streaming read then costs about a copy and a
@@ -203,17 +195,16 @@ impl Zio {
     }
 
     /// Writes many blocks of one kind at once, each copy-on-write to new space, and returns
-    /// their pointers in order: `write` for a batch. Checksums are computed in parallel, the
-    /// space is taken in order under one allocator lock (so blocks written together lie
-    /// together), and blocks that land next to each other on a stripe or mirror go to each
-    /// device as one request of up to `MAX_RUN_BYTES`. Any block failing fails the batch.
+    /// their pointers in order: `write` for a batch. The space is taken in order under one
+    /// allocator lock (so blocks written together lie together), and blocks that land next
+    /// to each other go to each device as one request of up to `MAX_RUN_BYTES`. Everything
+    /// runs on the calling thread. Any block failing fails the batch.
     pub fn write_batch(
         &self,
         blocks: &[&[u8]],
         props: WriteProps,
         txg: u64,
     ) -> Result<Vec<BlkPtr>, ZioError> {
-        use rayon::prelude::*;
         for d in blocks {
             assert!(
                 !d.is_empty() && (d.len() as u64).is_multiple_of(SECTOR),
@@ -235,14 +226,8 @@ impl Zio {
             bp.checksum = props.checksum.compute(data).0;
             bp
         };
-        // A small batch is checksummed by the calling thread, where its data is hot, and
-        // without waking pool threads (a streaming write's handful of blocks: an NBD server's
-        // many workers doing that through rayon spent more in task switches than in sums).
-        let mut bps: Vec<BlkPtr> = if bytes > PARALLEL_SUM_BYTES {
-            blocks.par_iter().map(|d| pointer(d)).collect()
-        } else {
-            blocks.iter().map(|d| pointer(d)).collect()
-        };
+        // All on the calling thread, as are the writes below (see the comment there).
+        let mut bps: Vec<BlkPtr> = blocks.iter().map(|d| pointer(d)).collect();
         {
             let mut alloc = self.alloc.lock();
             let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
@@ -295,29 +280,20 @@ impl Zio {
                 }
             }
         }
-        // A stable sort: each vdev's runs stay in order.
+        // A stable sort: each vdev's runs stay in order. Any copy failing fails the batch:
+        // the caller's txg cannot commit a pointer to a copy that may hold garbage.
         runs.sort_by_key(|&(v, _)| v);
-        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy
-        // that may hold garbage. One stripe or mirror takes its runs in order from one thread
-        // (parallel buffered writes to one file only queue on its inode lock); vdevs, and a
-        // raidz's runs (each with its parity to compute), go in parallel.
-        let busy: Vec<&[(usize, WriteRun)]> = runs
-            .chunk_by(|a, b| a.0 == b.0 && self.tops[a.0].raidz.is_none())
-            .collect();
-        let write_runs = |runs: &&[(usize, WriteRun)]| {
-            runs.iter()
-                .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs))
-        };
-        // On the calling thread: one vdev's runs or one raidz run (rayon would hand it to a
-        // worker and wait), or a small batch (a space map's block and its indirect blocks,
-        // two copies each), whose buffered writes take less than handing them to rayon, which
-        // woke the pool's workers some thousand times a second during a sync, each wake-up a
-        // task switch on a core the NBD server wanted.
-        let written = if busy.len() <= 1 || bytes * props.copies <= PARALLEL_WRITE_BYTES {
-            busy.iter().try_for_each(write_runs)
-        } else {
-            busy.par_iter().try_for_each(write_runs)
-        };
+        // Every run is written by the calling thread, in turn. Within a txg sync, handing
+        // the checksums and the vdevs' runs to rayon gained nothing measurable on an idle
+        // machine (`zeta bench vol`, `zeta bench raidz`: within noise) and cost a loaded
+        // one dearly: each hand-over woke the pool's workers, which then yielded their cores
+        // some thirty times each before sleeping. With the sync thread writing 2 MiB batches
+        // of patched 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three
+        // volumes), those yields were 8 % of the server's samples, and group commit ran
+        // 36.7-66.0k writes/s (median 61.9k over six runs) against 57.8-66.1k (65.8k) without.
+        let written = runs
+            .iter()
+            .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs));
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
