@@ -776,9 +776,17 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
     let Some(p) = plan else { return };
     let addrs: Vec<BlockAddr> = p.blocks.iter().map(|(a, _)| *a).collect();
     if wrote {
-        for b in st.blocks.iter_mut() {
+        // The plan's blocks were the last pushed (one batch is written at a time, and a
+        // sync drains only the front, up to the first block in flight): look from the back
+        // and stop once all are found, not through the whole chain for each one.
+        let mut left = addrs.len();
+        for b in st.blocks.iter_mut().rev() {
+            if left == 0 {
+                break;
+            }
             if addrs.contains(&b.addr) {
                 b.inflight = false;
+                left -= 1;
             }
         }
         // Only now: a failed write is retried in the plan's first slot, all of it.
