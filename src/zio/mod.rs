@@ -290,7 +290,7 @@ impl Zio {
         // some thirty times each before sleeping. With the sync thread writing 2 MiB batches
         // of patched 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three
         // volumes), those yields were 8 % of the server's samples, and group commit ran
-        // 36.7-66.0k writes/s (median 61.9k over six runs) against 57.8-66.1k (65.8k) without.
+        // 36.7-66.0k writes/s (median 60.5k over six runs) against 57.8-66.1k (65.8k) without.
         let written = runs
             .iter()
             .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs));
