@@ -246,13 +246,15 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
 }
 
 /// A small batch after a large one lands in a slot sized for the large one: it writes and
-/// holds only the sectors it fills, and an import claims only those.
+/// holds only the sectors it fills, and an import claims only those. The next slot is still
+/// sized for batches like the large one.
 #[test]
 fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
     let (devs, pool) = one_device(1);
     let vol = Volume::open(&pool, "v0").unwrap();
     // The chain's header must be on disk before the log takes commits.
     pool.sync_now().unwrap();
+    let start = pool.zil.stats();
     let big = pattern(20, 24 * 4096);
     for k in 0..24u64 {
         vol.write(k * 16384, &big[k as usize * 4096..][..4096])
@@ -269,10 +271,20 @@ fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
     assert_eq!(after.bytes[0] - before.bytes[0], 8192);
     assert_eq!(after.blocks[0] - before.blocks[0], 1);
     // What the log holds: the sectors of every block written so far (none is covered by a
-    // txg yet), and the slot taken for the next block, sized from the small batch (its
-    // 4224 bytes and half again: two sectors).
+    // txg yet), and the slot taken for the next block. That slot is sized from the recent
+    // batches, not the last one alone (a lone flush between two large batches would make
+    // the second spill into another block, another durable write): twice the large
+    // batch's bytes less an eighth (they decay by an eighth per batch), in whole sectors.
     let written = after.bytes[0];
-    assert_eq!(after.space_used, written + 8192);
+    let slot = after.space_used - written;
+    // The large batch's blocks: the chain's first slot (one sector) and the rest, each
+    // rounded up to sectors.
+    let large = before.bytes[0] - start.bytes[0];
+    assert_eq!(slot % 4096, 0);
+    assert!(
+        slot >= (large - 2 * 4096) * 7 / 8 * 2 && slot <= large * 2,
+        "next slot {slot} for a large batch of {large}"
+    );
     drop(vol);
     let cut = power_cut(&devs, PowerCut::DropUnflushed);
     drop(pool);

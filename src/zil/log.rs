@@ -12,7 +12,7 @@
 //! the previous one was on its way to the disk (group commit).
 //!
 //! The chain: each block names the next one's address, chosen (and its space taken) before
-//! the block naming it is written, with a size predicted from the last batch. The volume's
+//! the block naming it is written, with a size predicted from recent batches. The volume's
 //! directory entry holds the chain's *header*: its id and its first live block. Each txg sync
 //! moves the header past the blocks whose records that txg covers; once the txg commits they
 //! are freed. A new chain (fresh id) starts when a volume is created and after each replay,
@@ -160,6 +160,9 @@ struct State {
     /// Blocks of the previous chain, freed once a header of the current one commits.
     retired: Vec<BlockAddr>,
     rotor: usize,
+    /// The bytes of recent batches, as a maximum that decays by an eighth per batch: what
+    /// the slot for the next one is sized from (`plan`).
+    recent: usize,
     /// A commit failed and its fallback txg sync too: the pool is suspended.
     failed: Option<String>,
 }
@@ -234,6 +237,7 @@ impl Log {
                 syncing: Vec::new(),
                 retired: Vec::new(),
                 rotor: 0,
+                recent: 0,
                 failed: None,
             }),
             appended: AtomicU64::new(0),
@@ -600,6 +604,8 @@ impl Log {
     fn plan(&self, zil: &Zil, st: &mut State, batch: &[(u64, Record)]) -> Option<Plan> {
         let records: Vec<Record> = batch.iter().map(|(_, r)| r.clone()).collect();
         let total: usize = HEADER_BYTES + records.iter().map(|r| r.encoded_len()).sum::<usize>();
+        st.recent = total.max(st.recent - st.recent / 8);
+        let expect = st.recent;
         let first_slot = st.next_slot;
         let first_seq = st.next_seq;
         let mut taken = Vec::new();
@@ -618,9 +624,9 @@ impl Log {
                 let one = size_for(HEADER_BYTES + records[at].encoded_len());
                 (size_for(HEADER_BYTES + left), one)
             } else {
-                // Predict the next batch from this one, with room to grow: a batch that
-                // outgrows its slot spills into a second block, a second durable write.
-                (size_for(total + total / 2), MIN_BLOCK)
+                // Predict the next batch from the recent ones, with room to grow: a batch
+                // that outgrows its slot spills into a second block, a second durable write.
+                (size_for(expect * 2), MIN_BLOCK)
             };
             let Some(next) = zil.alloc_slot(&mut rotor, next_len, least) else {
                 for a in taken {
