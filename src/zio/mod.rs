@@ -262,8 +262,8 @@ impl Zio {
                 }
             }
         }
-        // Runs of adjacent copies, by vdev; a run never spans two copies of the batch, so it
-        // is a slice of `blocks`.
+        // Runs of adjacent copies, each with its vdev; a run never spans two copies of the
+        // batch, so it is a slice of `blocks`.
         let mut runs: Vec<(usize, WriteRun)> = Vec::new();
         for copy in 0..props.copies {
             let mut open: Option<(RunEnd, usize)> = None;
@@ -280,10 +280,8 @@ impl Zio {
                 }
             }
         }
-        // A stable sort: each vdev's runs stay in order. Any copy failing fails the batch:
-        // the caller's txg cannot commit a pointer to a copy that may hold garbage.
-        runs.sort_by_key(|&(v, _)| v);
-        // Every run is written by the calling thread, in turn. Within a txg sync, handing
+        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a
+        // copy that may hold garbage. Every run is written by the calling thread, in turn. Within a txg sync, handing
         // the checksums and the vdevs' runs to rayon gained nothing measurable on an idle
         // machine (`zeta bench vol`, `zeta bench raidz`: within noise) and cost a loaded
         // one dearly: each hand-over woke the pool's workers, which then yielded their cores
@@ -587,7 +585,6 @@ impl Zio {
             .sum()
     }
 
-    /// Frees every copy of a block in txg `txg`.
     /// Records in the space map blocks allocated unrecorded (`AllocClass::Mos`) and written
     /// ahead of their txg, now that the txg's tree points at them; under one hold of the
     /// allocator, the copies of blocks written one after another as one extent each
@@ -603,8 +600,13 @@ impl Zio {
         self.alloc.lock().claim_all_mos(&dvas)
     }
 
+    /// Frees every copy of a block in txg `txg`.
     pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
-        self.free_all(std::slice::from_ref(bp), txg, class);
+        // Copy by copy: nothing to merge, and no extent list to build for one block.
+        let mut a = self.alloc.lock();
+        for d in bp.dvas() {
+            a.free(d, txg, class);
+        }
     }
 
     /// `free` of many blocks under one hold of the allocator, adjacent copies as one extent
