@@ -240,3 +240,21 @@ fn error_counters_outlive_the_process_until_cleared() {
     let pool = import(&devs);
     assert_eq!(cksum(&pool), vec![0, 0], "clear did not reach the labels");
 }
+
+/// A client that sees a scrub end (its state no longer `scanning`) may start the next at
+/// once: the scanner thread, still saving the end of the last, does not refuse it.
+/// (`zeta pool scrub --wait` twice against a served pool failed that way now and then.)
+#[test]
+fn a_scrub_starts_as_soon_as_the_last_is_seen_to_end() {
+    let (devs, _) = filled_pool(Layout::Mirror, 64 * MB, VOL, 4096, 12);
+    let pool = import(&devs);
+    for round in 0..50 {
+        pool.start_scrub()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        while pool.scan_status().state == ScanPhase::Scanning {
+            std::hint::spin_loop();
+        }
+    }
+    pool.wait_scrub();
+    assert_eq!(pool.scan_status().state, ScanPhase::Finished);
+}

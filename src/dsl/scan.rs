@@ -56,6 +56,14 @@ impl Pool {
     /// Starts a scrub in the background (or resumes a paused one where it stopped).
     pub fn start_scrub(self: &Arc<Self>) -> Result<(), super::PoolError> {
         let mut slot = self.scanner.lock();
+        // A scanner whose scan is no longer `scanning` is only saving its end (`finish`):
+        // a client that saw the scan end and asks for another must not be refused for
+        // that, so wait for it (it takes no lock this one holds).
+        if self.scan.lock().state != ScanPhase::Scanning {
+            if let Some(s) = slot.take() {
+                let _ = s.thread.join();
+            }
+        }
         if slot.as_ref().is_some_and(|s| !s.thread.is_finished()) {
             return Err(super::PoolError::Invalid(format!(
                 "pool '{}' is already being scrubbed (stop it with --stop)",
