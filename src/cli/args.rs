@@ -366,12 +366,13 @@ pub enum BenchCmd {
                             8K, 16K and 32K writes with a flush every 5; each at every \
                             --volblocksize. --quick: 4K writes, a flush every 5, volblocksize \
                             128K, 10 s per measurement.\n\n\
-                            Each measurement runs on fresh targets in a temporary directory \
-                            under --dir: `zeta pool create -o zil.commit=C -o zil.placement=P` \
-                            of three files, three volumes, `zeta serve`; three files \
-                            for the raw rows (fio, libaio, fdatasync every N writes) and for \
-                            `nbdkit file`. Every file is written in full first, so its blocks \
-                            are allocated as a device's are. fio's nbd engine flushes far \
+                            Each zeta measurement runs on a new pool in a temporary directory \
+                            under --dir: `zeta pool create -f -o zil.commit=C -o \
+                            zil.placement=P` of three files, three volumes, `zeta serve`; \
+                            three plain files serve the raw rows (fio, libaio, fdatasync every \
+                            N writes) and `nbdkit file`. Every file is written in full once, \
+                            so its blocks are allocated as a device's are, and kept for every \
+                            measurement after. fio's nbd engine flushes far \
                             more often than --fsync asks at depth 100: the w/flush column shows \
                             what was sent. \
                             Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\

@@ -6,9 +6,10 @@
 //! jobs on three plain files (fio, libaio: the device's fsync-bound figure) and on `nbdkit file`
 //! serving three plain files (a peer NBD server).
 //!
-//! Every measurement starts from fresh targets (a new pool, new files, each written in full
-//! first so that its blocks are allocated as a device's are), so no result
-//! depends on what ran before it. Everything runs in a temporary directory under `--dir`; the
+//! Every zeta measurement starts from a new pool, on files written in full once (so that their
+//! blocks are allocated as a device's are) and kept for the whole run, as the raw and nbdkit
+//! files are: no result depends on which files a measurement before it made or deleted
+//! (`Files`). Everything runs in a temporary directory under `--dir`; the
 //! child processes and that directory are removed on every way out, Ctrl-C included.
 
 use std::fs::File;
@@ -180,6 +181,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
             .dir
             .join(format!("zeta-bench-sync-{}", std::process::id())),
     )?;
+    let mut files = Files::new(&work);
     if !plan.zil_props {
         eprintln!(
             "zeta bench sync: --no-zil-props: both configurations are the same default pool \
@@ -213,9 +215,11 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                 progress(done, total, point, vb, gen, zil);
                 let dir = work.sub(done)?;
                 let m = match (vb, zil.commit) {
-                    (Some(vb), _) => measure_zeta(&dir, &plan, point, vb, zil, gen, &stop),
-                    (None, "raw") => measure_raw(&dir, &plan, point, &stop),
-                    (None, _) => measure_nbdkit(&dir, &plan, point, gen, &stop),
+                    (Some(vb), _) => {
+                        measure_zeta(&dir, &mut files, &plan, point, vb, zil, gen, &stop)
+                    }
+                    (None, "raw") => measure_raw(&dir, &mut files, &plan, point, &stop),
+                    (None, _) => measure_nbdkit(&dir, &mut files, &plan, point, gen, &stop),
                 };
                 drop(dir);
                 // A failure caused by Ctrl-C (a server that went away) is reported as such.
@@ -237,7 +241,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
             }
         }
     }
-    latency_section(&work, &plan, &args, &stop, &mut done, total)?;
+    latency_section(&work, &mut files, &plan, &args, &stop, &mut done, total)?;
     drop(work);
     Ok(())
 }
@@ -248,6 +252,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
 /// write at queue depth 1 is 1 / IOPS.
 fn latency_section(
     work: &WorkDir,
+    files: &mut Files,
     plan: &Plan,
     args: &BenchSyncArgs,
     stop: &AtomicBool,
@@ -277,13 +282,13 @@ fn latency_section(
         let dir = work.sub(*done)?;
         let m = match (vb, zil.commit) {
             (Some(vb), _) => {
-                let srv = start_zeta(&dir.0, plan, vb, zil, stop)?;
+                let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
                 let m = fua_qd1(srv.addr, &format!("{POOL}/v0"), plan, stop);
                 stop_zeta(srv, &dir.0)?;
                 m
             }
             (None, "raw") => {
-                let files = make_files(&dir.0.join("x"), plan.size_bytes)?;
+                let (_, files) = files.plain(plan)?;
                 let args: Vec<String> = vec![
                     "--rw=randwrite".into(),
                     "--bs=4096".into(),
@@ -307,7 +312,7 @@ fn latency_section(
                 })
             }
             (None, _) => {
-                let (server, addr) = start_nbdkit(&dir, plan, stop)?;
+                let (server, addr) = start_nbdkit(&dir, files, plan, stop)?;
                 let m = fua_qd1(addr, "f0", plan, stop);
                 server.stop()?;
                 m
@@ -704,7 +709,14 @@ struct ZetaServer {
     home: PathBuf,
 }
 
-fn start_zeta(dir: &Path, plan: &Plan, vb: u32, zil: Zil, stop: &AtomicBool) -> Result<ZetaServer> {
+fn start_zeta(
+    dir: &Path,
+    leaves: &[PathBuf],
+    plan: &Plan,
+    vb: u32,
+    zil: Zil,
+    stop: &AtomicBool,
+) -> Result<ZetaServer> {
     let home = dir.join("h");
     // The three files hold the three volumes in `pool_scale` times their room, plus room for
     // metadata and the log. A copy-on-write pool places a txg's new copies while the frees of
@@ -714,7 +726,8 @@ fn start_zeta(dir: &Path, plan: &Plan, vb: u32, zil: Zil, stop: &AtomicBool) -> 
     // on a pool three times the volumes, 66k at five times and 92k at eight. (The seed's
     // three 10 GiB volumes sat on three 500 GB disks.)
     let leaf_bytes = plan.leaf_bytes();
-    let mut create = vec!["pool".into(), "create".into(), "-o".into()];
+    // -f: the leaves held the pool of the measurement before (see `Files`).
+    let mut create = vec!["pool".into(), "create".into(), "-f".into(), "-o".into()];
     create.push(format!("size={leaf_bytes}"));
     if plan.zil_props {
         create.extend([
@@ -725,11 +738,7 @@ fn start_zeta(dir: &Path, plan: &Plan, vb: u32, zil: Zil, stop: &AtomicBool) -> 
         ]);
     }
     create.push(POOL.into());
-    // Written in full first, as the raw and nbdkit files are (see `make_files`).
-    for i in 0..VOLUMES {
-        super::bench_cmd::precondition(&dir.join(format!("f{i}")), leaf_bytes)?;
-    }
-    create.extend((0..VOLUMES).map(|i| dir.join(format!("f{i}")).display().to_string()));
+    create.extend(leaves.iter().map(|f| f.display().to_string()));
     let what = if plan.zil_props {
         format!(
             "zeta pool create -o zil.commit={} -o zil.placement={}",
@@ -818,8 +827,10 @@ fn server_writes_per_flush(before: &Value, after: &Value) -> Option<f64> {
     (f > 0).then(|| w as f64 / f as f64)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure_zeta(
     dir: &WorkDir,
+    files: &mut Files,
     plan: &Plan,
     point: Point,
     vb: u32,
@@ -827,7 +838,7 @@ fn measure_zeta(
     gen: Gen,
     stop: &AtomicBool,
 ) -> Result<Measured> {
-    let srv = start_zeta(&dir.0, plan, vb, zil, stop)?;
+    let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
     let tolerate = !plan.zil_props;
     let before = iostat(&srv.home, tolerate)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
@@ -872,8 +883,57 @@ fn make_files(dir: &Path, size: u64) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-fn measure_raw(dir: &WorkDir, plan: &Plan, point: Point, stop: &AtomicBool) -> Result<Measured> {
-    let files = make_files(&dir.0.join("x"), plan.size_bytes)?;
+/// The files the run measures on, each set made (`make_files`) when first needed and used by
+/// every measurement after: the pool's three leaves (a new pool is created over them with
+/// `-f` each time) and three plain files of a volume's size (the raw files, and what `nbdkit`
+/// serves). Made afresh per measurement, each zeta point wrote 25 GB of pool files and
+/// deleted them after. On this virtual machine the guest hands freed memory back to its host
+/// (free page reporting), and a page touched again after that faults on the host: the page
+/// cache of the next point's files cost its txg syncs most of their time in the kernel's
+/// copy (47 % of the server's samples right after dropping the caches), and 4K writes with a
+/// flush every 5th ran 36-44k against 66-68k writes/s on files kept from run to run. Which
+/// point paid that, and how much, varied with what ran before it.
+struct Files {
+    dir: PathBuf,
+    pool: Option<Vec<PathBuf>>,
+    plain: Option<Vec<PathBuf>>,
+}
+
+impl Files {
+    fn new(work: &WorkDir) -> Files {
+        Files {
+            dir: work.0.clone(),
+            pool: None,
+            plain: None,
+        }
+    }
+
+    fn pool(&mut self, plan: &Plan) -> Result<&[PathBuf]> {
+        if self.pool.is_none() {
+            self.pool = Some(make_files(&self.dir.join("pool"), plan.leaf_bytes())?);
+        }
+        Ok(self.pool.as_deref().expect("made above"))
+    }
+
+    /// The directory of the plain files, which holds nothing else (`nbdkit file dir=`).
+    fn plain(&mut self, plan: &Plan) -> Result<(&Path, &[PathBuf])> {
+        let dir = self.dir.join("plain");
+        if self.plain.is_none() {
+            self.plain = Some(make_files(&dir, plan.size_bytes)?);
+        }
+        let files = self.plain.as_deref().expect("made above");
+        Ok((files[0].parent().expect("a file in a directory"), files))
+    }
+}
+
+fn measure_raw(
+    dir: &WorkDir,
+    files: &mut Files,
+    plan: &Plan,
+    point: Point,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let (_, files) = files.plain(plan)?;
     // libaio on buffered files keeps up to 100 writes queued; fio calls fdatasync after every
     // N (its sync section counts them).
     let mut args = fio_common(plan, point);
@@ -888,12 +948,13 @@ fn measure_raw(dir: &WorkDir, plan: &Plan, point: Point, stop: &AtomicBool) -> R
 
 fn measure_nbdkit(
     dir: &WorkDir,
+    files: &mut Files,
     plan: &Plan,
     point: Point,
     gen: Gen,
     stop: &AtomicBool,
 ) -> Result<Measured> {
-    let (server, addr) = start_nbdkit(dir, plan, stop)?;
+    let (server, addr) = start_nbdkit(dir, files, plan, stop)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
     let m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
     server.stop()?;
@@ -901,9 +962,13 @@ fn measure_nbdkit(
 }
 
 /// `nbdkit file` serving three files of a volume's size as exports `f0`, `f1`, `f2`.
-fn start_nbdkit(dir: &WorkDir, plan: &Plan, stop: &AtomicBool) -> Result<(ChildGuard, SocketAddr)> {
-    let data = dir.0.join("x");
-    make_files(&data, plan.size_bytes)?;
+fn start_nbdkit(
+    dir: &WorkDir,
+    files: &mut Files,
+    plan: &Plan,
+    stop: &AtomicBool,
+) -> Result<(ChildGuard, SocketAddr)> {
+    let (data, _) = files.plain(plan)?;
     // nbdkit prints no port it picked, so take a free one from the kernel and hand it over.
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io_err(Path::new("127.0.0.1"), e))?;
@@ -1066,7 +1131,7 @@ fn print_header(plan: &Plan) {
     println!(
         "zeta bench sync: random writes with a flush every N, {VOLUMES} volumes of {} on a pool \
          of {VOLUMES} file vdevs of {} (--pool-scale {}), one client per volume with {DEPTH} \
-         I/Os in flight, {} s per measurement, each on fresh targets",
+         I/Os in flight, {} s per measurement, each zeta one on a new pool",
         human(plan.size_bytes),
         human(plan.leaf_bytes()),
         plan.pool_scale,
