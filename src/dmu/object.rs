@@ -984,7 +984,11 @@ fn sync_patched(
                 None => read_bases(io, at),
             };
             if let Some(&(_, at)) = batches.get(k + 1) {
-                next = Some(s.spawn(move || read_bases(io, at)));
+                // Named, so a profile tells its reads from the sync thread's own work
+                // (unnamed, it took the sync thread's name). If no thread can be had, the
+                // next turn reads the batch here.
+                let reader = std::thread::Builder::new().name("patch-bases".into());
+                next = reader.spawn_scoped(s, move || read_bases(io, at)).ok();
             }
             write_patched(io, batch, at, bases, block_bytes, props, txg, children)?;
         }
