@@ -288,7 +288,7 @@ fn latency_section(
                 m
             }
             (None, "raw") => {
-                let (_, files) = files.plain(plan)?;
+                let files = files.plain(plan)?;
                 let args: Vec<String> = vec![
                     "--rw=randwrite".into(),
                     "--bs=4096".into(),
@@ -915,14 +915,16 @@ impl Files {
         Ok(self.pool.as_deref().expect("made above"))
     }
 
-    /// The directory of the plain files, which holds nothing else (`nbdkit file dir=`).
-    fn plain(&mut self, plan: &Plan) -> Result<(&Path, &[PathBuf])> {
-        let dir = self.dir.join("plain");
+    fn plain(&mut self, plan: &Plan) -> Result<&[PathBuf]> {
         if self.plain.is_none() {
-            self.plain = Some(make_files(&dir, plan.size_bytes)?);
+            self.plain = Some(make_files(&self.plain_dir(), plan.size_bytes)?);
         }
-        let files = self.plain.as_deref().expect("made above");
-        Ok((files[0].parent().expect("a file in a directory"), files))
+        Ok(self.plain.as_deref().expect("made above"))
+    }
+
+    /// The directory of the plain files, which holds nothing else (`nbdkit file dir=`).
+    fn plain_dir(&self) -> PathBuf {
+        self.dir.join("plain")
     }
 }
 
@@ -933,7 +935,7 @@ fn measure_raw(
     point: Point,
     stop: &AtomicBool,
 ) -> Result<Measured> {
-    let (_, files) = files.plain(plan)?;
+    let files = files.plain(plan)?;
     // libaio on buffered files keeps up to 100 writes queued; fio calls fdatasync after every
     // N (its sync section counts them).
     let mut args = fio_common(plan, point);
@@ -968,7 +970,8 @@ fn start_nbdkit(
     plan: &Plan,
     stop: &AtomicBool,
 ) -> Result<(ChildGuard, SocketAddr)> {
-    let (data, _) = files.plain(plan)?;
+    files.plain(plan)?;
+    let data = files.plain_dir();
     // nbdkit prints no port it picked, so take a free one from the kernel and hand it over.
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io_err(Path::new("127.0.0.1"), e))?;

@@ -364,6 +364,7 @@ fn send_requests(
     let data_starts = (DATA_POOL_BYTES - bs) / 4096 + 1;
     let deadline = t0 + spec.runtime;
     let mut msg = Vec::with_capacity(SEND_BATCH_BYTES + 28 + bs);
+    let write_flags = if spec.fua { CMD_FLAG_FUA } else { 0 };
     let (mut writes, mut flushes, mut in_group) = (0u64, 0u64, 0u32);
     loop {
         if in_group == 0 && (Instant::now() >= deadline || stop.load(Ordering::Relaxed)) {
@@ -377,14 +378,8 @@ fn send_requests(
             let offset = rng.gen_range(0..writes_in_volume) * bs as u64;
             let at = rng.gen_range(0..data_starts) * 4096;
             let sent_ns = t0.elapsed().as_nanos() as u64;
-            let flags = if spec.fua { CMD_FLAG_FUA } else { 0 };
-            let h = request_header(
-                CMD_WRITE,
-                flags,
-                cookie(s, false, sent_ns),
-                offset,
-                bs as u32,
-            );
+            let id = cookie(s, false, sent_ns);
+            let h = request_header(CMD_WRITE, write_flags, id, offset, bs as u32);
             msg.extend_from_slice(&h);
             msg.extend_from_slice(&data[at..at + bs]);
             writes += 1;
@@ -404,13 +399,8 @@ fn send_requests(
                     }
                 };
                 let sent_ns = t0.elapsed().as_nanos() as u64;
-                msg.extend_from_slice(&request_header(
-                    CMD_FLUSH,
-                    0,
-                    cookie(s, true, sent_ns),
-                    0,
-                    0,
-                ));
+                let id = cookie(s, true, sent_ns);
+                msg.extend_from_slice(&request_header(CMD_FLUSH, 0, id, 0, 0));
                 flushes += 1;
                 in_group = 0;
             }

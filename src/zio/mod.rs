@@ -281,11 +281,11 @@ impl Zio {
             }
         }
         // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a
-        // copy that may hold garbage. Every run is written by the calling thread, in turn. Within a txg sync, handing
-        // the checksums and the vdevs' runs to rayon gained nothing measurable on an idle
-        // machine (`zeta bench vol`, `zeta bench raidz`: within noise) and cost a loaded
-        // one dearly: each hand-over woke the pool's workers, which then yielded their cores
-        // some thirty times each before sleeping. With the sync thread writing 2 MiB batches
+        // copy that may hold garbage. Every run is written by the calling thread, in turn.
+        // Within a txg sync, handing the checksums and the vdevs' runs to rayon gained
+        // nothing measurable on an idle machine (`zeta bench vol`, `zeta bench raidz`: within
+        // noise) and cost a loaded one dearly: each hand-over woke the pool's workers, which
+        // then yielded their cores some thirty times each before sleeping. With the sync thread writing 2 MiB batches
         // of patched 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three
         // volumes), those yields were 8 % of the server's samples, and group commit ran
         // 36.7-66.0k writes/s (median 60.5k over six runs) against 57.8-66.1k (65.8k) without.
