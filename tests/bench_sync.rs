@@ -196,6 +196,9 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
         .unwrap_or_else(|| panic!("{stats}"));
     let flushes = log["sync_requests"].as_f64().unwrap();
     assert!(log["batches"].as_u64().unwrap() > 0, "{stats}");
+    // The log took every flush, the first ones too: the server put its chain's header on
+    // disk before it served the volume.
+    assert_eq!(log["fallback_syncs"].as_u64(), Some(0), "{stats}");
     assert!(
         flushes > 0.0 && (3.9..=4.1).contains(&(queued / flushes)),
         "the server saw {queued} writes and {flushes} flushes"

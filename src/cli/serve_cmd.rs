@@ -154,6 +154,12 @@ fn run(
             close_all(&pools);
             return Err(e.into());
         }
+        // The logs' headers go to disk: without that, each volume's first FLUSH or FUA write
+        // synced a whole txg (`zeta pool iostat`: fallback_syncs, one per served volume). A
+        // pool that cannot commit is still served, for what can be read from it.
+        if let Err(e) = p.ready_logs() {
+            eprintln!("zeta serve: {e}");
+        }
     }
     // Register for the signals before serving, so an early SIGTERM is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::Io {

@@ -1494,6 +1494,16 @@ impl Pool {
         ds.log.pending_replay()
     }
 
+    /// Commits a txg that writes every volume's log header, so that each log takes commits
+    /// from its first sync request. A log's chain starts at import, but only a txg that
+    /// writes the directory puts its header on disk, and until then a FLUSH or FUA write
+    /// commits a txg instead (`fallback_syncs`). A server calls this before it serves;
+    /// commands that only look at a pool do not, and write nothing.
+    pub fn ready_logs(&self) -> Result<(), PoolError> {
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
     /// After the replayed records are applied: starts a new chain and commits both in one
     /// txg. A crash before that commit replays the old chain again, to the same result.
     pub fn finish_replay(&self, ds: &Dataset) -> Result<(), PoolError> {
