@@ -5,9 +5,9 @@
 # is persisted.
 #
 #   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
-#                        [--layout stripe|raidz2] [--leaf-size SIZE]
+#                        [--layout stripe|raidz2] [--leaf-size SIZE] [--rw "randwrite write"]
 #
-# Each point is fio --rw={read,write,randread,randwrite} at queue depth 32 for --runtime
+# Each point is fio --rw={read,write,randread,randwrite} (or those --rw names) at queue depth 32 for --runtime
 # seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
 # is measured N times, alternating servers, and the median is printed. Needs fio, nbdkit and a
 # release build of zeta (built here if missing). Prints IOPS, mean and p99 latency, and the
@@ -28,19 +28,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RUNS=1 LAYOUT=stripe LEAF_SIZE=
+RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RWS="randread randwrite read write" RUNS=1 LAYOUT=stripe LEAF_SIZE=
 while [ $# -gt 0 ]; do
     case "$1" in
         --runtime) RUNTIME=$2; shift 2 ;;
         --size) SIZE=$2; shift 2 ;;
         --dir) DIR=$2; shift 2 ;;
         --bs) BSS=$2; shift 2 ;;
+        --rw) RWS=$2; shift 2 ;;
         --runs) RUNS=$2; shift 2 ;;
         --layout) LAYOUT=$2; shift 2 ;;
         --leaf-size) LEAF_SIZE=$2; shift 2 ;;
         -h|--help) sed -n "2,/^set /p" "$0" | sed "\$d"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
+done
+for rw in $RWS; do
+    case "$rw" in read|write|randread|randwrite) ;; *) echo "unknown --rw $rw (see --help)" >&2; exit 2 ;; esac
 done
 for t in fio nbdkit python3; do
     command -v $t >/dev/null || { echo "$t is required (apt-get install fio nbdkit)" >&2; exit 1; }
@@ -122,7 +126,7 @@ median() { python3 -c 'import sys; v=sorted(sys.stdin.read().split("\n")[:-1], k
 
 printf "%-10s %5s %10s %9s %9s %10s %9s %9s %7s %10s %9s\n" rw bs zeta_iops mean_us p99_us \
     nbdkit_iops mean_us p99_us ratio disk_iops zeta/disk
-for rw in randread randwrite read write; do
+for rw in $RWS; do
     for bs in $BSS; do
         Z="" K="" D=""
         for _ in $(seq "$RUNS"); do
