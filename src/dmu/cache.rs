@@ -1,6 +1,11 @@
 //! A bounded cache of blocks keyed by their first copy's address and birth txg. Blocks never
 //! change once written, and an address is reused only by a block with a later birth txg, so
 //! entries never go stale and need no invalidation.
+//!
+//! The buffers of evicted blocks are kept, a few MiB of them, for the next blocks read
+//! (`take_buf`): a txg of short writes into large blocks reads and replaces thousands of
+//! blocks, and allocating each buffer anew (zeroed, as a `Vec` must be before a read fills
+//! it) cost more than the read's copy out of the page cache, and its free as much again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,6 +17,10 @@ use crate::spa::BlkPtr;
 
 const SHARDS: usize = 16;
 
+/// The most bytes of evicted blocks' buffers kept for reuse: a few batches of the largest
+/// blocks a txg sync reads at once (`dmu::object::patch_batch_bytes`, at most 2 MiB).
+const SPARE_MAX_BYTES: usize = 8 << 20;
+
 type Key = (u32, u64, u64);
 
 struct Shard {
@@ -20,14 +29,26 @@ struct Shard {
 }
 
 impl Shard {
-    fn evict_to(&mut self, limit: u64) {
+    /// Evicts the least recently used blocks until the shard holds at most `limit` bytes,
+    /// into `out`: the caller drops or keeps them once the shard's lock is released.
+    fn evict_to(&mut self, limit: u64, out: &mut Vec<Arc<Vec<u8>>>) {
         while self.bytes > limit {
             match self.lru.pop_lru() {
-                Some((_, v)) => self.bytes -= v.len() as u64,
+                Some((_, v)) => {
+                    self.bytes -= v.len() as u64;
+                    out.push(v);
+                }
                 None => break,
             }
         }
     }
+}
+
+/// Evicted blocks' buffers waiting for reuse, and their total size.
+#[derive(Default)]
+struct Spares {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 pub struct BlockCache {
@@ -37,6 +58,8 @@ pub struct BlockCache {
     /// What it may hold now (at most `capacity_bytes`): lowered while the process as a whole
     /// is short of memory (see `set_limit`).
     limit_bytes: AtomicU64,
+    /// Buffers of evicted blocks no one else held, for `take_buf`.
+    spares: Mutex<Spares>,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
 }
@@ -62,6 +85,7 @@ impl BlockCache {
                 .collect(),
             capacity_bytes: AtomicU64::new(capacity_bytes),
             limit_bytes: AtomicU64::new(capacity_bytes),
+            spares: Mutex::new(Spares::default()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -94,16 +118,50 @@ impl BlockCache {
     pub fn insert(&self, bp: &BlkPtr, data: Arc<Vec<u8>>) {
         let k = key(bp);
         let limit = self.shard_limit();
-        let mut s = self.shard(&k).lock();
         let len = data.len() as u64;
         if len > limit {
             return;
         }
-        if let Some(old) = s.lru.put(k, data) {
-            s.bytes -= old.len() as u64;
+        let mut evicted = Vec::new();
+        {
+            let mut s = self.shard(&k).lock();
+            if let Some(old) = s.lru.put(k, data) {
+                s.bytes -= old.len() as u64;
+                evicted.push(old);
+            }
+            s.bytes += len;
+            s.evict_to(limit, &mut evicted);
         }
-        s.bytes += len;
-        s.evict_to(limit);
+        self.keep_spares(evicted);
+    }
+
+    /// Keeps the buffers of `evicted` blocks that no reader still holds, up to
+    /// `SPARE_MAX_BYTES` in all; the rest are freed (outside any shard's lock).
+    fn keep_spares(&self, evicted: Vec<Arc<Vec<u8>>>) {
+        if evicted.is_empty() {
+            return;
+        }
+        let mut spares = self.spares.lock();
+        for b in evicted {
+            if let Ok(b) = Arc::try_unwrap(b) {
+                if spares.bytes + b.len() <= SPARE_MAX_BYTES {
+                    spares.bytes += b.len();
+                    spares.bufs.push(b);
+                }
+            }
+        }
+    }
+
+    /// A buffer of `len` bytes for a block about to be read into it: an evicted block's,
+    /// holding its old bytes, if one of that size is spare; else a new zeroed one.
+    pub fn take_buf(&self, len: usize) -> Vec<u8> {
+        let mut spares = self.spares.lock();
+        if let Some(i) = spares.bufs.iter().rposition(|b| b.len() == len) {
+            spares.bytes -= len;
+            return spares.bufs.swap_remove(i);
+        }
+        drop(spares);
+        vec![0u8; len]
     }
 
     /// The configured size.
@@ -133,8 +191,11 @@ impl BlockCache {
         }
         let limit = bytes / SHARDS as u64;
         for s in &self.shards {
-            s.lock().evict_to(limit);
+            let mut evicted = Vec::new();
+            s.lock().evict_to(limit, &mut evicted);
         }
+        // The spares stay: a few MiB, counted by whoever lowers the limit as memory the
+        // process holds outside the cache (`cli::memory`), and taken again by the next reads.
     }
 
     pub fn bytes(&self) -> u64 {
@@ -182,6 +243,41 @@ mod tests {
                 256 * bs
             );
         }
+    }
+
+    #[test]
+    fn evicted_buffers_are_reused_unless_someone_still_holds_them() {
+        let c = BlockCache::new(SHARDS as u64 * 16384);
+        let bp = |i: u64| {
+            let mut bp = BlkPtr::HOLE;
+            bp.dva[0] = Dva::new(0, i * 16384, 16384);
+            bp.birth_txg = 1.into();
+            bp
+        };
+        // Every block is still held here: nothing evicted is spare.
+        let held: Vec<Arc<Vec<u8>>> = (0..64u8).map(|i| Arc::new(vec![i + 1; 16384])).collect();
+        for (i, b) in held.iter().enumerate() {
+            c.insert(&bp(i as u64), b.clone());
+        }
+        assert!(c.bytes() < 64 * 16384, "some were evicted: {}", c.bytes());
+        assert_eq!(c.take_buf(16384), vec![0u8; 16384]);
+        drop(held);
+        // Let go: an eviction now leaves its buffer, old bytes and all.
+        for i in 64..128u64 {
+            c.insert(&bp(i), Arc::new(vec![0xa5; 16384]));
+        }
+        let reused = c.take_buf(16384);
+        assert_eq!(reused.len(), 16384);
+        assert!(reused[0] != 0 && reused.iter().all(|&x| x == reused[0]));
+        // Only a buffer of the size asked for is handed out.
+        assert_eq!(c.take_buf(4096), vec![0u8; 4096]);
+        // The spares stay within their bound however much is evicted.
+        for i in 128..4096u64 {
+            c.insert(&bp(i), Arc::new(vec![0x5a; 16384]));
+        }
+        let spares = c.spares.lock();
+        assert!(spares.bytes <= SPARE_MAX_BYTES);
+        assert_eq!(spares.bufs.len() * 16384, spares.bytes);
     }
 
     #[test]

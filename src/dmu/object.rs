@@ -435,7 +435,7 @@ impl Object {
             out.push(found);
         }
         let bps: Vec<BlkPtr> = to_cache.iter().map(|m| m.1).collect();
-        for ((i, bp), data) in to_cache.into_iter().zip(io.zio.read_batch(&bps)) {
+        for ((i, bp), data) in to_cache.into_iter().zip(read_spare(io, &bps)) {
             out[i] = data.map(|d| {
                 let d = Arc::new(d);
                 io.cache.insert(&bp, d.clone());
@@ -938,13 +938,29 @@ type Bases = Vec<Result<Option<Arc<Vec<u8>>>, ZioError>>;
 /// A patched block of a syncing txg: its id and its pieces.
 type Patched<'a> = (u64, &'a [Piece]);
 
+/// `Zio::read_batch` into buffers the cache has spare (`BlockCache::take_buf`).
+fn read_spare(io: &ObjectIo, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, ZioError>> {
+    let mut bufs: Vec<Vec<u8>> = bps
+        .iter()
+        .map(|bp| io.cache.take_buf(bp.psize.get() as usize))
+        .collect();
+    let results = io
+        .zio
+        .read_batch_into(bps, bufs.iter_mut().map(|b| b.as_mut_slice()).collect());
+    results
+        .into_iter()
+        .zip(bufs)
+        .map(|(r, b)| r.map(|()| b))
+        .collect()
+}
+
 fn read_bases(io: &ObjectIo, at: &[BlkPtr]) -> Bases {
     let mut bases: Bases = at.iter().map(|bp| Ok(io.cache.get(bp))).collect();
     let misses: Vec<usize> = (0..at.len())
         .filter(|&i| !at[i].is_hole() && matches!(bases[i], Ok(None)))
         .collect();
     let bps: Vec<BlkPtr> = misses.iter().map(|&i| at[i]).collect();
-    for (i, data) in misses.into_iter().zip(io.zio.read_batch(&bps)) {
+    for (i, data) in misses.into_iter().zip(read_spare(io, &bps)) {
         bases[i] = data.map(|d| Some(Arc::new(d)));
     }
     bases
@@ -977,19 +993,29 @@ fn sync_patched(
         .zip(at.chunks(per_batch))
         .collect();
     std::thread::scope(|s| {
-        let mut next: Option<std::thread::ScopedJoinHandle<Bases>> = None;
+        // One thread reads the batches after the first, each while this one writes the one
+        // before (the channel holds none: the reader waits with each batch until it is
+        // taken, so two batches are in memory at most). Named, so a profile tells its reads
+        // from the sync thread's own work. Started once per sync: a thread per batch cost
+        // its stack's mapping and unmapping, hundreds of times a txg. If no thread can be
+        // had, or it stops, this one reads the batches itself.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Bases>(0);
+        let ahead = &batches[batches.len().min(1)..];
+        let reader = std::thread::Builder::new()
+            .name("patch-bases".into())
+            .spawn_scoped(s, move || {
+                for &(_, at) in ahead {
+                    if tx.send(read_bases(io, at)).is_err() {
+                        break; // the sync stopped at an error
+                    }
+                }
+            })
+            .is_ok();
         for (k, &(batch, at)) in batches.iter().enumerate() {
-            let bases = match next.take() {
-                Some(h) => h.join().expect("reading a batch's old blocks panicked"),
-                None => read_bases(io, at),
+            let bases = match k > 0 && reader {
+                true => rx.recv().unwrap_or_else(|_| read_bases(io, at)),
+                false => read_bases(io, at),
             };
-            if let Some(&(_, at)) = batches.get(k + 1) {
-                // Named, so a profile tells its reads from the sync thread's own work
-                // (unnamed, it took the sync thread's name). If no thread can be had, the
-                // next turn reads the batch here.
-                let reader = std::thread::Builder::new().name("patch-bases".into());
-                next = reader.spawn_scoped(s, move || read_bases(io, at)).ok();
-            }
             write_patched(io, batch, at, bases, block_bytes, props, txg, children)?;
         }
         Ok(())
