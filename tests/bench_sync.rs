@@ -214,9 +214,24 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
     let text = ok(&[&load[..], &lone].concat());
     assert!(text.contains("no flushes"), "{text}");
 
+    // Writes larger than the random data a connection sends from (256K) are cut from twice
+    // their size of it.
+    let big = [
+        "--bs",
+        "512K",
+        "--depth",
+        "4",
+        "--flush-every",
+        "2",
+        "tank/v",
+    ];
+    let text = ok(&[&load[..], &big].concat());
+    assert!(text.contains("2.00 writes per flush"), "{text}");
+
     // Errors: one line each, and the server is unharmed.
     for (args, needle) in [
         (&["--bs", "1000"][..], "a multiple of 4K"),
+        (&["--bs", "8M"][..], "up to 4096K"),
         (&["--depth", "0"][..], "0 is not in 1..=256"),
         (&["tank/nope"][..], "tank/nope"),
     ] {
