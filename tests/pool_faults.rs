@@ -920,3 +920,32 @@ fn a_short_write_over_an_unreadable_block_leaves_it_failing_and_the_pool_syncing
     vol.read(0, &mut got).unwrap();
     assert!(got == pattern(6, 131072));
 }
+
+/// A sync of many patched blocks reads their old contents on a helper thread, a batch ahead
+/// of the writes. A write that fails part way through must end the sync with an error: the
+/// helper, waiting to hand over its next batch, stops too, and nothing hangs.
+#[test]
+fn a_write_failure_part_way_through_patched_batches_ends_the_sync() {
+    let devs = mem_devs(1, 96 * MB);
+    let pool = Pool::create("tank", spec(Layout::Stripe, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 131072, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &pattern(6, 8 * MB as usize)).unwrap();
+    pool.sync_now().unwrap();
+    // A 4K patch in each of the 64 blocks: with an 8M cache, batches of two blocks.
+    for b in 0..64u64 {
+        vol.write(b * 131072 + 8192, &pattern(7 + b as u8, 4096))
+            .unwrap();
+    }
+    devs[0].set_faults(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncing = pool.clone();
+    std::thread::spawn(move || tx.send(syncing.sync_now().map(|_| ())).unwrap());
+    let result = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the sync returned");
+    result.expect_err("a sync whose writes fail fails");
+}
