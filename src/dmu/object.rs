@@ -11,8 +11,9 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use super::cache::BlockCache;
 use super::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
+use crate::math::fletcher::{fletcher4_update, Fletcher4};
 use crate::math::zero::is_zero;
-use crate::math::ChecksumKind;
+use crate::math::{Checksum, ChecksumKind};
 use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
 use crate::zio::{WriteProps, Zio, ZioError};
@@ -155,6 +156,54 @@ fn overlay_owned(base: Option<Arc<Vec<u8>>>, pieces: &[Piece], block_bytes: usiz
         Some(Err(shared)) => overlay(Some(&shared), pieces, block_bytes),
         None => overlay(None, pieces, block_bytes),
     }
+}
+
+/// `overlay_owned` for a patched block at a sync, with the new block's checksum where it
+/// follows from the old one's (`None`: the writer computes it): Fletcher-4 over a base of
+/// the block's full size, whose pieces cover less than a quarter of it. The base is the
+/// block `bp` points to, as verified when read (or cached), so its sums are `bp`'s.
+fn overlay_summed(
+    base: Option<Arc<Vec<u8>>>,
+    bp: &BlkPtr,
+    pieces: &[Piece],
+    block_bytes: usize,
+    kind: ChecksumKind,
+) -> (Vec<u8>, Option<Checksum>) {
+    let fletcher4 = Some(ChecksumKind::Fletcher4);
+    let summable = Some(kind) == fletcher4
+        && bp.checksum_kind() == fletcher4
+        && bp.lsize.get() as usize == block_bytes
+        && bp.psize.get() as usize == block_bytes
+        && pieces.iter().map(|p| p.len).sum::<usize>() < block_bytes / 4;
+    match base {
+        Some(base) if summable && base.len() == block_bytes => {
+            let mut b = Arc::try_unwrap(base).unwrap_or_else(|shared| shared.to_vec());
+            let sums = lay_summed(&mut b, pieces, bp.checksum().to_words());
+            (b, Some(Checksum::from_words(sums)))
+        }
+        base => (overlay_owned(base, pieces, block_bytes), None),
+    }
+}
+
+/// Lays `pieces` over `b`, whose Fletcher-4 sums are `sums`, and returns the sums of the
+/// result, from the words each piece changes (`fletcher4_update`): for a few 4K pieces a
+/// fifth of the work of summing a 128K block anew.
+fn lay_summed(b: &mut [u8], pieces: &[Piece], mut sums: Fletcher4) -> Fletcher4 {
+    let total = b.len();
+    for p in pieces {
+        let (at, end) = (p.at, p.at + p.len);
+        if at.is_multiple_of(4) && end.is_multiple_of(4) {
+            sums = fletcher4_update(sums, total, at, &b[at..end], &p.data);
+            b[at..end].copy_from_slice(&p.data);
+        } else {
+            // The words the piece touches in part, before and after.
+            let (from, to) = (at & !3, (end + 3) & !3);
+            let old = b[from..to].to_vec();
+            b[at..end].copy_from_slice(&p.data);
+            sums = fletcher4_update(sums, total, from, &old, &b[from..to]);
+        }
+    }
+    sums
 }
 
 fn lay(mut b: Vec<u8>, pieces: &[Piece]) -> Vec<u8> {
@@ -1035,14 +1084,16 @@ fn write_patched(
     children: &mut BTreeMap<u64, BlkPtr>,
 ) -> Result<(), ZioError> {
     let mut built: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut sums: Vec<Option<Checksum>> = Vec::new();
     for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
         match base {
             Ok(base) => {
-                let b = overlay_owned(base, pieces, block_bytes);
+                let (b, sum) = overlay_summed(base, bp, pieces, block_bytes, props.checksum);
                 if is_zero(&b) {
                     children.insert(*blkid, BlkPtr::HOLE);
                 } else {
                     built.push((*blkid, b));
+                    sums.push(sum);
                 }
             }
             // No copy of what the block held verifies: the pieces cannot be laid over it
@@ -1059,7 +1110,7 @@ fn write_patched(
         return Ok(());
     }
     let bufs: Vec<&[u8]> = built.iter().map(|(_, b)| b.as_slice()).collect();
-    let bps = io.zio.write_batch(&bufs, props, txg)?;
+    let bps = io.zio.write_batch_summed(&bufs, &sums, props, txg)?;
     for ((blkid, b), bp) in built.into_iter().zip(bps) {
         io.cache.insert(&bp, Arc::new(b));
         children.insert(blkid, bp);

@@ -83,12 +83,19 @@ pub struct Checksum(pub [u8; 32]);
 
 impl Checksum {
     /// Four 64-bit sums as four little-endian words (the Fletcher layout).
-    fn from_words(words: [u64; 4]) -> Checksum {
+    pub fn from_words(words: [u64; 4]) -> Checksum {
         let mut out = [0u8; 32];
         for (slot, word) in out.chunks_exact_mut(8).zip(words) {
             slot.copy_from_slice(&word.to_le_bytes());
         }
         Checksum(out)
+    }
+
+    /// The four sums of a Fletcher checksum (`from_words` undone).
+    pub fn to_words(&self) -> [u64; 4] {
+        std::array::from_fn(|i| {
+            u64::from_le_bytes(self.0[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::math::ChecksumKind;
+use crate::math::{Checksum, ChecksumKind};
 use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, SpaceGauge};
 use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 
@@ -205,6 +205,19 @@ impl Zio {
         props: WriteProps,
         txg: u64,
     ) -> Result<Vec<BlkPtr>, ZioError> {
+        self.write_batch_summed(blocks, &[], props, txg)
+    }
+
+    /// `write_batch` with the checksums of some blocks already known, in `props.checksum`'s
+    /// algorithm (`sums[i]` for `blocks[i]`; where `None` or past the end of `sums`, computed
+    /// here): a patched block's sums follow from its old ones and its pieces.
+    pub fn write_batch_summed(
+        &self,
+        blocks: &[&[u8]],
+        sums: &[Option<Checksum>],
+        props: WriteProps,
+        txg: u64,
+    ) -> Result<Vec<BlkPtr>, ZioError> {
         for d in blocks {
             assert!(
                 !d.is_empty() && (d.len() as u64).is_multiple_of(SECTOR),
@@ -214,7 +227,7 @@ impl Zio {
         }
         // The pointers first, each with its checksum; the copies' addresses follow.
         let bytes: usize = blocks.iter().map(|d| d.len()).sum();
-        let pointer = |data: &[u8]| {
+        let pointer = |i: usize, data: &[u8]| {
             let mut bp = BlkPtr::HOLE;
             bp.lsize = (data.len() as u32).into();
             bp.psize = (data.len() as u32).into();
@@ -223,11 +236,16 @@ impl Zio {
             bp.checksum_kind = props.checksum as u8;
             bp.level = props.level;
             bp.kind = props.kind as u8;
-            bp.checksum = props.checksum.compute(data).0;
+            let known = sums.get(i).copied().flatten();
+            bp.checksum = known.unwrap_or_else(|| props.checksum.compute(data)).0;
             bp
         };
         // All on the calling thread, as are the writes below (see the comment there).
-        let mut bps: Vec<BlkPtr> = blocks.iter().map(|d| pointer(d)).collect();
+        let mut bps: Vec<BlkPtr> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| pointer(i, d))
+            .collect();
         {
             let mut alloc = self.alloc.lock();
             let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
