@@ -677,10 +677,10 @@ impl Object {
         matches!(self.state.lock().open.get(&blkid), Some(Dirty::Data(d)) if Arc::ptr_eq(d, data))
     }
 
-    /// Tells the open txg that block `blkid`, dirty with `data`, is already written at `bp`,
-    /// so its sync points at that copy instead of writing another (even if `data` is all
-    /// zeros, which the sync would otherwise make a hole: callers log zeros as such instead). Returns a block the caller
-    /// must free: `bp` itself if the block's change in the open txg is no longer `data`, or
+    /// Tells the open txg that block `blkid`, dirty with `data`, is already written at `bp`, so its
+    /// sync points at that copy instead of writing another (even if `data` is all zeros, which the
+    /// sync would otherwise make a hole: callers log zeros as such instead). Returns a block the
+    /// caller must free: `bp` itself if the block's change in the open txg is no longer `data`, or
     /// an earlier such copy of the same block that this one replaces.
     pub fn set_override(&self, blkid: u64, data: &Arc<Vec<u8>>, bp: BlkPtr) -> Option<BlkPtr> {
         let mut st = self.state.lock();
@@ -987,7 +987,8 @@ type Bases = Vec<Result<Option<Arc<Vec<u8>>>, ZioError>>;
 /// A patched block of a syncing txg: its id and its pieces.
 type Patched<'a> = (u64, &'a [Piece]);
 
-/// `Zio::read_batch` into buffers the cache has spare (`BlockCache::take_buf`).
+/// Reads and verifies blocks (`Zio::read_batch_into`) into buffers the cache has spare
+/// (`BlockCache::take_buf`), one per pointer, in order.
 fn read_spare(io: &ObjectIo, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, ZioError>> {
     let mut bufs: Vec<Vec<u8>> = bps
         .iter()

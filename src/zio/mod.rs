@@ -95,7 +95,7 @@ impl Zio {
     }
 }
 
-/// The most bytes of adjacent blocks `write_batch` and `read_batch` send to a device as one
+/// The most bytes of adjacent blocks `write_batch` and `read_batch_into` send to a device as one
 /// request: large enough that a 1 MiB stream costs one system call (at 256 KiB, bench vol's
 /// sequential reads and writes were a few hundredths slower), small enough that a longer
 /// read splits into pieces that proceed in parallel.
@@ -298,15 +298,15 @@ impl Zio {
                 }
             }
         }
-        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a
-        // copy that may hold garbage. Every run is written by the calling thread, in turn.
-        // Within a txg sync, handing the checksums and the vdevs' runs to rayon gained
-        // nothing measurable on an idle machine (`zeta bench vol`, `zeta bench raidz`: within
-        // noise) and cost a loaded one dearly: each hand-over woke the pool's workers, which
-        // then yielded their cores some thirty times each before sleeping. With the sync thread writing 2 MiB batches
-        // of patched 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three
-        // volumes), those yields were 8 % of the server's samples, and group commit ran
-        // 36.7-66.0k writes/s (median 60.5k over six runs) against 57.8-66.1k (65.8k) without.
+        // Any copy failing fails the batch: the caller's txg cannot commit a pointer to a copy that
+        // may hold garbage. Every run is written by the calling thread, in turn. Within a txg sync,
+        // handing the checksums and the vdevs' runs to rayon gained nothing measurable on an idle
+        // machine (`zeta bench vol`, `zeta bench raidz`: within noise) and cost a loaded one
+        // dearly: each hand-over woke the pool's workers, which then yielded their cores some
+        // thirty times each before sleeping. With the sync thread writing 2 MiB batches of patched
+        // 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three volumes), those
+        // yields were 8 % of the server's samples, and group commit ran 36.7-66.0k writes/s (median
+        // 60.5k over six runs) against 57.8-66.1k (65.8k) without.
         let written = runs
             .iter()
             .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs));
@@ -327,27 +327,13 @@ impl Zio {
         Ok(bps)
     }
 
-    /// Reads and verifies many blocks: `read` for a batch, in order (see `read_batch_into`).
-    pub fn read_batch(&self, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, ZioError>> {
-        let mut bufs: Vec<Vec<u8>> = bps
-            .iter()
-            .map(|bp| vec![0u8; bp.psize.get() as usize])
-            .collect();
-        let results =
-            self.read_batch_into(bps, bufs.iter_mut().map(|b| b.as_mut_slice()).collect());
-        results
-            .into_iter()
-            .zip(bufs)
-            .map(|(r, b)| r.map(|()| b))
-            .collect()
-    }
-
-    /// Reads and verifies many blocks into the caller's buffers (one per pointer, of its
-    /// `psize`), in order. Blocks whose first copy lies right after the previous one's are
-    /// read as a run of up to `MAX_RUN_BYTES` (one request on a stripe or mirror, one per
-    /// child on a raidz: `TopVdev::read_run`), and runs go in parallel. A block of a run that fails to read or to verify is read again alone,
-    /// through `read`'s healing path (from the same mirror child first, so that copy is the
-    /// one counted and repaired). A buffer whose block fails holds unspecified bytes.
+    /// Reads and verifies many blocks into the caller's buffers (one per pointer, of its `psize`),
+    /// in order. Blocks whose first copy lies right after the previous one's are read as a run of
+    /// up to `MAX_RUN_BYTES` (one request on a stripe or mirror, one per child on a raidz:
+    /// `TopVdev::read_run`), and runs go in parallel. A block of a run that fails to read or to
+    /// verify is read again alone, through `read`'s healing path (from the same mirror child first,
+    /// so that copy is the one counted and repaired). A buffer whose block fails holds unspecified
+    /// bytes.
     pub fn read_batch_into(
         &self,
         bps: &[BlkPtr],
