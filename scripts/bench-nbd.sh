@@ -7,8 +7,8 @@
 #   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
 #                        [--layout stripe|raidz2] [--leaf-size SIZE] [--rw "randwrite write"]
 #
-# Each point is fio --rw={read,write,randread,randwrite} (or those --rw names) at queue depth 32 for --runtime
-# seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
+# Each point is fio --rw={read,write,randread,randwrite} (or those --rw names) at queue depth
+# 32 for --runtime seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
 # is measured N times, alternating servers, and the median is printed. Needs fio, nbdkit and a
 # release build of zeta (built here if missing). Prints IOPS, mean and p99 latency, and the
 # zeta/nbdkit IOPS ratio; then the peak RSS of the zeta server.

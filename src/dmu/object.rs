@@ -1084,8 +1084,8 @@ fn write_patched(
     txg: u64,
     children: &mut BTreeMap<u64, BlkPtr>,
 ) -> Result<(), ZioError> {
-    let mut built: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut sums: Vec<Option<Checksum>> = Vec::new();
+    // Each block's id, its bytes, and its checksum if already known.
+    let mut built: Vec<(u64, Vec<u8>, Option<Checksum>)> = Vec::new();
     for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
         match base {
             Ok(base) => {
@@ -1093,8 +1093,7 @@ fn write_patched(
                 if is_zero(&b) {
                     children.insert(*blkid, BlkPtr::HOLE);
                 } else {
-                    built.push((*blkid, b));
-                    sums.push(sum);
+                    built.push((*blkid, b, sum));
                 }
             }
             // No copy of what the block held verifies: the pieces cannot be laid over it
@@ -1110,9 +1109,10 @@ fn write_patched(
     if built.is_empty() {
         return Ok(());
     }
-    let bufs: Vec<&[u8]> = built.iter().map(|(_, b)| b.as_slice()).collect();
+    let bufs: Vec<&[u8]> = built.iter().map(|(_, b, _)| b.as_slice()).collect();
+    let sums: Vec<Option<Checksum>> = built.iter().map(|(_, _, sum)| *sum).collect();
     let bps = io.zio.write_batch_summed(&bufs, &sums, props, txg)?;
-    for ((blkid, b), bp) in built.into_iter().zip(bps) {
+    for ((blkid, b, _), bp) in built.into_iter().zip(bps) {
         io.cache.insert(&bp, Arc::new(b));
         children.insert(blkid, bp);
     }
