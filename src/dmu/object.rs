@@ -767,54 +767,66 @@ impl Object {
         // Level 0: every dirty block to a new place, as one batch in block order, so blocks
         // next to each other in the object land and are written next to each other; all-zero
         // blocks become holes, blocks written ahead are adopted.
-        let entries: Vec<(&u64, &Dirty)> = dirty.iter().collect();
-        // Blocks written ahead were checked for zeros then; scanning them again reads a
-        // whole txg of cold memory. One thread: the scan of a block of data ends at its first
-        // bytes, and handing it to rayon woke the pool's workers every txg, which then spun
-        // (yielding) on cores the NBD server's threads wanted.
-        let nonzero: Vec<bool> = entries
-            .iter()
-            .map(|(blkid, change)| match change {
-                Dirty::Data(d) => adopted.contains_key(blkid) || !is_zero(d),
-                _ => false,
-            })
-            .collect();
-        let mut children: BTreeMap<u64, BlkPtr> = BTreeMap::new();
-        let mut to_write: Vec<(u64, &Arc<Vec<u8>>)> = Vec::new();
+        //
+        // `children` holds each dirty block's new pointer in block order, the blocks written
+        // or patched below filling their slots afterwards: the levels above only walk it in
+        // order. (As a map, with vectors of the blocks to adopt and of whether each block
+        // held data, a txg of streaming 128K writes into 16K blocks spent a quarter of the
+        // sync thread's time allocating, growing and faulting in memory for them.)
+        let mut children: Vec<(u64, BlkPtr)> = Vec::with_capacity(dirty.len());
+        let mut to_write: Vec<(usize, &Arc<Vec<u8>>)> = Vec::new();
         let mut patched: Vec<Patched> = Vec::new();
+        let mut patched_slots: Vec<usize> = Vec::new();
         // Adopted together below: a stream's blocks lie one after another.
-        let mut to_adopt: Vec<BlkPtr> = Vec::new();
-        for (&(&blkid, change), nonzero) in entries.iter().zip(nonzero) {
-            match change {
+        let mut to_adopt: Vec<usize> = Vec::new();
+        for (&blkid, change) in dirty.iter() {
+            let slot = children.len();
+            let bp = match change {
                 // Cached like any written block. (Leaving streams' blocks out, as streaming
                 // reads are, raised the NBD server's peak RSS from 455 to 543 MiB in
                 // scripts/bench-nbd.sh: freed at the sync, not in LRU order, they fragmented
-                // the heap more than the cache held.)
-                Dirty::Data(d) if adopted.contains_key(&blkid) => {
-                    let bp = adopted[&blkid];
-                    to_adopt.push(bp);
-                    io.cache.insert(&bp, d.clone());
-                    children.insert(blkid, bp);
-                }
-                Dirty::Data(d) if nonzero => to_write.push((blkid, d)),
+                // the heap more than the cache held.) Blocks written ahead were checked for
+                // zeros then; scanning them again reads a whole txg of cold memory. The scan
+                // stays on this thread: that of a block of data ends at its first bytes, and
+                // handing it to rayon woke the pool's workers every txg, which then spun
+                // (yielding) on cores the NBD server's threads wanted.
+                Dirty::Data(d) => match adopted.get(&blkid) {
+                    Some(bp) => {
+                        to_adopt.push(slot);
+                        io.cache.insert(bp, d.clone());
+                        *bp
+                    }
+                    None if !is_zero(d) => {
+                        to_write.push((slot, d));
+                        BlkPtr::HOLE
+                    }
+                    None => BlkPtr::HOLE,
+                },
                 Dirty::Placed(bp) => {
-                    to_adopt.push(*bp);
-                    children.insert(blkid, *bp);
+                    to_adopt.push(slot);
+                    *bp
                 }
-                Dirty::Patch(pieces) => patched.push((blkid, pieces)),
-                _ => {
-                    children.insert(blkid, BlkPtr::HOLE);
+                Dirty::Patch(pieces) => {
+                    patched.push((blkid, pieces));
+                    patched_slots.push(slot);
+                    BlkPtr::HOLE
                 }
-            }
+                Dirty::Free => BlkPtr::HOLE,
+            };
+            children.push((blkid, bp));
         }
-        io.zio.adopt_all(&to_adopt);
+        io.zio
+            .adopt_all(to_adopt.iter().map(|&slot| &children[slot].1));
         let bufs: Vec<&[u8]> = to_write.iter().map(|(_, d)| d.as_slice()).collect();
         let bps = io.zio.write_batch(&bufs, data_props, txg)?;
-        for ((blkid, d), bp) in to_write.into_iter().zip(bps) {
+        for ((slot, d), bp) in to_write.into_iter().zip(bps) {
             io.cache.insert(&bp, d.clone());
-            children.insert(blkid, bp);
+            children[slot].1 = bp;
         }
-        sync_patched(io, &old, &patched, data_props, txg, &mut children)?;
+        let patched_bps = sync_patched(io, &old, &patched, data_props, txg)?;
+        for (slot, bp) in patched_slots.into_iter().zip(patched_bps) {
+            children[slot].1 = bp;
+        }
 
         // Indirect levels, bottom up.
         let ind_props = WriteProps {
@@ -824,28 +836,27 @@ impl Object {
             copies: (old.copies as usize).clamp(2, 3),
             class: self.class,
         };
+        // The pointer at index 0 of the level `children` holds, if it has one.
+        let first = |children: &[(u64, BlkPtr)]| children.first().filter(|c| c.0 == 0).map(|c| c.1);
         // (A block 0 kept as it was, `sync_patched`'s damaged block, replaces nothing.)
         let mut old_root_replaced =
-            old.nlevels == 1 && children.get(&0).is_some_and(|bp| *bp != old.root);
+            old.nlevels == 1 && first(&children).is_some_and(|bp| bp != old.root);
+        // The blocks one indirect block's children replace, freed together (in block order:
+        // those of a stream lie one after another).
+        let mut replaced: Vec<BlkPtr> = Vec::with_capacity(FANOUT);
         for level in 1..new.nlevels {
-            if level == old.nlevels {
-                // The tree grew: the old root becomes the first child of the new level.
-                if !children.contains_key(&0) && !old.root.is_hole() {
-                    children.insert(0, old.root);
-                }
-            }
-            let mut groups: BTreeMap<u64, Vec<(u64, BlkPtr)>> = BTreeMap::new();
-            for (idx, bp) in children {
-                groups.entry(idx >> IND_SHIFT).or_default().push((idx, bp));
+            // The tree grew: the old root becomes the first child of the new level.
+            if level == old.nlevels && !old.root.is_hole() && first(&children).is_none() {
+                children.insert(0, (0, old.root));
             }
             // The level's new indirect blocks, then written as one batch: in block order, so
             // neighbours land next to each other and go to the device as a few long writes.
-            let mut parents: BTreeMap<u64, BlkPtr> = BTreeMap::new();
-            let mut built: Vec<(u64, Vec<u8>, u64)> = Vec::new();
-            // The blocks these children replace, freed together (in block order: those of a
-            // stream lie one after another).
-            let mut replaced: Vec<BlkPtr> = Vec::new();
-            for (pidx, group) in groups {
+            // Like `children`, `parents` is in block order, the built blocks' slots filled
+            // once they are written.
+            let mut parents: Vec<(u64, BlkPtr)> = Vec::with_capacity(children.len() / FANOUT + 1);
+            let mut built: Vec<(usize, Vec<u8>, u64)> = Vec::new();
+            for group in children.chunk_by(|a, b| a.0 >> IND_SHIFT == b.0 >> IND_SHIFT) {
+                let pidx = group[0].0 >> IND_SHIFT;
                 let old_parent = if level < old.nlevels {
                     lookup(io, &old, level, pidx)?
                 } else {
@@ -859,7 +870,7 @@ impl Object {
                 } else {
                     io.read_bp(&old_parent)?.to_vec()
                 };
-                for (idx, bp) in group {
+                for &(idx, bp) in group {
                     let slot = (idx as usize) & (FANOUT - 1);
                     let prev = bp_at(&content, slot);
                     if !prev.is_hole() && prev != bp {
@@ -867,14 +878,14 @@ impl Object {
                     }
                     set_bp(&mut content, slot, &bp);
                 }
+                io.zio.free_all(&replaced, txg, self.class);
+                replaced.clear();
                 if (0..FANOUT).any(|s| !bp_at(&content, s).is_hole()) {
                     let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
-                    built.push((pidx, content, fill));
-                } else {
-                    parents.insert(pidx, BlkPtr::HOLE);
+                    built.push((parents.len(), content, fill));
                 }
+                parents.push((pidx, BlkPtr::HOLE));
             }
-            io.zio.free_all(&replaced, txg, self.class);
             let props = WriteProps { level, ..ind_props };
             let contents: Vec<&[u8]> = built.iter().map(|(_, c, _)| c.as_slice()).collect();
             let bps = if contents.is_empty() {
@@ -882,17 +893,17 @@ impl Object {
             } else {
                 io.zio.write_batch(&contents, props, txg)?
             };
-            for ((pidx, content, fill), mut bp) in built.into_iter().zip(bps) {
+            for ((slot, content, fill), mut bp) in built.into_iter().zip(bps) {
                 bp.fill = fill.into();
                 io.cache.insert(&bp, Arc::new(content));
-                parents.insert(pidx, bp);
+                parents[slot].1 = bp;
             }
             children = parents;
         }
         if new.nlevels == old.nlevels && old.nlevels > 1 {
             old_root_replaced = true;
         }
-        let root = children.get(&0).copied().unwrap_or(if old_root_replaced {
+        let root = first(&children).unwrap_or(if old_root_replaced {
             BlkPtr::HOLE
         } else {
             old.root
@@ -1029,8 +1040,12 @@ fn sync_patched(
     patched: &[Patched],
     props: WriteProps,
     txg: u64,
-    children: &mut BTreeMap<u64, BlkPtr>,
-) -> Result<(), ZioError> {
+) -> Result<Vec<BlkPtr>, ZioError> {
+    // Each patched block's new pointer, in order.
+    let mut out = vec![BlkPtr::HOLE; patched.len()];
+    if patched.is_empty() {
+        return Ok(out);
+    }
     let block_bytes = old.data_block_bytes.get() as usize;
     let mut leaves = Leaves::new(old);
     let mut at = Vec::with_capacity(patched.len());
@@ -1042,6 +1057,7 @@ fn sync_patched(
         .chunks(per_batch)
         .zip(at.chunks(per_batch))
         .collect();
+    let outs = out.chunks_mut(per_batch);
     std::thread::scope(|s| {
         // One thread reads the batches after the first, each while this one writes the one
         // before (the channel holds none: the reader waits with each batch until it is
@@ -1050,29 +1066,32 @@ fn sync_patched(
         // its stack's mapping and unmapping, hundreds of times a txg. If no thread can be
         // had, or it stops, this one reads the batches itself.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Bases>(0);
-        let ahead = &batches[batches.len().min(1)..];
-        let reader = std::thread::Builder::new()
-            .name("patch-bases".into())
-            .spawn_scoped(s, move || {
-                for &(_, at) in ahead {
-                    if tx.send(read_bases(io, at)).is_err() {
-                        break; // the sync stopped at an error
+        let ahead = &batches[1..];
+        let reader = !ahead.is_empty()
+            && std::thread::Builder::new()
+                .name("patch-bases".into())
+                .spawn_scoped(s, move || {
+                    for &(_, at) in ahead {
+                        if tx.send(read_bases(io, at)).is_err() {
+                            break; // the sync stopped at an error
+                        }
                     }
-                }
-            })
-            .is_ok();
-        for (k, &(batch, at)) in batches.iter().enumerate() {
+                })
+                .is_ok();
+        for (k, (&(batch, at), out)) in batches.iter().zip(outs).enumerate() {
             let bases = match k > 0 && reader {
                 true => rx.recv().unwrap_or_else(|_| read_bases(io, at)),
                 false => read_bases(io, at),
             };
-            write_patched(io, batch, at, bases, block_bytes, props, txg, children)?;
+            write_patched(io, batch, at, bases, block_bytes, props, txg, out)?;
         }
-        Ok(())
-    })
+        Ok::<(), ZioError>(())
+    })?;
+    Ok(out)
 }
 
-/// Lays one batch of patched blocks over what they held (`bases`) and writes them.
+/// Lays one batch of patched blocks over what they held (`bases`) and writes them; their
+/// new pointers go to `out`, in order.
 #[allow(clippy::too_many_arguments)]
 fn write_patched(
     io: &ObjectIo,
@@ -1082,18 +1101,18 @@ fn write_patched(
     block_bytes: usize,
     props: WriteProps,
     txg: u64,
-    children: &mut BTreeMap<u64, BlkPtr>,
+    out: &mut [BlkPtr],
 ) -> Result<(), ZioError> {
-    // Each block's id, its bytes, and its checksum if already known.
-    let mut built: Vec<(u64, Vec<u8>, Option<Checksum>)> = Vec::new();
-    for (((blkid, pieces), bp), base) in batch.iter().zip(at).zip(bases) {
+    // Each block's place in the batch, its bytes, and its checksum if already known.
+    let mut built: Vec<(usize, Vec<u8>, Option<Checksum>)> = Vec::new();
+    for (i, (((_, pieces), bp), base)) in batch.iter().zip(at).zip(bases).enumerate() {
         match base {
             Ok(base) => {
                 let (b, sum) = overlay_summed(base, bp, pieces, block_bytes, props.checksum);
                 if is_zero(&b) {
-                    children.insert(*blkid, BlkPtr::HOLE);
+                    out[i] = BlkPtr::HOLE;
                 } else {
-                    built.push((*blkid, b, sum));
+                    built.push((i, b, sum));
                 }
             }
             // No copy of what the block held verifies: the pieces cannot be laid over it
@@ -1102,7 +1121,7 @@ fn write_patched(
             // it (counted; the failed read counted the damage).
             Err(_) => {
                 io.zio.stats.lost_patches.fetch_add(1, Ordering::Relaxed);
-                children.insert(*blkid, *bp);
+                out[i] = *bp;
             }
         }
     }
@@ -1112,9 +1131,9 @@ fn write_patched(
     let bufs: Vec<&[u8]> = built.iter().map(|(_, b, _)| b.as_slice()).collect();
     let sums: Vec<Option<Checksum>> = built.iter().map(|(_, _, sum)| *sum).collect();
     let bps = io.zio.write_batch_summed(&bufs, &sums, props, txg)?;
-    for ((blkid, b, _), bp) in built.into_iter().zip(bps) {
+    for ((i, b, _), bp) in built.into_iter().zip(bps) {
         io.cache.insert(&bp, Arc::new(b));
-        children.insert(blkid, bp);
+        out[i] = bp;
     }
     Ok(())
 }

@@ -112,9 +112,12 @@ const PARALLEL_READ_BYTES: usize = 512 << 10;
 
 /// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
 /// batch allocated them, so adjacent ones come together.
-fn copies_in_order(bps: &[BlkPtr]) -> impl Iterator<Item = &Dva> {
+fn copies_in_order<'a>(
+    bps: impl IntoIterator<Item = &'a BlkPtr, IntoIter: Clone>,
+) -> impl Iterator<Item = &'a Dva> {
+    let bps = bps.into_iter();
     (0..3).flat_map(move |c| {
-        bps.iter()
+        bps.clone()
             .map(move |bp| &bp.dva[c])
             .filter(|d| !d.is_empty())
     })
@@ -593,7 +596,7 @@ impl Zio {
     /// ahead of their txg, now that the txg's tree points at them; under one hold of the
     /// allocator, the copies of blocks written one after another as one extent each
     /// (`Allocator::record_alloc_all`).
-    pub fn adopt_all(&self, bps: &[BlkPtr]) {
+    pub fn adopt_all<'a>(&self, bps: impl IntoIterator<Item = &'a BlkPtr, IntoIter: Clone>) {
         self.alloc.lock().record_alloc_all(copies_in_order(bps));
     }
 
