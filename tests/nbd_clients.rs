@@ -319,6 +319,9 @@ fn fio_nbd_engine_verifies_at_several_sizes_and_depths() {
         ("4k", 32, "tank/b"),
         ("64k", 16, "tank/a"),
         ("128k", 4, "tank/b"),
+        // Many long reads at once: their replies are handed between workers (`Replies`).
+        ("128k", 32, "tank/a"),
+        ("512k", 16, "tank/b"),
     ] {
         let out = run(
             // fio leaves a verify state file in its working directory: not in the repo.

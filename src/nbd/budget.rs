@@ -92,7 +92,7 @@ impl Budget {
 
     /// Bytes neither in flight nor in kept buffers.
     #[cfg(test)]
-    fn available(&self) -> u64 {
+    pub(super) fn available(&self) -> u64 {
         self.state.lock().available
     }
 }

@@ -1,8 +1,9 @@
 //! The transmission phase of one connection: a reader thread frames requests and hands them
 //! to the server's worker pool (or runs one itself when nothing else is in flight, and serves
 //! short reads whose blocks it can have without waiting for a device); workers
-//! run them against the volume and write replies, in whatever order they finish, under the
-//! connection's send lock.
+//! run them against the volume and reply, in whatever order they finish, through the
+//! connection's `Replies` (one thread writes to the socket at a time; the others leave
+//! their replies to it).
 //!
 //! Memory is bounded by the server-wide in-flight budget: the reader takes budget for a
 //! request's data before reading its payload (or before issuing a read), and a request gives
@@ -10,7 +11,7 @@
 //! the socket, which is TCP's backpressure on the client.
 
 use std::cell::{Cell, RefCell};
-use std::io::{self, BufReader, IoSlice, Write};
+use std::io::{self, BufReader};
 use std::net::TcpStream;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ use parking_lot::{Condvar, Mutex};
 use super::budget::{Budget, Grant};
 use super::handshake::Session;
 use super::proto::*;
+use super::replies::{
+    give_back_read_buffer, take_read_buffer, with_read_buffer, Replies, QUEUED_REPLY_BYTES,
+};
 use super::workers::Workers;
 use crate::dsl::PoolError;
 use crate::zvol::{after_wakeups, Done, VolError, Volume};
@@ -29,15 +33,9 @@ const MAX_STATUS_SPAN: u64 = 1 << 30;
 /// The longest range one CACHE request prefetches; the rest is a hint we may ignore.
 const MAX_CACHE_SPAN: u64 = 64 << 20;
 
-/// Replies up to this long are queued and sent together with others (see `Shared::send`);
-/// longer ones are written from where they lie.
-const QUEUED_REPLY_BYTES: usize = 64 << 10;
-
 pub struct Shared {
     pub session: Session,
-    send: Mutex<TcpStream>,
-    /// Replies waiting for whoever holds `send` to write them.
-    queued: Mutex<Vec<u8>>,
+    replies: Replies,
     inflight: Mutex<usize>,
     drained: Condvar,
 }
@@ -78,41 +76,44 @@ impl Shared {
     /// requests buffered (`read_here`).
     fn send(self: &Arc<Self>, bufs: &[&[u8]]) {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
-        if len <= QUEUED_REPLY_BYTES {
-            let mut q = self.queued.lock();
-            bufs.iter().for_each(|b| q.extend_from_slice(b));
-            drop(q);
+        if len > QUEUED_REPLY_BYTES {
+            self.replies.write_now(bufs);
+        } else {
+            self.replies.queue(bufs);
             if !hold(self) {
-                self.drain_queue();
+                self.replies.drain();
             }
-            return;
         }
-        let mut s = self.send.lock();
-        let queued = std::mem::take(&mut *self.queued.lock());
-        let mut all: Vec<&[u8]> = Vec::with_capacity(bufs.len() + 1);
-        all.push(&queued);
-        all.extend_from_slice(bufs);
-        let _ = write_all_vectored(&mut s, &all);
-        drop(s);
-        self.drain_queue();
     }
 
-    /// Writes queued replies until the queue is empty or another thread holds the socket.
-    /// The queue is looked at again after the socket is let go: a reply queued while this
-    /// thread held it found the socket taken and was left to this thread.
-    fn drain_queue(&self) {
-        loop {
-            let Some(mut s) = self.send.try_lock() else {
-                return; // the holder will look at the queue after us
-            };
-            let batch = std::mem::take(&mut *self.queued.lock());
-            if !batch.is_empty() {
-                let _ = write_all_vectored(&mut s, &[&batch]);
-            }
-            drop(s);
-            if self.queued.lock().is_empty() {
-                return;
-            }
+    /// Replies to a read with `len` bytes of `data`, a buffer from `take_read_buffer`, which
+    /// goes back to the buffers (with the read's `grant` to the budget) once the reply is on
+    /// the wire. A long reply that finds the socket taken is left to the thread writing
+    /// (`Replies::send_long`).
+    fn reply_read(self: &Arc<Self>, req: &Request, data: Vec<u8>, len: usize, grant: Grant) {
+        let structured;
+        let simple;
+        let head: &[u8] = if self.session.structured {
+            let h = chunk_header(
+                req.cookie,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                len as u32 + 8,
+            );
+            let mut b = [0u8; 28];
+            b[..20].copy_from_slice(&h);
+            b[20..].copy_from_slice(&req.offset.to_be_bytes());
+            structured = b;
+            &structured
+        } else {
+            simple = simple_reply_header(req.cookie, 0);
+            &simple
+        };
+        if len > QUEUED_REPLY_BYTES {
+            self.replies.send_long(head, data, len, grant);
+        } else {
+            self.send(&[head, &data[..len]]);
+            give_back_read_buffer(data);
         }
     }
 
@@ -184,33 +185,8 @@ fn hold(sh: &Arc<Shared>) -> bool {
 /// Sends what each held connection queued (`hold`).
 pub(super) fn send_held() {
     for sh in HELD.with(|held| std::mem::take(&mut *held.borrow_mut())) {
-        sh.drain_queue();
+        sh.replies.drain();
     }
-}
-
-fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> io::Result<()> {
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    let mut done = 0usize;
-    while done < total {
-        // Rebuild the slice list past what has been written (short writes are rare).
-        let mut skip = done;
-        let mut slices = Vec::with_capacity(bufs.len());
-        for b in bufs {
-            if skip >= b.len() {
-                skip -= b.len();
-                continue;
-            }
-            slices.push(IoSlice::new(&b[skip..]));
-            skip = 0;
-        }
-        match s.write_vectored(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Serves requests until the client disconnects (DISC, EOF, a framing error) or the socket is
@@ -221,8 +197,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     };
     let shared = Arc::new(Shared {
         session,
-        send: Mutex::new(send),
-        queued: Mutex::new(Vec::new()),
+        replies: Replies::new(send),
         inflight: Mutex::new(0),
         drained: Condvar::new(),
     });
@@ -313,10 +288,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     }
     shared.wait_drained();
     // Every reply is queued or written by now; write what a last holder may have left.
-    let mut s = shared.send.lock();
-    let rest = std::mem::take(&mut *shared.queued.lock());
-    let _ = write_all_vectored(&mut s, &[&rest]);
-    let _ = s.shutdown(std::net::Shutdown::Both);
+    shared.replies.close();
 }
 
 /// Reads a request's `len` bytes of payload into `p`'s spare capacity: what the reader has
@@ -471,11 +443,18 @@ fn execute(
     }
     let applied = match req.kind {
         CMD_READ => {
-            with_read_buffer(req.length as usize, |buf| match vol.read(req.offset, buf) {
-                Ok(()) => sh.reply_data(&req, buf),
-                Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
-            });
-            None
+            let len = req.length as usize;
+            let mut buf = take_read_buffer(len);
+            match vol.read(req.offset, &mut buf[..len]) {
+                Ok(()) => sh.reply_read(&req, buf, len, grant),
+                Err(e) => {
+                    give_back_read_buffer(buf);
+                    sh.reply_err(&req, error_code(&e), &e.to_string());
+                    drop(grant);
+                }
+            }
+            sh.finish_one();
+            return;
         }
         CMD_WRITE => {
             let payload = payload.unwrap_or_default();
@@ -591,32 +570,6 @@ fn write_here(sh: &Arc<Shared>, req: &Request, data: &[u8], more: bool) -> bool 
     }
     READER_HAS_MORE.with(|m| m.set(false));
     true
-}
-
-/// Reads up to this long reuse their worker's buffer; longer ones allocate their own.
-const REUSED_READ_BYTES: usize = 256 << 10;
-
-thread_local! {
-    /// A worker's (or a connection reader's) read buffer. A reply is sent, or copied into
-    /// the connection's queue, before the thread takes its next request, so one buffer a
-    /// thread is enough; allocating and zeroing a fresh one per read cost as much as copying
-    /// the data into it.
-    static READ_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` on a buffer of `len` bytes (contents unspecified: the volume read overwrites
-/// every byte).
-fn with_read_buffer<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    if len > REUSED_READ_BYTES {
-        return f(&mut vec![0u8; len]);
-    }
-    READ_BUFFER.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < len {
-            b.resize(REUSED_READ_BYTES, 0);
-        }
-        f(&mut b[..len])
-    })
 }
 
 /// Replies to a change: at once if it failed or needs no durability, else once the volume's

@@ -3,14 +3,15 @@
 //!
 //! Architecture invariant: `nbd` sees volumes only through `zvol::Volume` (and lists them
 //! through `dsl::Pool`); it knows nothing of blocks, txgs or devices. Durability comes from
-//! `Volume::flush`, which commits the pool's open txg, so a FLUSH on any connection covers the
-//! writes replied to on every connection.
+//! `Volume::flush_then`, which commits the volume's intent log, and the log holds the writes
+//! replied to on every connection, so a FLUSH on any connection covers them all.
 
 mod budget;
 mod conn;
 mod exports;
 mod handshake;
 pub mod proto;
+mod replies;
 mod server;
 mod workers;
 
