@@ -307,7 +307,7 @@ pub struct MemoryArgs {
     #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub cache: String,
     /// Written data a pool holds in memory before writers wait for a txg to sync [default:
-    /// a tenth of the machine's memory (or of the cgroup's limit), between 128M and 1G].
+    /// a tenth of the machine's memory (or of the cgroup's limit), between 128M and 4G].
     /// A txg syncs once a quarter of it is held: larger txgs rewrite each indirect block
     /// once for more of the data blocks under it.
     #[arg(long, value_name = "SIZE")]
