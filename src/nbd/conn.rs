@@ -91,24 +91,8 @@ impl Shared {
     /// the wire. A long reply that finds the socket taken is left to the thread writing
     /// (`Replies::send_long`).
     fn reply_read(self: &Arc<Self>, req: &Request, data: Vec<u8>, len: usize, grant: Grant) {
-        let structured;
-        let simple;
-        let head: &[u8] = if self.session.structured {
-            let h = chunk_header(
-                req.cookie,
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_OFFSET_DATA,
-                len as u32 + 8,
-            );
-            let mut b = [0u8; 28];
-            b[..20].copy_from_slice(&h);
-            b[20..].copy_from_slice(&req.offset.to_be_bytes());
-            structured = b;
-            &structured
-        } else {
-            simple = simple_reply_header(req.cookie, 0);
-            &simple
-        };
+        let (head, head_len) = self.read_head(req, len);
+        let head = &head[..head_len];
         if len > QUEUED_REPLY_BYTES {
             self.replies.send_long(head, data, len, grant);
         } else {
@@ -144,14 +128,23 @@ impl Shared {
     }
 
     fn reply_data(self: &Arc<Self>, req: &Request, data: &[u8]) {
+        let (head, head_len) = self.read_head(req, data.len());
+        self.send(&[&head[..head_len], data]);
+    }
+
+    /// The header of a read's successful reply carrying `len` bytes, and its length: a
+    /// structured OFFSET_DATA chunk with the offset, or a simple reply.
+    fn read_head(&self, req: &Request, len: usize) -> ([u8; 28], usize) {
+        let mut head = [0u8; 28];
         if self.session.structured {
-            self.send_chunk(
-                req,
-                REPLY_TYPE_OFFSET_DATA,
-                &[&req.offset.to_be_bytes(), data],
-            );
+            let chunk = len as u32 + 8; // the offset, then the data
+            let h = chunk_header(req.cookie, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, chunk);
+            head[..20].copy_from_slice(&h);
+            head[20..].copy_from_slice(&req.offset.to_be_bytes());
+            (head, 28)
         } else {
-            self.send(&[&simple_reply_header(req.cookie, 0), data]);
+            head[..16].copy_from_slice(&simple_reply_header(req.cookie, 0));
+            (head, 16)
         }
     }
 }
