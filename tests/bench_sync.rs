@@ -70,6 +70,8 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
         let vb = if zeta_pool { Some(131072) } else { None };
         assert_eq!(r["volblocksize"].as_u64(), vb, "{r}");
         assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        // One run by default, numbered from 1.
+        assert_eq!(r["run"].as_u64(), Some(1), "{r}");
         let mean = r["lat_mean_us"].as_f64().unwrap();
         let p99 = r["lat_p99_us"].as_f64().unwrap();
         assert!(mean > 0.0 && p99 > 0.0, "{r}");
@@ -131,6 +133,7 @@ fn bad_arguments_are_one_line() {
         (&["--size", "10M"], "at least 16M"),
         (&["--runtime", "0"], "from 1 to 3600"),
         (&["--pool-scale", "1"], "from 2 to 64"),
+        (&["--runs", "0"], "from 1 to 9"),
     ] {
         let out = zeta(&[&["bench", "sync"][..], args].concat());
         let err = String::from_utf8_lossy(&out.stderr);

@@ -443,6 +443,13 @@ pub struct BenchSyncArgs {
     /// Volume block sizes, comma-separated [default: 128K,16K, or 128K with --quick].
     #[arg(long, value_name = "LIST")]
     pub volblocksize: Option<String>,
+    /// Measure everything N times, taking turns (every target of a point once, then again),
+    /// and print the run of median IOPS of each target in the tables; with --json, every
+    /// run's row, numbered by "run". A shared or virtual machine's speed can drift by a third
+    /// within minutes: one run per target can catch one in a slow spell and its peer in a
+    /// fast one.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub runs: u32,
     /// Debugging only: create the pools without the zil.* properties and do without `zeta pool
     /// iostat` where it is missing, for builds that predate them. Both configurations are then
     /// the same default pool.

@@ -93,6 +93,8 @@ struct Plan {
     runtime: Duration,
     volblocksizes: Vec<u32>,
     points: Vec<Point>,
+    /// Each target is measured this many times (`--runs`).
+    runs: u32,
     zil_props: bool,
 }
 
@@ -122,10 +124,22 @@ struct Row {
     volblocksize: Option<u32>,
     gen: Gen,
     zil: Zil,
+    /// Which of the plan's runs, from 1.
+    run: u32,
     m: Measured,
 }
 
 impl Row {
+    /// Rows of the same target at the same point: the runs of one measurement.
+    fn same_target(&self, o: &Row) -> bool {
+        self.point.bs_bytes == o.point.bs_bytes
+            && self.point.writes_per_flush == o.point.writes_per_flush
+            && self.qd1_fua == o.qd1_fua
+            && self.volblocksize == o.volblocksize
+            && self.gen == o.gen
+            && self.zil.commit == o.zil.commit
+    }
+
     fn json(&self) -> Value {
         json!({
             "bs": self.point.bs_bytes,
@@ -141,6 +155,7 @@ impl Row {
             "lat_p99_us": self.m.lat_p99_us,
             "writes_per_flush": self.m.writes_per_flush,
             "log_blocks_per_device": self.m.log_blocks_per_device,
+            "run": self.run,
         })
     }
 }
@@ -192,52 +207,58 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
     if !args.json {
         print_header(&plan);
     }
-    let total = plan.points.len() * (2 * (plan.volblocksizes.len() * 2 + 1) + 1)
+    let per_run = plan.points.len() * (2 * (plan.volblocksizes.len() * 2 + 1) + 1)
         + plan.volblocksizes.len()
         + 2;
+    let total = per_run * plan.runs as usize;
     let mut done = 0usize;
     for &point in &plan.points {
         let mut rows = Vec::new();
-        for gen in [Gen::Fio, Gen::ZetaLoad] {
-            let mut targets: Vec<(Option<u32>, Zil)> = Vec::new();
-            for &vb in &plan.volblocksizes {
-                targets.push((Some(vb), BASELINE));
-                targets.push((Some(vb), OPTIMIZED));
-            }
-            if gen == Gen::Fio {
-                // fio alone drives the raw files: they are not an NBD export.
-                targets.push((None, RAW));
-            }
-            targets.push((None, NBDKIT));
-            for (vb, zil) in targets {
-                check_stop(&stop)?;
-                done += 1;
-                progress(done, total, point, vb, gen, zil);
-                let dir = work.sub(done)?;
-                let m = match (vb, zil.commit) {
-                    (Some(vb), _) => {
-                        measure_zeta(&dir, &mut files, &plan, point, vb, zil, gen, &stop)
-                    }
-                    (None, "raw") => measure_raw(&dir, &mut files, &plan, point, &stop),
-                    (None, _) => measure_nbdkit(&dir, &mut files, &plan, point, gen, &stop),
-                };
-                drop(dir);
-                // A failure caused by Ctrl-C (a server that went away) is reported as such.
-                check_stop(&stop)?;
-                let row = Row {
-                    point,
-                    qd1_fua: false,
-                    volblocksize: vb,
-                    gen,
-                    zil,
-                    m: m?,
-                };
-                keep(row, args.json, &mut rows);
+        for run in 1..=plan.runs {
+            for gen in [Gen::Fio, Gen::ZetaLoad] {
+                let mut targets: Vec<(Option<u32>, Zil)> = Vec::new();
+                for &vb in &plan.volblocksizes {
+                    targets.push((Some(vb), BASELINE));
+                    targets.push((Some(vb), OPTIMIZED));
+                }
+                if gen == Gen::Fio {
+                    // fio alone drives the raw files: they are not an NBD export.
+                    targets.push((None, RAW));
+                }
+                targets.push((None, NBDKIT));
+                for (vb, zil) in targets {
+                    check_stop(&stop)?;
+                    done += 1;
+                    progress(done, total, &plan, run, point, vb, gen, zil);
+                    let dir = work.sub(done)?;
+                    let m = match (vb, zil.commit) {
+                        (Some(vb), _) => {
+                            measure_zeta(&dir, &mut files, &plan, point, vb, zil, gen, &stop)
+                        }
+                        (None, "raw") => measure_raw(&dir, &mut files, &plan, point, &stop),
+                        (None, _) => measure_nbdkit(&dir, &mut files, &plan, point, gen, &stop),
+                    };
+                    drop(dir);
+                    // A failure caused by Ctrl-C (a server that went away) is reported as
+                    // such.
+                    check_stop(&stop)?;
+                    let row = Row {
+                        point,
+                        qd1_fua: false,
+                        volblocksize: vb,
+                        gen,
+                        zil,
+                        run,
+                        m: m?,
+                    };
+                    keep(row, args.json, &mut rows);
+                }
             }
         }
         if !args.json {
+            let shown = medians(&rows);
             for &vb in &plan.volblocksizes {
-                print_table(&plan, point, vb, &rows);
+                print_table(&plan, point, vb, &shown);
             }
         }
     }
@@ -267,75 +288,79 @@ fn latency_section(
     let mut targets: Vec<(Option<u32>, Zil)> = vec![(None, RAW)];
     targets.extend(plan.volblocksizes.iter().map(|&vb| (Some(vb), OPTIMIZED)));
     targets.push((None, NBDKIT));
-    for (vb, zil) in targets {
-        check_stop(stop)?;
-        *done += 1;
-        eprintln!(
-            "[{done}/{total}] 4K writes at queue depth 1 with FUA{}: {}",
-            vb.map_or(String::new(), |v| format!(", volblocksize {}", kib(v))),
-            if vb.is_some() {
-                "zeta group/global"
-            } else {
-                zil.commit
-            }
-        );
-        let dir = work.sub(*done)?;
-        let m = match (vb, zil.commit) {
-            (Some(vb), _) => {
-                let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
-                let m = fua_qd1(srv.addr, &format!("{POOL}/v0"), plan, stop);
-                stop_zeta(srv, &dir.0)?;
-                m
-            }
-            (None, "raw") => {
-                let files = files.plain(plan)?;
-                let args: Vec<String> = vec![
-                    "--rw=randwrite".into(),
-                    "--bs=4096".into(),
-                    "--ioengine=psync".into(),
-                    "--fdatasync=1".into(),
-                    "--time_based".into(),
-                    format!("--runtime={}", plan.runtime.as_secs()),
-                    format!("--size={}", plan.size_bytes),
-                    "--output-format=json".into(),
-                    "--name=raw".into(),
-                    format!("--filename={}", files[0].display()),
-                ];
-                run_fio(&args, &dir.0, plan, stop).map(|s| Measured {
-                    iops: s.iops,
-                    // At queue depth 1 a durable write takes 1 / IOPS: the pwrite and the
-                    // fdatasync after it (fio's own latency figures count the pwrite only).
-                    lat_mean_us: (s.iops > 0.0).then(|| 1e6 / s.iops),
-                    lat_p99_us: None,
-                    writes_per_flush: s.measured().writes_per_flush,
-                    log_blocks_per_device: None,
-                })
-            }
-            (None, _) => {
-                let (server, addr) = start_nbdkit(&dir, files, plan, stop)?;
-                let m = fua_qd1(addr, "f0", plan, stop);
-                server.stop()?;
-                m
-            }
-        };
-        drop(dir);
-        check_stop(stop)?;
-        let row = Row {
-            point,
-            qd1_fua: true,
-            volblocksize: vb,
-            gen: if zil.commit == "raw" {
-                Gen::Fio
-            } else {
-                Gen::ZetaLoad
-            },
-            zil,
-            m: m?,
-        };
-        keep(row, args.json, &mut rows);
+    for run in 1..=plan.runs {
+        for &(vb, zil) in &targets {
+            check_stop(stop)?;
+            *done += 1;
+            eprintln!(
+                "[{done}/{total}]{} 4K writes at queue depth 1 with FUA{}: {}",
+                run_label(plan, run),
+                vb.map_or(String::new(), |v| format!(", volblocksize {}", kib(v))),
+                if vb.is_some() {
+                    "zeta group/global"
+                } else {
+                    zil.commit
+                }
+            );
+            let dir = work.sub(*done)?;
+            let m = match (vb, zil.commit) {
+                (Some(vb), _) => {
+                    let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
+                    let m = fua_qd1(srv.addr, &format!("{POOL}/v0"), plan, stop);
+                    stop_zeta(srv, &dir.0)?;
+                    m
+                }
+                (None, "raw") => {
+                    let files = files.plain(plan)?;
+                    let args: Vec<String> = vec![
+                        "--rw=randwrite".into(),
+                        "--bs=4096".into(),
+                        "--ioengine=psync".into(),
+                        "--fdatasync=1".into(),
+                        "--time_based".into(),
+                        format!("--runtime={}", plan.runtime.as_secs()),
+                        format!("--size={}", plan.size_bytes),
+                        "--output-format=json".into(),
+                        "--name=raw".into(),
+                        format!("--filename={}", files[0].display()),
+                    ];
+                    run_fio(&args, &dir.0, plan, stop).map(|s| Measured {
+                        iops: s.iops,
+                        // At queue depth 1 a durable write takes 1 / IOPS: the pwrite and the
+                        // fdatasync after it (fio's own latency figures count the pwrite only).
+                        lat_mean_us: (s.iops > 0.0).then(|| 1e6 / s.iops),
+                        lat_p99_us: None,
+                        writes_per_flush: s.measured().writes_per_flush,
+                        log_blocks_per_device: None,
+                    })
+                }
+                (None, _) => {
+                    let (server, addr) = start_nbdkit(&dir, files, plan, stop)?;
+                    let m = fua_qd1(addr, "f0", plan, stop);
+                    server.stop()?;
+                    m
+                }
+            };
+            drop(dir);
+            check_stop(stop)?;
+            let row = Row {
+                point,
+                qd1_fua: true,
+                volblocksize: vb,
+                gen: if zil.commit == "raw" {
+                    Gen::Fio
+                } else {
+                    Gen::ZetaLoad
+                },
+                zil,
+                run,
+                m: m?,
+            };
+            keep(row, args.json, &mut rows);
+        }
     }
     if !args.json {
-        print_latency_table(&rows);
+        print_latency_table(&medians(&rows));
     }
     Ok(())
 }
@@ -348,6 +373,22 @@ fn keep(row: Row, json: bool, rows: &mut Vec<Row>) {
         let _ = std::io::stdout().flush();
     }
     rows.push(row);
+}
+
+/// Of each target's runs in `rows`, the one of median IOPS (the lower middle one of an even
+/// number), in the order the targets were first measured. A whole run is taken, not each
+/// figure's median on its own, so a row's latencies and counts are those of its IOPS.
+fn medians(rows: &[Row]) -> Vec<&Row> {
+    let mut out: Vec<&Row> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        if rows[..i].iter().any(|o| o.same_target(r)) {
+            continue;
+        }
+        let mut runs: Vec<&Row> = rows[i..].iter().filter(|o| o.same_target(r)).collect();
+        runs.sort_by(|a, b| a.m.iops.total_cmp(&b.m.iops));
+        out.push(runs[(runs.len() - 1) / 2]);
+    }
+    out
 }
 
 /// One zeta-load connection to `export`: one 4K write in flight, each with FUA.
@@ -373,7 +414,7 @@ fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Re
     })
 }
 
-fn print_latency_table(rows: &[Row]) {
+fn print_latency_table(rows: &[&Row]) {
     let raw = rows
         .iter()
         .find(|r| r.zil.commit == RAW.commit)
@@ -427,6 +468,9 @@ fn plan(args: &BenchSyncArgs) -> Result<Plan> {
         .clone()
         .unwrap_or_else(|| if args.quick { "128K" } else { "128K,16K" }.into());
     let volblocksizes = parse_volblocksizes(&list)?;
+    if !(1..=9).contains(&args.runs) {
+        return Err(usage("--runs must be from 1 to 9"));
+    }
     let points = if args.quick {
         vec![Point {
             bs_bytes: 4096,
@@ -453,6 +497,7 @@ fn plan(args: &BenchSyncArgs) -> Result<Plan> {
         runtime: Duration::from_secs(runtime_s),
         volblocksizes,
         points,
+        runs: args.runs,
         zil_props: !args.no_zil_props,
     })
 }
@@ -501,19 +546,39 @@ fn check_tools() -> Result<()> {
     Ok(())
 }
 
-fn progress(done: usize, total: usize, p: Point, vb: Option<u32>, gen: Gen, zil: Zil) {
+#[allow(clippy::too_many_arguments)]
+fn progress(
+    done: usize,
+    total: usize,
+    plan: &Plan,
+    run: u32,
+    p: Point,
+    vb: Option<u32>,
+    gen: Gen,
+    zil: Zil,
+) {
     if !std::io::stderr().is_terminal() {
         return;
     }
     let vb = vb.map_or(String::new(), |v| format!(" volblocksize {}", kib(v)));
     eprintln!(
-        "[{done}/{total}] {} writes, flush every {}{vb}: {} on {}/{}",
+        "[{done}/{total}]{} {} writes, flush every {}{vb}: {} on {}/{}",
+        run_label(plan, run),
         kib(p.bs_bytes),
         p.writes_per_flush,
         gen.name(),
         zil.commit,
         zil.placement
     );
+}
+
+/// " run k/N" when the plan has more than one run.
+fn run_label(plan: &Plan, run: u32) -> String {
+    if plan.runs > 1 {
+        format!(" run {run}/{}:", plan.runs)
+    } else {
+        String::new()
+    }
 }
 
 /// The temporary directory of the run; removed when dropped.
@@ -1140,6 +1205,13 @@ fn print_header(plan: &Plan) {
         plan.pool_scale,
         plan.runtime.as_secs()
     );
+    if plan.runs > 1 {
+        println!(
+            "{} runs of every measurement, taking turns; each row is its target's run of median \
+             IOPS, and the ratios are between those rows",
+            plan.runs
+        );
+    }
     println!(
         "latency: fio = write lat (submission to completion), zeta-load = request sent to reply \
          read. w/flush: writes per flush actually sent. log blk/dev: log blocks written per \
@@ -1161,8 +1233,8 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.prec$}"))
 }
 
-fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[Row]) {
-    let same = |r: &&Row| {
+fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
+    let same = |r: &&&Row| {
         r.point.bs_bytes == p.bs_bytes
             && r.point.writes_per_flush == p.writes_per_flush
             && r.volblocksize.is_none_or(|v| v == vb)
@@ -1199,7 +1271,7 @@ fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[Row]) {
         "xnbdkit"
     );
     for r in rows.iter().filter(same) {
-        let ratio = |other: Option<&Row>| match (r.zil.commit, other) {
+        let ratio = |other: Option<&&Row>| match (r.zil.commit, other) {
             ("group", Some(o)) if o.m.iops > 0.0 => format!("{:.2}", r.m.iops / o.m.iops),
             _ => String::new(),
         };
@@ -1268,6 +1340,59 @@ mod tests {
         assert_eq!(server_writes_per_flush(&before, &after), Some(5.0));
         assert_eq!(log_blocks_delta(&json!({}), &after), None);
         assert_eq!(server_writes_per_flush(&json!({}), &after), None);
+    }
+
+    #[test]
+    fn the_median_run_of_each_target_is_shown() {
+        let row = |zil: Zil, run: u32, iops: f64| Row {
+            point: Point {
+                bs_bytes: 4096,
+                writes_per_flush: 5,
+            },
+            qd1_fua: false,
+            volblocksize: Some(131072),
+            gen: Gen::ZetaLoad,
+            zil,
+            run,
+            m: Measured {
+                iops,
+                lat_mean_us: Some(iops / 10.0),
+                lat_p99_us: None,
+                writes_per_flush: None,
+                log_blocks_per_device: None,
+            },
+        };
+        let rows = vec![
+            row(BASELINE, 1, 300.0),
+            row(OPTIMIZED, 1, 900.0),
+            row(BASELINE, 2, 100.0),
+            row(OPTIMIZED, 2, 700.0),
+            row(BASELINE, 3, 200.0),
+            row(OPTIMIZED, 3, 800.0),
+        ];
+        let shown = medians(&rows);
+        let got: Vec<(&str, u32, f64, Option<f64>)> = shown
+            .iter()
+            .map(|r| (r.zil.commit, r.run, r.m.iops, r.m.lat_mean_us))
+            .collect();
+        // Whole runs, each target once, in the order first measured.
+        assert_eq!(
+            got,
+            vec![
+                ("per-request", 3, 200.0, Some(20.0)),
+                ("group", 3, 800.0, Some(80.0))
+            ]
+        );
+        // Two runs: the lower one; one run: itself.
+        assert_eq!(medians(&rows[..4])[1].m.iops, 700.0);
+        assert_eq!(medians(&rows[..2]).len(), 2);
+        assert_eq!(medians(&rows[..1])[0].m.iops, 300.0);
+        // Another volume block size is another target.
+        let mut other = row(OPTIMIZED, 1, 5.0);
+        other.volblocksize = Some(16384);
+        let mut more = rows;
+        more.push(other);
+        assert_eq!(medians(&more).len(), 3);
     }
 
     #[test]
