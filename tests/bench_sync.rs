@@ -134,6 +134,7 @@ fn bad_arguments_are_one_line() {
         (&["--runtime", "0"], "from 1 to 3600"),
         (&["--pool-scale", "1"], "from 2 to 64"),
         (&["--runs", "0"], "from 1 to 9"),
+        (&["--points", "4K/0"], "from 1 to 1000"),
     ] {
         let out = zeta(&[&["bench", "sync"][..], args].concat());
         let err = String::from_utf8_lossy(&out.stderr);

@@ -421,7 +421,8 @@ pub struct BenchSyncArgs {
     /// Print one JSON object per line (a row per measurement) instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Only 4K writes with a flush every 5, volblocksize 128K, 10 s per measurement.
+    /// Only 4K writes with a flush every 5, volblocksize 128K, 10 s per measurement (where
+    /// --points, --volblocksize or --runtime do not say otherwise).
     #[arg(long)]
     pub quick: bool,
     /// Directory for the temporary pools and files (on the disk to measure).
@@ -443,6 +444,10 @@ pub struct BenchSyncArgs {
     /// Volume block sizes, comma-separated [default: 128K,16K, or 128K with --quick].
     #[arg(long, value_name = "LIST")]
     pub volblocksize: Option<String>,
+    /// Only these points, comma-separated, each a write size and a flush interval: "8K/5,4K/20"
+    /// [default: 4K/1,4K/5,4K/10,4K/20,8K/5,16K/5,32K/5, or 4K/5 with --quick].
+    #[arg(long, value_name = "LIST")]
+    pub points: Option<String>,
     /// Measure everything N times, taking turns (every target of a point once, then again),
     /// and print the run of median IOPS of each target in the tables; with --json, every
     /// run's row, numbered by "run". A shared or virtual machine's speed can drift by a third

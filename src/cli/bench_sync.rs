@@ -471,25 +471,12 @@ fn plan(args: &BenchSyncArgs) -> Result<Plan> {
     if !(1..=9).contains(&args.runs) {
         return Err(usage("--runs must be from 1 to 9"));
     }
-    let points = if args.quick {
-        vec![Point {
-            bs_bytes: 4096,
-            writes_per_flush: 5,
-        }]
-    } else {
+    let points = match (&args.points, args.quick) {
+        (Some(list), _) => parse_points(list)?,
+        (None, true) => parse_points(QUICK_POINTS)?,
         // 4K writes at four flush intervals, then four write sizes at a flush every 5 (whose
         // 4K point is already in the first set).
-        let mut p: Vec<Point> = [1, 5, 10, 20]
-            .map(|n| Point {
-                bs_bytes: 4096,
-                writes_per_flush: n,
-            })
-            .to_vec();
-        p.extend([8192, 16384, 32768].map(|bs| Point {
-            bs_bytes: bs,
-            writes_per_flush: 5,
-        }));
-        p
+        (None, false) => parse_points(ALL_POINTS)?,
     };
     Ok(Plan {
         size_bytes,
@@ -500,6 +487,44 @@ fn plan(args: &BenchSyncArgs) -> Result<Plan> {
         runs: args.runs,
         zil_props: !args.no_zil_props,
     })
+}
+
+/// The points: 4K writes at four flush intervals, then larger writes at a flush every 5.
+const ALL_POINTS: &str = "4K/1,4K/5,4K/10,4K/20,8K/5,16K/5,32K/5";
+const QUICK_POINTS: &str = "4K/5";
+
+/// "8K/5,4K/20": write sizes (whole 4K multiples up to 4M, as `zeta-load` takes) and flush
+/// intervals (1 to 1000), each point once.
+fn parse_points(list: &str) -> Result<Vec<Point>> {
+    let mut points: Vec<Point> = Vec::new();
+    for item in list.split(',') {
+        let bad = || usage(format!("--points '{item}': a point is SIZE/N, as in 8K/5"));
+        let (bs, n) = item.trim().split_once('/').ok_or_else(bad)?;
+        let bs_bytes = parse_size(bs).map_err(|_| bad())?;
+        let writes_per_flush: u32 = n.trim().parse().map_err(|_| bad())?;
+        if bs_bytes == 0 || !bs_bytes.is_multiple_of(4096) || bs_bytes > 4 << 20 {
+            return Err(usage(format!(
+                "--points '{item}': a write size is a multiple of 4K up to 4M"
+            )));
+        }
+        if !(1..=1000).contains(&writes_per_flush) {
+            return Err(usage(format!(
+                "--points '{item}': a flush interval is from 1 to 1000 writes"
+            )));
+        }
+        let p = Point {
+            bs_bytes: bs_bytes as u32,
+            writes_per_flush,
+        };
+        if points
+            .iter()
+            .any(|q| (q.bs_bytes, q.writes_per_flush) == (p.bs_bytes, p.writes_per_flush))
+        {
+            return Err(usage(format!("--points '{item}' is named twice")));
+        }
+        points.push(p);
+    }
+    Ok(points)
 }
 
 fn parse_volblocksizes(list: &str) -> Result<Vec<u32>> {
@@ -1393,6 +1418,32 @@ mod tests {
         let mut more = rows;
         more.push(other);
         assert_eq!(medians(&more).len(), 3);
+    }
+
+    #[test]
+    fn point_lists() {
+        let pairs = |list: &str| -> Vec<(u32, u32)> {
+            parse_points(list)
+                .unwrap()
+                .iter()
+                .map(|p| (p.bs_bytes, p.writes_per_flush))
+                .collect()
+        };
+        assert_eq!(pairs("8K/5, 4K/20"), vec![(8192, 5), (4096, 20)]);
+        assert_eq!(pairs(QUICK_POINTS), vec![(4096, 5)]);
+        assert_eq!(pairs(ALL_POINTS).len(), 7);
+        for bad in [
+            "8K",
+            "8K/0",
+            "6K/5",
+            "8M/5",
+            "x/5",
+            "4K/5,4K/5",
+            "",
+            "4K/1001",
+        ] {
+            assert!(parse_points(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
