@@ -205,9 +205,10 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
     for damage in ["torn", "corrupt"] {
         let (devs, pool) = one_device(1);
         let vol = Volume::open(&pool, "v0").unwrap();
-        let first = pattern(10, 16384);
-        let second = pattern(11, 16384);
-        let third = pattern(12, 16384);
+        // Parts of 16K blocks, logged by value: each record spans several sectors.
+        let first = pattern(10, 12288);
+        let second = pattern(11, 12288);
+        let third = pattern(12, 12288);
         vol.write(0, &first).unwrap();
         vol.flush().unwrap();
         vol.write(16384, &second).unwrap();
@@ -230,15 +231,15 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
         let pool = reimport(&cut);
         let vol = Volume::open(&pool, "v0").unwrap();
         assert_eq!(
-            read(&vol, 0, 16384),
+            read(&vol, 0, 12288),
             first,
             "{damage}: the block before survives"
         );
         // The chain ends at the damaged block: what it and every later block held is gone
         // (neither was complete, so neither was acknowledged in a real crash), and nothing
         // else is touched.
-        assert_eq!(read(&vol, 16384, 16384), vec![0u8; 16384], "{damage}");
-        assert_eq!(read(&vol, 32768, 16384), vec![0u8; 16384], "{damage}");
+        assert_eq!(read(&vol, 16384, 12288), vec![0u8; 12288], "{damage}");
+        assert_eq!(read(&vol, 32768, 12288), vec![0u8; 12288], "{damage}");
         pool.verify().unwrap();
         // Not counted against the device: the end of a chain is expected.
         assert_eq!(pool.vdev_status()[0].leaves[0].cksum_errors, 0);
@@ -302,10 +303,11 @@ fn a_log_block_writes_and_holds_only_the_sectors_it_fills() {
     assert_eq!(read(&vol, 1 << 20, 4096), small);
 }
 
-/// A batch goes in blocks of up to 1 MiB: 48 records of 16K (768K) take the slot the chain
-/// named for them (sized from a small batch before) and one block more. (At 256 KiB, they
-/// took five blocks: each block is a durable write of its own, and 32K writes into 128K
-/// blocks ran a fifth slower that way.) A power cut then finds them all.
+/// A batch goes in blocks of up to 1 MiB: 64 records of 12K (768K, parts of 16K blocks, so
+/// logged by value) take the slot the chain named for them (sized from a small batch before)
+/// and one block more. (At 256 KiB, they took five blocks: each block is a durable write of
+/// its own, and 32K writes into 128K blocks ran a fifth slower that way.) A power cut then
+/// finds them all.
 #[test]
 fn a_large_batch_goes_in_one_block_of_up_to_a_mebibyte() {
     let (devs, pool) = one_device(1);
@@ -314,14 +316,14 @@ fn a_large_batch_goes_in_one_block_of_up_to_a_mebibyte() {
     vol.write(0, &pattern(30, 4096)).unwrap();
     vol.flush().unwrap();
     let before = pool.zil.stats();
-    let data = pattern(31, 48 * 16384);
-    for k in 0..48u64 {
-        let at = k as usize * 16384;
-        vol.write(16384 + k * 16384, &data[at..at + 16384]).unwrap();
+    let data = pattern(31, 64 * 12288);
+    for k in 0..64u64 {
+        let at = k as usize * 12288;
+        vol.write(16384 + k * 16384, &data[at..at + 12288]).unwrap();
     }
     vol.flush().unwrap();
     let after = pool.zil.stats();
-    assert!(after.bytes[0] - before.bytes[0] >= 48 * 16384);
+    assert!(after.bytes[0] - before.bytes[0] >= 64 * 12288);
     assert_eq!(
         after.blocks[0] - before.blocks[0],
         2,
@@ -332,7 +334,10 @@ fn a_large_batch_goes_in_one_block_of_up_to_a_mebibyte() {
     drop(pool);
     let pool = reimport(&cut);
     let vol = Volume::open(&pool, "v0").unwrap();
-    assert_eq!(read(&vol, 16384, 48 * 16384), data);
+    for k in 0..64u64 {
+        let at = k as usize * 12288;
+        assert_eq!(read(&vol, 16384 + k * 16384, 12288), &data[at..at + 12288]);
+    }
 }
 
 /// Freed ends of slots are taken again by other blocks while the blocks before them are
@@ -554,6 +559,67 @@ fn large_writes_go_in_place_logged_by_pointer_and_replay() {
         "{alloc} bytes allocated for {data} of data"
     );
     pool.verify().unwrap();
+}
+
+/// Whole 16K blocks that a flush needs go to their place as one durable write and are logged
+/// by pointer: written once rather than into the log and again at the txg, and with no flush
+/// of the devices, which would also wait for everything else written to them since the last
+/// one. On a stripe, a mirror (every child) and a raidz (each block its own rows).
+#[test]
+fn whole_block_sync_writes_go_in_place_durably_without_a_device_flush() {
+    for (layout, n) in [
+        (Layout::Stripe, 1),
+        (Layout::Mirror, 2),
+        (Layout::Raidz2, 6),
+    ] {
+        let devs = mem_devs(n, 96 * MB);
+        let pool = Pool::create(
+            "tank",
+            spec(layout, &devs),
+            log_opts(CommitPolicy::Group, Placement::Global),
+        )
+        .unwrap();
+        for v in ["v0", "v1"] {
+            pool.create_volume(v, 8 * MB, 16384, None).unwrap();
+        }
+        let v0 = Volume::open(&pool, "v0").unwrap();
+        let v1 = Volume::open(&pool, "v1").unwrap();
+        pool.sync_now().unwrap();
+        // Another volume's streaming write, placed on the devices and not flushed.
+        v1.write(0, &pattern(40, 64 << 10)).unwrap();
+        let unflushed = || devs.iter().map(|d| d.unflushed_writes()).sum::<usize>();
+        let before_writes = unflushed();
+        assert!(before_writes > 0, "{layout:?}");
+        let before = pool.zil.stats();
+        let data = pattern(41, 16 * 16384);
+        for k in 0..16u64 {
+            let at = k as usize * 16384;
+            v0.write(k * 2 * 16384, &data[at..at + 16384]).unwrap();
+        }
+        v0.flush().unwrap();
+        let after = pool.zil.stats();
+        assert_eq!(after.in_place - before.in_place, 16, "{layout:?}");
+        // Pointers, not the 256K of data.
+        let logged: u64 = after.bytes.iter().sum::<u64>() - before.bytes.iter().sum::<u64>();
+        assert!(logged <= 16 * 1024, "{layout:?}: {logged} bytes logged");
+        // Nothing flushed the devices: the other volume's write is still at a power cut's
+        // mercy.
+        assert_eq!(unflushed(), before_writes, "{layout:?}");
+        drop((v0, v1));
+        let cut = power_cut(&devs, PowerCut::DropUnflushed);
+        drop(pool);
+        let pool = reimport(&cut);
+        let v0 = Volume::open(&pool, "v0").unwrap();
+        for k in 0..16u64 {
+            let at = k as usize * 16384;
+            assert_eq!(
+                read(&v0, k * 2 * 16384, 16384),
+                &data[at..at + 16384],
+                "{layout:?}: block {k}"
+            );
+        }
+        pool.verify().unwrap();
+    }
 }
 
 #[test]

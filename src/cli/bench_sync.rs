@@ -216,17 +216,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
         let mut rows = Vec::new();
         for run in 1..=plan.runs {
             for gen in [Gen::Fio, Gen::ZetaLoad] {
-                let mut targets: Vec<(Option<u32>, Zil)> = Vec::new();
-                for &vb in &plan.volblocksizes {
-                    targets.push((Some(vb), BASELINE));
-                    targets.push((Some(vb), OPTIMIZED));
-                }
-                if gen == Gen::Fio {
-                    // fio alone drives the raw files: they are not an NBD export.
-                    targets.push((None, RAW));
-                }
-                targets.push((None, NBDKIT));
-                for (vb, zil) in targets {
+                for (vb, zil) in targets(&plan, gen) {
                     check_stop(&stop)?;
                     done += 1;
                     progress(done, total, &plan, run, point, vb, gen, zil);
@@ -265,6 +255,21 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
     latency_section(&work, &mut files, &plan, &args, &stop, &mut done, total)?;
     drop(work);
     Ok(())
+}
+
+/// What a point measures with generator `gen`: both configurations on each volume block size,
+/// the raw files (fio alone drives them: they are not an NBD export), and nbdkit.
+fn targets(plan: &Plan, gen: Gen) -> Vec<(Option<u32>, Zil)> {
+    let mut t: Vec<(Option<u32>, Zil)> = Vec::new();
+    for &vb in &plan.volblocksizes {
+        t.push((Some(vb), BASELINE));
+        t.push((Some(vb), OPTIMIZED));
+    }
+    if gen == Gen::Fio {
+        t.push((None, RAW));
+    }
+    t.push((None, NBDKIT));
+    t
 }
 
 /// The latency goal's measurement: one client, one 4K write in flight, each with FUA, against

@@ -324,63 +324,90 @@ pub struct Pool {
 }
 
 /// Whole-block writes of at least this size are written in place when a sync request needs
-/// them, and logged by block pointer (OpenZFS's `zfs_immediate_write_sz` is the same 32 KiB):
-/// the data is written once instead of into the log and again at the txg. Writes of this size
-/// put their whole blocks in place as they arrive, too (`zvol::STREAMING_WRITE_BYTES`).
-pub const IN_PLACE_MIN_BYTES: usize = 32 << 10;
+/// them, and logged by block pointer: the data is written once instead of into the log and
+/// again at the txg. The committer writes a batch's blocks as one durable run per device
+/// (`Pool::write_ahead`), so no flush of the data devices is needed, which would also wait for
+/// the writeback of the txg in flight. (OpenZFS's `zfs_immediate_write_sz` is 32 KiB, and
+/// the log then flushes the devices. Here 16K writes into 16K blocks with a flush every 5,
+/// `zeta bench load`, three volumes: 53.3k and 54.8k writes/s in place against 48.6k and
+/// 44.5k by value, builds taking turns.)
+pub const IN_PLACE_MIN_BYTES: usize = 16 << 10;
 
-/// How the log writes a volume's large whole-block writes in place.
+/// How the log writes a volume's whole-block writes in place.
 struct InPlace<'a> {
     pool: &'a Pool,
     ds: &'a Dataset,
 }
 
 impl Prewrite for InPlace<'_> {
-    fn prewrite(&self, rec: &Record) -> Option<(Record, Vec<u32>)> {
-        let Record::Write { txg, offset, data } = rec else {
-            return None;
-        };
-        let buf = data.whole_buffer()?;
+    fn prewrite(&self, batch: &mut [(u64, Record)]) -> Vec<u32> {
         let bs = self.ds.volblocksize as u64;
-        if buf.len() as u64 != bs || offset % bs != 0 {
-            return None;
+        let mut flush = Vec::new();
+        // Blocks to write now: the record's place in the batch, its txg and block.
+        let mut ahead: Vec<(usize, u64, u64, Arc<Vec<u8>>)> = Vec::new();
+        for (i, (_, rec)) in batch.iter_mut().enumerate() {
+            let Record::Write { txg, offset, data } = rec else {
+                continue;
+            };
+            let Some(buf) = data.whole_buffer() else {
+                continue;
+            };
+            if buf.len() as u64 != bs || *offset % bs != 0 {
+                continue;
+            }
+            let blkid = *offset / bs;
+            // Written ahead only while the block's change is still in the open txg; once its
+            // txg syncs, the sync writes it anyway.
+            if !self.ds.object.is_open_dirty(blkid, buf) {
+                continue;
+            }
+            let (txg, offset) = (*txg, *offset);
+            *rec = match self.ds.object.override_of(blkid, buf) {
+                // Already there (a streaming write put it in place as it came, buffered):
+                // that copy, flushed with the batch.
+                Some(bp) => {
+                    flush.extend(bp.dvas().map(|d| d.vdev.get()));
+                    Record::Indirect { txg, offset, bp }
+                }
+                None if buf.len() < IN_PLACE_MIN_BYTES => continue,
+                // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
+                None if crate::math::zero::is_zero(buf) => Record::Zero {
+                    txg,
+                    offset,
+                    len: bs,
+                },
+                None => {
+                    ahead.push((i, txg, blkid, buf.clone()));
+                    continue;
+                }
+            };
         }
-        let blkid = offset / bs;
-        // Written ahead only while the block's change is still in the open txg; once its txg
-        // syncs, the sync writes it anyway.
-        if !self.ds.object.is_open_dirty(blkid, buf) {
-            return None;
-        }
-        let bp = match self.ds.object.override_of(blkid, buf) {
-            // Already there (a streaming write put it in place as it came): that copy.
-            Some(bp) => bp,
-            None if buf.len() < IN_PLACE_MIN_BYTES => return None,
-            // Zeros become a hole at the sync: a zero record says the same in 32 bytes.
-            None if crate::math::zero::is_zero(buf) => {
-                return Some((
-                    Record::Zero {
-                        txg: *txg,
-                        offset: *offset,
+        // One durable write per txg (a batch mostly holds one): the blocks are allocated
+        // together, so they make a run, written as one request per device.
+        ahead.sort_by_key(|&(_, txg, ..)| txg);
+        for group in ahead.chunk_by(|a, b| a.1 == b.1) {
+            let txg = group[0].1;
+            let blocks: Vec<(u64, &Arc<Vec<u8>>)> = group
+                .iter()
+                .map(|(_, _, blkid, buf)| (*blkid, buf))
+                .collect();
+            // A failed write leaves the records by value: the log takes the data instead.
+            let Ok(bps) = self.pool.write_ahead(self.ds, txg, &blocks) else {
+                continue;
+            };
+            for (&(i, txg, blkid, _), bp) in group.iter().zip(bps) {
+                let offset = blkid * bs;
+                batch[i].1 = match bp {
+                    Some(bp) => Record::Indirect { txg, offset, bp },
+                    None => Record::Zero {
+                        txg,
+                        offset,
                         len: bs,
                     },
-                    Vec::new(),
-                ))
+                };
             }
-            None => self
-                .pool
-                .write_ahead(self.ds, *txg, &[(blkid, buf)])
-                .ok()?
-                .pop()??,
-        };
-        let vdevs = bp.dvas().map(|d| d.vdev.get()).collect();
-        Some((
-            Record::Indirect {
-                txg: *txg,
-                offset: *offset,
-                bp,
-            },
-            vdevs,
-        ))
+        }
+        flush
     }
 }
 
@@ -1210,7 +1237,15 @@ impl Pool {
         ds: &Dataset,
         txg: u64,
         blocks: &[&[u8]],
+        durable: bool,
     ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
+        let write = |bufs: &[&[u8]], props: WriteProps| {
+            if durable {
+                self.io.zio.write_batch_durable(bufs, props, txg)
+            } else {
+                self.io.zio.write_batch(bufs, props, txg)
+            }
+        };
         let is_data = |b: &&[u8]| b.iter().any(|&x| x != 0);
         let props = WriteProps {
             class: AllocClass::Mos,
@@ -1218,7 +1253,7 @@ impl Pool {
         };
         // Mostly every block holds data: then the batch is the caller's slice as it is.
         let (bps, data) = if blocks.iter().all(is_data) {
-            (self.io.zio.write_batch(blocks, props, txg)?, None)
+            (write(blocks, props)?, None)
         } else {
             let data: Vec<bool> = blocks.iter().map(is_data).collect();
             let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
@@ -1228,7 +1263,7 @@ impl Pool {
             let bps = if bufs.is_empty() {
                 Vec::new()
             } else {
-                self.io.zio.write_batch(&bufs, props, txg)?
+                write(&bufs, props)?
             };
             (bps, Some(data))
         };
@@ -1272,7 +1307,7 @@ impl Pool {
             self.reserve_space(bs * blocks.len() as u64, bs)?;
             let hold = self.hold_open_txg(ds)?;
             let txg = *hold;
-            let bps = match self.write_nonzero(ds, txg, &bufs) {
+            let bps = match self.write_nonzero(ds, txg, &bufs, false) {
                 Ok(bps) => bps,
                 // Admission passed, yet the allocator found no segment for a block (the
                 // free space moved into deferred frees meanwhile, say): the frees come back
@@ -1446,8 +1481,9 @@ impl Pool {
     ///
     /// All-zero blocks are not written (`None` in their place): the sync makes them holes.
     ///
-    /// Used for large blocks a sync request needs (`InPlace`). Streaming writes place their
-    /// blocks without a buffer at all (`place_blocks`).
+    /// Used for the whole blocks a sync request needs (`InPlace`), so each copy is durable
+    /// when this returns (`Zio::write_batch_durable`). Streaming writes place their blocks
+    /// without a buffer at all (`place_blocks`).
     pub fn write_ahead(
         &self,
         ds: &Dataset,
@@ -1455,7 +1491,7 @@ impl Pool {
         blocks: &[(u64, &Arc<Vec<u8>>)],
     ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
-        let bps = self.write_nonzero(ds, txg, &bufs)?;
+        let bps = self.write_nonzero(ds, txg, &bufs, true)?;
         for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
             if let Some(old) = bp.and_then(|bp| ds.object.set_override(blkid, buf, bp)) {
                 self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);

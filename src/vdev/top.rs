@@ -583,6 +583,28 @@ impl TopVdev {
         self.settle(results, |c| &c.counters.write_errors)
     }
 
+    /// `write_run`, returning once the run survives a crash, with no flush of anything else
+    /// written to the children (`write_durable`): blocks a sync request needs now. On a
+    /// stripe or mirror the run is gathered into one sector-aligned buffer and written as one
+    /// durable request per child. A raidz gives each block rows of its own, so each block is
+    /// a durable write of its own there.
+    pub fn write_run_durable(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
+        if let Some(rz) = &self.raidz {
+            let mut at = offset;
+            for b in bufs {
+                rz.write_durable(at, b)?;
+                at += self.asize_of(b.len() as u64);
+            }
+            return Ok(());
+        }
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let mut run = super::SectorVec::with_capacity(total);
+        for b in bufs {
+            run.extend_from_slice(b);
+        }
+        self.write_durable(offset, &run)
+    }
+
     /// Writes a run of blocks that lie one after another from `offset`, as one request per
     /// child, with `write`'s rules for a failed child; on a raidz, one request per stretch of
     /// adjacent columns on a child (`Raidz::write_run`).

@@ -57,20 +57,22 @@ pub const BULK_SYNC_BYTES: usize = 64 << 20;
 /// Called once a sync request's records are durable (or cannot be made so).
 pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
-/// What the committer may do with a record before logging it: write a large whole-block
-/// write's block in place and log its block pointer instead of its data (the pool knows how).
+/// What the committer may do with a batch's records before logging them: write whole-block
+/// writes' blocks in place and log their block pointers instead of their data (the pool knows
+/// how).
 pub trait Prewrite {
-    /// The record to log instead of `rec`, and the vdevs its block went to (flushed with the
-    /// batch); `None` logs `rec` as it is.
-    fn prewrite(&self, rec: &Record) -> Option<(Record, Vec<u32>)>;
+    /// Replaces records of `batch` by the records to log instead (records left alone are
+    /// logged as they are). Returns the vdevs that blocks the new records point at went to
+    /// and that must be flushed with the batch; none for blocks written durable on their own.
+    fn prewrite(&self, batch: &mut [(u64, Record)]) -> Vec<u32>;
 }
 
 /// Logs every record by value.
 pub struct ByValue;
 
 impl Prewrite for ByValue {
-    fn prewrite(&self, _: &Record) -> Option<(Record, Vec<u32>)> {
-        None
+    fn prewrite(&self, _: &mut [(u64, Record)]) -> Vec<u32> {
+        Vec::new()
     }
 }
 
@@ -445,20 +447,20 @@ impl Log {
                 batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= zil.bulk_sync_bytes();
             let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain && !bulk;
             let started = Instant::now();
-            // Large whole-block writes go to their place first (outside the lock: it is a
-            // device write); their records then carry a block pointer only.
+            // Whole-block writes go to their place first (outside the lock: it is a device
+            // write); their records then carry a block pointer only.
             let mut data_vdevs = Vec::new();
             if usable {
                 drop(st);
-                for (_, rec) in batch.iter_mut() {
-                    if let Some((r, vdevs)) = pre.prewrite(rec) {
-                        *rec = r;
-                        data_vdevs.extend(vdevs);
-                    } else if let Record::Indirect { bp, .. } = rec {
-                        // Put in place before it was queued (a streaming write): its
-                        // devices are flushed with the batch all the same.
+                for (_, rec) in batch.iter() {
+                    if let Record::Indirect { bp, .. } = rec {
+                        // Put in place before it was queued, by a streaming write, as
+                        // buffered writes: its devices are flushed with the batch.
                         data_vdevs.extend(bp.dvas().map(|d| d.vdev.get()));
                     }
+                }
+                data_vdevs.extend(pre.prewrite(&mut batch));
+                for (_, rec) in batch.iter() {
                     if matches!(rec, Record::Indirect { .. }) {
                         zil.note_in_place();
                     }

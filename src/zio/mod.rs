@@ -221,6 +221,30 @@ impl Zio {
         props: WriteProps,
         txg: u64,
     ) -> Result<Vec<BlkPtr>, ZioError> {
+        self.write_blocks(blocks, sums, props, txg, false)
+    }
+
+    /// `write_batch`, returning once every copy survives a crash without a flush of the
+    /// devices (`TopVdev::write_run_durable`): blocks an intent log record is about to point
+    /// at. A flush would also wait for everything else written to the devices since the last
+    /// one, a txg's writeback included.
+    pub fn write_batch_durable(
+        &self,
+        blocks: &[&[u8]],
+        props: WriteProps,
+        txg: u64,
+    ) -> Result<Vec<BlkPtr>, ZioError> {
+        self.write_blocks(blocks, &[], props, txg, true)
+    }
+
+    fn write_blocks(
+        &self,
+        blocks: &[&[u8]],
+        sums: &[Option<Checksum>],
+        props: WriteProps,
+        txg: u64,
+        durable: bool,
+    ) -> Result<Vec<BlkPtr>, ZioError> {
         for d in blocks {
             assert!(
                 !d.is_empty() && (d.len() as u64).is_multiple_of(SECTOR),
@@ -310,9 +334,13 @@ impl Zio {
         // 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three volumes), those
         // yields were 8 % of the server's samples, and group commit ran 36.7-66.0k writes/s (median
         // 60.5k over six runs) against 57.8-66.1k (65.8k) without.
-        let written = runs
-            .iter()
-            .try_for_each(|(v, (off, bufs))| self.tops[*v].write_run(*off, bufs));
+        let written = runs.iter().try_for_each(|(v, (off, bufs))| {
+            if durable {
+                self.tops[*v].write_run_durable(*off, bufs)
+            } else {
+                self.tops[*v].write_run(*off, bufs)
+            }
+        });
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).

@@ -72,13 +72,13 @@ pub const STREAMING_READ_BYTES: usize = 64 << 10;
 /// cache (`Pool::place_blocks`); the txg's sync adopts them. Left to the sync, a stream's data
 /// was copied into the kernel cold, long after it came, by one thread for the whole pool.
 ///
-/// The size from which a sync request puts whole blocks in place anyway: below it, a volume of
-/// small blocks would log its sync writes by pointer, and each such commit flushes the data
-/// device, writeback of a whole txg included. (At 128K, as it was: fio over NBD with 16K
-/// blocks did 16.3-17.1k random 64K writes/s against 20.4-20.8k now, and `zeta bench load`
-/// with 32K writes and a flush every 5 did 23k against 34k, though its p99 rose from 5 to
-/// 72 ms.)
-pub const STREAMING_WRITE_BYTES: usize = crate::dsl::IN_PLACE_MIN_BYTES;
+/// Their records point at blocks written as buffered writes, so a commit that covers them
+/// flushes their devices, writeback of the txg in flight included; below this size a write
+/// rather waits for its commit, which writes its block durably (`dsl::IN_PLACE_MIN_BYTES`),
+/// or for its txg. (At 128K: fio over NBD with 16K blocks did 16.3-17.1k random 64K writes/s
+/// against 20.4-20.8k at 32K, and `zeta bench load` with 32K writes and a flush every 5 did
+/// 23k against 34k, though its p99 rose from 5 to 72 ms.)
+pub const STREAMING_WRITE_BYTES: usize = 32 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
