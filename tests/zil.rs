@@ -605,6 +605,9 @@ fn whole_block_sync_writes_go_in_place_durably_without_a_device_flush() {
         v0.flush().unwrap();
         let after = pool.zil.stats();
         assert_eq!(after.in_place - before.in_place, 16, "{layout:?}");
+        // The blocks' durable write counts with the log block's: one device each.
+        let log_blocks: u64 = after.blocks.iter().sum::<u64>() - before.blocks.iter().sum::<u64>();
+        assert_eq!(after.flushes - before.flushes, log_blocks + 1, "{layout:?}");
         // Pointers, not the 256K of data (a raidz's log block counts its parity too).
         let logged: u64 = after.bytes.iter().sum::<u64>() - before.bytes.iter().sum::<u64>();
         assert!(logged <= 64 * 1024, "{layout:?}: {logged} bytes logged");

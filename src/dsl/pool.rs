@@ -406,6 +406,14 @@ impl Prewrite for InPlace<'_> {
             let Ok(bps) = self.pool.write_ahead(self.ds, txg, &blocks) else {
                 continue;
             };
+            let mut devices: Vec<u32> = bps
+                .iter()
+                .flatten()
+                .flat_map(|bp| bp.dvas().map(|d| d.vdev.get()))
+                .collect();
+            devices.sort_unstable();
+            devices.dedup();
+            self.pool.zil.note_durable_data(devices.len());
             for (&(i, txg, blkid, _), bp) in group.iter().zip(bps) {
                 let offset = blkid * bs;
                 batch[i].1 = match bp {

@@ -89,7 +89,8 @@ pub struct ZilStats {
     pub records: u64,
     pub batches: u64,
     /// Device flushes issued by log commits: one per log block (each is written durably on
-    /// its own) and one per device that blocks written in place went to.
+    /// its own), one per device that a streaming write's blocks went to, and one per device
+    /// that a batch's blocks written in place went to (their durable write).
     pub flushes: u64,
     pub batch_nanos: u64,
     /// Commits that fell back to a txg sync (log space full, a log write failed, or a
@@ -492,6 +493,13 @@ impl Zil {
 
     fn note_in_place(&self) {
         self.stats.in_place.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A commit wrote blocks in place durably, on `devices` top-level vdevs.
+    pub(crate) fn note_durable_data(&self, devices: usize) {
+        self.stats
+            .flushes
+            .fetch_add(devices as u64, Ordering::Relaxed);
     }
 
     fn note_batch(&self, nanos: u64) {
