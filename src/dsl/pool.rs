@@ -402,8 +402,9 @@ impl Prewrite for InPlace<'_> {
                 .iter()
                 .map(|(_, _, blkid, buf)| (*blkid, buf))
                 .collect();
-            // A failed write leaves the records by value: the log takes the data instead.
-            let Ok(bps) = self.pool.write_ahead(self.ds, txg, &blocks) else {
+            // A failed write, or a txg that closed meanwhile (its sync writes the blocks),
+            // leaves the records by value: the log takes the data instead.
+            let Ok(Some(bps)) = self.pool.write_ahead(self.ds, txg, &blocks) else {
                 continue;
             };
             let mut devices: Vec<u32> = bps
@@ -1494,9 +1495,14 @@ impl Pool {
     /// Writes blocks of the volume, dirty in txg `txg`, to their place now rather than at
     /// the txg's sync, and tells the object so (`set_override`): the sync adopts each copy
     /// whose buffer is still the block's change, and writes nothing more for it. Returns
-    /// where each went. A copy that is not adopted (the block was overwritten, or the txg
-    /// began to sync, meanwhile) is freed, but only as frees are: a txg later than any
-    /// log record pointing at it can still need it.
+    /// where each went, or `None` (nothing written) if `txg` is no longer open. A copy that
+    /// is not adopted (the block was overwritten meanwhile) is freed, but only as frees are:
+    /// a txg later than any log record pointing at it can still need it.
+    ///
+    /// The txg is held open through the write, as `place_blocks` holds it: a batch's durable
+    /// write takes milliseconds, and a txg that began to sync meanwhile adopted none of it,
+    /// so every block was written twice (a test's 6 MiB of 16K blocks, under a parallel test
+    /// run, one time in six: its copies ahead lay dead at the front of the devices).
     ///
     /// All-zero blocks are not written (`None` in their place): the sync makes them holes.
     ///
@@ -1508,15 +1514,22 @@ impl Pool {
         ds: &Dataset,
         txg: u64,
         blocks: &[(u64, &Arc<Vec<u8>>)],
-    ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
+    ) -> Result<Option<Vec<Option<BlkPtr>>>, PoolError> {
+        let hold = self.hold_open_txg(ds)?;
+        if *hold != txg {
+            return Ok(None);
+        }
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
         let bps = self.write_nonzero(ds, txg, &bufs, true)?;
         for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
             if let Some(old) = bp.and_then(|bp| ds.object.set_override(blkid, buf, bp)) {
-                self.io.zio.free(&old, self.open_txg(), AllocClass::Mos);
+                // Not `open_txg()`: the lock is held here, and a second read of it waits
+                // behind a sync that waits for this one.
+                self.io.zio.free(&old, txg, AllocClass::Mos);
             }
         }
-        Ok(bps)
+        drop(hold);
+        Ok(Some(bps))
     }
 
     /// Queues a record of a change to the volume in its intent log (the pool counts what
