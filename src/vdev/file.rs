@@ -222,20 +222,36 @@ fn vectored(file: &File, iov: &mut [libc::iovec], offset: u64, op: Op) -> std::i
     Ok(())
 }
 
+/// How long opening a device waits for a lock held elsewhere to go before it reports the
+/// device in use. A lock can outlive its holder's close by a moment: a process that starts a
+/// command gives the child a copy of every descriptor, and the copy (and the lock through it)
+/// lasts until the child's exec closes it. A pool closed and imported again while another
+/// thread of the process started a command found its device still locked (`tests/raidz.rs`,
+/// once in about twenty runs).
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
 fn lock_exclusive(file: &File, name: &str) -> Result<(), VdevError> {
-    // SAFETY: flock on a file descriptor we own for the duration of the call; no memory is
-    // passed to the kernel.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Err(VdevError::Locked {
-            path: name.to_string(),
-        })
-    } else {
-        Err(VdevError::io(name, err))
+    let started = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a file descriptor we own for the duration of the call; no memory
+        // is passed to the kernel.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) if started.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Some(libc::EWOULDBLOCK) => {
+                return Err(VdevError::Locked {
+                    path: name.to_string(),
+                })
+            }
+            _ => return Err(VdevError::io(name, err)),
+        }
     }
 }
 
@@ -621,6 +637,19 @@ mod tests {
             FileDevice::open(&p),
             Err(VdevError::Locked { .. })
         ));
+        // A lock that goes within LOCK_PATIENCE (a closing holder's descriptor lingering in
+        // a child about to exec) is waited for.
+        drop(dev);
+        let other = File::open(&p).unwrap();
+        // SAFETY: flock on a descriptor owned by this test; no memory is passed.
+        let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        assert_eq!(rc, 0);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(other);
+        });
+        let dev = FileDevice::open(&p).expect("the lock went within the patience");
+        release.join().unwrap();
         assert!(matches!(
             dev.read_at(&mut buf, (1 << 20) - 100),
             Err(VdevError::OutOfRange { .. })
