@@ -219,7 +219,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                 for (vb, zil) in targets(&plan, gen) {
                     check_stop(&stop)?;
                     done += 1;
-                    progress(done, total, &plan, run, point, vb, gen, zil);
+                    progress(done, total, &run_label(&plan, run), point, vb, gen, zil);
                     let dir = work.sub(done)?;
                     let m = match (vb, zil.commit) {
                         (Some(vb), _) => {
@@ -576,24 +576,14 @@ fn check_tools() -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn progress(
-    done: usize,
-    total: usize,
-    plan: &Plan,
-    run: u32,
-    p: Point,
-    vb: Option<u32>,
-    gen: Gen,
-    zil: Zil,
-) {
+/// `run`: the run's label (`run_label`).
+fn progress(done: usize, total: usize, run: &str, p: Point, vb: Option<u32>, gen: Gen, zil: Zil) {
     if !std::io::stderr().is_terminal() {
         return;
     }
     let vb = vb.map_or(String::new(), |v| format!(" volblocksize {}", kib(v)));
     eprintln!(
-        "[{done}/{total}]{} {} writes, flush every {}{vb}: {} on {}/{}",
-        run_label(plan, run),
+        "[{done}/{total}]{run} {} writes, flush every {}{vb}: {} on {}/{}",
         kib(p.bs_bytes),
         p.writes_per_flush,
         gen.name(),
