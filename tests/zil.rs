@@ -1333,3 +1333,101 @@ fn wait_commit_returns_with_the_sync_in_flight() {
     });
     assert_eq!(read(&vol, 16384, 16384), pattern(2, 16384));
 }
+
+/// How many writes a gate holds now, and the most it has held at once.
+type Held = Arc<(AtomicU64, AtomicU64)>;
+
+/// Three stripes whose writes a gate holds while closed (any write: a log block's too),
+/// counting the writes held, with a volume `v0` of 8 MiB.
+fn write_gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Held) {
+    let devs = mem_devs(3, 96 * MB);
+    let gate: Gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let held = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let spec = devs
+        .iter()
+        .map(|d| {
+            let (gate, held) = (gate.clone(), held.clone());
+            let tap = Tap {
+                on_write: Box::new(move |_, _| {
+                    let (lock, cv) = &*gate;
+                    let mut closed = lock.lock().unwrap();
+                    if !*closed {
+                        return;
+                    }
+                    let now = held.0.fetch_add(1, Ordering::SeqCst) + 1;
+                    held.1.fetch_max(now, Ordering::SeqCst);
+                    while *closed {
+                        closed = cv.wait(closed).unwrap();
+                    }
+                    held.0.fetch_sub(1, Ordering::SeqCst);
+                }),
+                ..Tap::new(d.clone())
+            };
+            TopSpec::stripe((Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string()))
+        })
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        spec,
+        log_opts(CommitPolicy::Group, Placement::Global),
+    )
+    .unwrap();
+    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    (devs, pool, gate, held)
+}
+
+/// Waits up to ten seconds for `cond` to hold; whether it did.
+fn came_true(cond: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// A batch's log blocks are written at once, not one after another: 3 MiB of 12K records
+/// (parts of 16K blocks, so logged by value) take blocks of up to 1 MiB, and the gate sees
+/// more than one of their writes waiting together. A power cut then finds them all.
+#[test]
+fn a_batch_writes_its_log_blocks_at_once() {
+    let (devs, pool, gate, held) = write_gated_pool();
+    let vol = Volume::open(&pool, "v0").unwrap();
+    pool.sync_now().unwrap();
+    let before = pool.zil.stats();
+    let data = pattern(5, 256 * 12288);
+    for k in 0..256u64 {
+        let at = k as usize * 12288;
+        vol.write(k * 16384, &data[at..at + 12288]).unwrap();
+    }
+    *gate.0.lock().unwrap() = true;
+    let together = std::thread::scope(|s| {
+        let flush = s.spawn(|| vol.flush());
+        let together = came_true(|| held.0.load(Ordering::SeqCst) >= 2);
+        open_gate(&gate);
+        flush.join().unwrap().unwrap();
+        together
+    });
+    let after = pool.zil.stats();
+    let blocks: u64 = (0..3).map(|v| after.blocks[v] - before.blocks[v]).sum();
+    assert!(blocks >= 3, "{before:?} {after:?}");
+    assert!(
+        together,
+        "the batch's log blocks were written one at a time"
+    );
+    drop(vol);
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(pool);
+    let pool = reimport(&cut);
+    let vol = Volume::open(&pool, "v0").unwrap();
+    for k in 0..256u64 {
+        let at = k as usize * 12288;
+        assert_eq!(
+            read(&vol, k * 16384, 12288),
+            &data[at..at + 12288],
+            "block {k}"
+        );
+    }
+}

@@ -18,6 +18,7 @@ pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
 pub use sector_vec::SectorVec;
+pub(crate) use top::waiting_in_parallel;
 pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -834,7 +834,7 @@ impl TopVdev {
 /// for the purpose begins sooner than a sleeping rayon worker wakes (a queue-depth-1 client
 /// writing and flushing on a raidz2 of six files: 2.5k commits a second through rayon,
 /// 2.9-3.3k this way; one after another on this thread, 2.3k).
-pub(super) fn waiting_in_parallel<T: Sync, R: Send>(
+pub(crate) fn waiting_in_parallel<T: Sync, R: Send>(
     items: &[T],
     io: impl Fn(&T) -> R + Sync,
 ) -> Vec<R> {

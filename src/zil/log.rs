@@ -774,8 +774,7 @@ fn write_plan(
     let Some(p) = plan else {
         return Err("no log space".into());
     };
-    let encoded = p.blocks.iter().map(|(a, b)| (*a, b.encode(a.len as usize)));
-    zil.write_blocks(encoded, records, data_vdevs)
+    zil.write_blocks(&p.blocks, records, data_vdevs)
 }
 
 /// After a plan's write: its blocks are durable links of the chain, or (on failure, when they

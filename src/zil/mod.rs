@@ -31,10 +31,14 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 pub use crate::spa::props::{CommitPolicy, Placement};
-use crate::vdev::{SectorVec, TopVdev, SECTOR};
+use crate::vdev::{TopVdev, SECTOR};
 use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
+
+/// The most log blocks of a batch written at once (`Zil::write_blocks`), each with up to
+/// `log::MAX_BLOCK` bytes encoded in memory.
+const PARALLEL_LOG_WRITES: usize = 4;
 pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
 use space::LogSpace;
 pub use wake::after_wakeups;
@@ -422,32 +426,38 @@ impl Zil {
         }
     }
 
-    /// Writes log blocks as `blocks` yields them (`write_plan` encodes each on demand), each
-    /// made durable on its own (`TopVdev::write_durable`: only that range reaches the media,
-    /// so a commit does not wait for the writeback of the txg in flight on the same devices);
-    /// then flushes the `data_vdevs` that blocks written in place went to, once each.
+    /// Writes a batch's log blocks, each made durable on its own (`TopVdev::write_durable`:
+    /// only that range reaches the media, so a commit does not wait for the writeback of the
+    /// txg in flight on the same devices); then flushes the `data_vdevs` that blocks written
+    /// in place went to, once each.
     ///
-    /// One after another on this thread, though they may go to different devices and could
-    /// overlap: a thread spawned per block waited milliseconds for a core under load (2 cores,
-    /// the NBD server's threads and a txg sync all runnable). Three volumes, 4K writes and a
-    /// flush every 5 (`zeta bench load`): a batch of ~2 blocks took 2.4 ms, of which the
-    /// writes (RWF_DSYNC) 0.3 ms each.
+    /// Up to `PARALLEL_LOG_WRITES` blocks at once, each encoded and written by a thread of its
+    /// own (`waiting_in_parallel`; the first by this one), so the batch waits for about one
+    /// write rather than one per block. Order on disk does not matter: each block names the
+    /// next, so a crash that leaves a later one written and an earlier one not ends the chain
+    /// at the earlier one, and no waiter of the batch has been answered. Encoded only there,
+    /// and dropped once written: a batch of up to `bulk_sync_bytes` encoded all at once is
+    /// memory no limit counts (with a 16M dirty limit, `zeta bench vol` peaked 5-6 MiB higher,
+    /// all of it in encoded log blocks).
     fn write_blocks(
         &self,
-        blocks: impl Iterator<Item = (BlockAddr, SectorVec)>,
+        blocks: &[(BlockAddr, block::LogBlock)],
         records: u64,
         data_vdevs: &[u32],
     ) -> Result<(), String> {
-        // One encoded block at a time, dropped once written: a batch of up to
-        // `bulk_sync_bytes` encoded all at once is memory no limit counts (with a 16M dirty
-        // limit, `zeta bench vol` peaked 5-6 MiB higher, all of it in encoded log blocks).
-        let mut written: Vec<(u32, u64)> = Vec::new();
-        for (a, bytes) in blocks {
+        let write = |(a, b): &(BlockAddr, block::LogBlock)| -> Result<(u32, u64), String> {
+            let bytes = b.encode(a.len as usize);
             self.top(a.vdev)
                 .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
                 .write_durable(a.offset, &bytes)
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))?;
-            written.push((a.vdev, bytes.len() as u64));
+            Ok((a.vdev, bytes.len() as u64))
+        };
+        let mut written: Vec<(u32, u64)> = Vec::new();
+        for group in blocks.chunks(PARALLEL_LOG_WRITES) {
+            for w in crate::vdev::waiting_in_parallel(group, write) {
+                written.push(w?);
+            }
         }
         let mut touched: Vec<u32> = data_vdevs.to_vec();
         touched.sort_unstable();
