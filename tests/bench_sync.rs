@@ -80,7 +80,10 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
         if gen == "zeta-load" {
             assert_eq!(wpf, 5.0, "{r}");
         } else {
-            assert!((1.0..=5.5).contains(&wpf), "{r}");
+            // fio's counts can come out a little under one write per flush: at depth 100 it
+            // flushes after nearly every write, and its counts of the two need not end on the
+            // same request (seen: 0.9993).
+            assert!((0.9..=5.5).contains(&wpf), "{r}");
         }
         let blocks = &r["log_blocks_per_device"];
         if zeta_pool {
