@@ -1388,6 +1388,59 @@ fn came_true(cond: impl Fn() -> bool) -> bool {
     true
 }
 
+/// A FLUSH that finds the log's committer at work joins its queue without waiting, and is
+/// answered by it once its records are durable; with no committer at work it is given back
+/// (for a thread that may commit), and with nothing to commit answered at once. What the
+/// joined flush covered survives a power cut.
+#[test]
+fn a_flush_joins_the_committer_at_work_without_waiting_for_it() {
+    let (devs, pool, gate, held) = write_gated_pool();
+    let vol = Volume::open(&pool, "v0").unwrap();
+    pool.sync_now().unwrap();
+    vol.write(0, &pattern(1, 4096)).unwrap();
+    *gate.0.lock().unwrap() = true;
+    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let answer = |tx: &std::sync::mpsc::Sender<Result<(), String>>| -> zeta::zil::Done {
+        let tx = tx.clone();
+        Box::new(move |r| {
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        })
+    };
+    // Checked once the gate is open again: a failure with it closed would leave the
+    // committer held, and the test hung rather than failed.
+    let (reached, joined, early) = std::thread::scope(|s| {
+        // The committer: held at its log block's write.
+        let first = s.spawn(|| vol.flush());
+        let reached = came_true(|| held.0.load(Ordering::SeqCst) >= 1);
+        vol.write(4096, &pattern(2, 4096)).unwrap();
+        let joined = vol.flush_then_joined(answer(&tx)).is_none();
+        let early = rx.recv_timeout(Duration::from_millis(50)).is_ok();
+        open_gate(&gate);
+        first.join().unwrap().unwrap();
+        (reached, joined, early)
+    });
+    assert!(reached, "the committer never reached its log write");
+    assert!(
+        joined,
+        "a flush was given back while a committer was at work"
+    );
+    assert!(
+        !early,
+        "a joined flush was answered before its records were written"
+    );
+    assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(Ok(())));
+    // Nothing queued since: answered at once.
+    assert!(vol.flush_then_joined(answer(&tx)).is_none());
+    assert_eq!(rx.try_recv(), Ok(Ok(())));
+    // A record queued and no committer: given back, unanswered.
+    vol.write(8192, &pattern(3, 4096)).unwrap();
+    let back = vol.flush_then_joined(answer(&tx)).expect("given back");
+    assert!(rx.try_recv().is_err());
+    vol.flush_then(back);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(Ok(())));
+    acked_writes_survive_a_power_cut(&devs, pool, vol, vec![(0, 1), (4096, 2), (8192, 3)]);
+}
+
 /// A batch's log blocks are written at once, not one after another: 3 MiB of 12K records
 /// (parts of 16K blocks, so logged by value) take blocks of up to 1 MiB, and the gate sees
 /// more than one of their writes waiting together. A power cut then finds them all.

@@ -1551,6 +1551,12 @@ impl Pool {
             .commit_bounded(&self.zil, &InPlace { pool: self, ds }, done)
     }
 
+    /// `commit_log` only if the volume's log has a committer at work or nothing to commit
+    /// (`Log::join`); else gives `done` back.
+    pub fn join_log_commit(&self, ds: &Dataset, done: Done) -> Option<Done> {
+        ds.log.join(done)
+    }
+
     /// The blocking form of [`commit_log`](Self::commit_log).
     pub fn commit_log_wait(&self, ds: &Dataset) -> Result<(), crate::zil::LogError> {
         ds.log.commit_wait(&self.zil, &InPlace { pool: self, ds })

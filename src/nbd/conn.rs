@@ -275,6 +275,8 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         {
             grant.keep(payload.unwrap_or_default());
             sh.finish_one();
+        } else if req.kind == CMD_FLUSH {
+            flush(sh, req, grant, workers);
         } else {
             workers.spawn(move || execute(sh, req, payload, grant, None));
         }
@@ -581,15 +583,7 @@ fn reply_when_durable(
         Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
         Ok(()) if !durable => sh.reply_ok(&req),
         Ok(()) => {
-            let sh2 = sh.clone();
-            let done: Done = Box::new(move |r| {
-                match r {
-                    Ok(()) => sh2.reply_ok(&req),
-                    Err(e) => sh2.reply_err(&req, EIO, &e.to_string()),
-                }
-                drop(grant);
-                sh2.finish_one();
-            });
+            let done = reply_once_durable(&sh, req, grant);
             match inline {
                 None => sh.volume().flush_then(done),
                 Some(workers) => {
@@ -605,6 +599,34 @@ fn reply_when_durable(
     }
     drop(grant);
     sh.finish_one();
+}
+
+/// The callback that answers `req` once the log says its changes are durable (or failed).
+fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
+    let sh = sh.clone();
+    Box::new(move |r| {
+        match r {
+            Ok(()) => sh.reply_ok(&req),
+            Err(e) => sh.reply_err(&req, EIO, &e.to_string()),
+        }
+        drop(grant);
+        sh.finish_one();
+    })
+}
+
+/// A FLUSH the connection's reader takes itself: it joins the batch of the volume's log
+/// committer at work, which answers it (`Volume::flush_then_joined`). With no committer at
+/// work, a worker becomes one. Handing every FLUSH to a worker cost a wake-up and two task
+/// switches, for a worker that then mostly found a committer at work and only queued it.
+fn flush(sh: Arc<Shared>, req: Request, grant: Grant, workers: &Workers) {
+    let done = reply_once_durable(&sh, req, grant);
+    if let Some(done) = sh.volume().flush_then_joined(done) {
+        workers.spawn(move || {
+            // This worker may commit for a while: replies it holds go first.
+            send_held();
+            sh.volume().flush_then(done)
+        });
+    }
 }
 
 fn block_status(sh: &Arc<Shared>, req: &Request) {

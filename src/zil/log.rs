@@ -359,6 +359,37 @@ impl Log {
         self.submit(zil, pre, done, true)
     }
 
+    /// Queues `done` behind every record queued so far if a committer is at work (it will
+    /// answer it), or answers it now if those records are durable already or the log has
+    /// failed. Gives `done` back if no committer is at work: the caller then calls `commit`
+    /// from a thread that may stay to commit. For a thread that must not wait for a batch
+    /// (an NBD connection's reader): under a steady stream of FLUSHes a committer is nearly
+    /// always at work, and joining its queue here spares each FLUSH the wake-up of a worker
+    /// that would only have queued it.
+    pub fn join(&self, done: Done) -> Option<Done> {
+        let mut st = self.state.lock();
+        if let Some(why) = &st.failed {
+            let why = why.clone();
+            drop(st);
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            done(Err(LogError::Failed(why)));
+            return None;
+        }
+        let target = st.next_id;
+        if st.frontier() >= target {
+            drop(st);
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            done(Ok(()));
+            return None;
+        }
+        if !st.committing {
+            return Some(done);
+        }
+        st.waiters.push_back((target, done));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
     /// Queues `done` behind every record queued so far and, if no committer is at work,
     /// becomes it (`bounded`: only until those records are durable). Returns whether it left
     /// requests waiting with no committer.

@@ -657,6 +657,13 @@ impl Volume {
     pub fn flush_then_bounded(&self, done: Done) -> bool {
         self.pool.commit_log_bounded(&self.ds, done)
     }
+
+    /// `flush_then` if it costs this thread no wait: the log's committer at work takes
+    /// `done` with its next batch, or nothing is left to commit. Otherwise gives `done`
+    /// back, for `flush_then` on a thread that may stay to commit (`Log::join`).
+    pub fn flush_then_joined(&self, done: Done) -> Option<Done> {
+        self.pool.join_log_commit(&self.ds, done)
+    }
 }
 
 #[cfg(test)]
