@@ -220,6 +220,59 @@ fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
     assert!(all == model, "after the sync");
 }
 
+/// `Volume::write_nowait_owned` keeps the buffer it is given as the block's or the patch's
+/// (the bytes are not copied: changing them afterwards would be a bug, so the test only
+/// checks what it can see), and gives back the very buffer, untouched, where it would wait.
+#[test]
+fn owned_short_writes_are_taken_whole_and_declined_ones_given_back() {
+    let pool = Pool::create(
+        "tank",
+        spec(Layout::Stripe, &mem_devs(1, 64 * MB)),
+        model_opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 4 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut model = vec![0u8; 4 * MB as usize];
+    let mut taken = |off: usize, data: Vec<u8>| {
+        model[off..off + data.len()].copy_from_slice(&data);
+        assert!(matches!(
+            vol.write_nowait_owned(off as u64, data),
+            Ok(Ok(()))
+        ));
+    };
+    taken(4096, vec![1; 4096]); // a patch
+    taken(16384, vec![3; 16384]); // a whole block
+                                  // A buffer with much more room than its bytes is copied, and taken all the same.
+    let mut roomy = Vec::with_capacity(64 << 10);
+    roomy.extend_from_slice(&[8u8; 4096]);
+    taken(65536, roomy);
+    // Declined: the same buffer back, as it was.
+    let across = vec![9u8; 4096];
+    let at = across.as_ptr();
+    let back = vol
+        .write_nowait_owned(30000, across)
+        .expect_err("across two blocks");
+    assert_eq!((back.as_ptr(), back.len()), (at, 4096));
+    assert!(back.iter().all(|&b| b == 9));
+    let merge = vec![4u8; 300];
+    let at = merge.as_ptr();
+    let back = vol
+        .write_nowait_owned(16384 + 200, merge)
+        .expect_err("into a block the open txg holds whole: a merge");
+    assert_eq!(back.as_ptr(), at);
+    assert!(matches!(
+        vol.write_nowait_owned(4 * MB - 100, vec![3; 4096]),
+        Ok(Err(_))
+    ));
+    let mut all = vec![0u8; model.len()];
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "before the sync");
+    pool.sync_now().unwrap();
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "after the sync");
+}
+
 /// `Volume::read_nowait` serves blocks held in memory and blocks the device has at once (as
 /// a file's page cache does), and declines, without any waiting read, a block the device
 /// would have to wait for: the NBD reader serves small reads that way and leaves the rest to

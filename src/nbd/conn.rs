@@ -229,7 +229,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
                 continue;
             }
         }
-        let (mut grant, payload) = if req.kind == CMD_WRITE {
+        let (grant, payload) = if req.kind == CMD_WRITE {
             // Read into spare capacity (of a kept buffer, mostly): zeroing a buffer the
             // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
@@ -266,15 +266,13 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         } else if req.kind == CMD_WRITE
             && req.flags & CMD_FLAG_FUA == 0
             && req.length as usize <= WRITE_HERE_BYTES
-            && write_here(
-                &sh,
-                &req,
-                payload.as_deref().unwrap_or_default(),
-                request_buffered(&reader),
-            )
         {
-            grant.keep(payload.unwrap_or_default());
-            sh.finish_one();
+            let more = request_buffered(&reader);
+            match write_here(&sh, &req, payload.unwrap_or_default(), more) {
+                // The volume keeps the payload's buffer: the grant's bytes go back.
+                Ok(()) => sh.finish_one(),
+                Err(p) => workers.spawn(move || execute(sh, req, Some(p), grant, None)),
+            }
         } else if req.kind == CMD_FLUSH {
             flush(sh, req, grant, workers);
         } else {
@@ -551,20 +549,19 @@ fn read_here(sh: &Arc<Shared>, req: &Request, more: bool) -> bool {
 const WRITE_HERE_BYTES: usize = 16 << 10;
 
 /// Does a short write on the connection's reader if the volume takes it without waiting
-/// (`Volume::write_nowait`) and replies; false, with nothing done or sent, if not (a worker
-/// then writes it). `more`: another request is buffered behind this one, so the reply may
-/// wait to go out with the next ones.
-fn write_here(sh: &Arc<Shared>, req: &Request, data: &[u8], more: bool) -> bool {
-    let Some(written) = sh.volume().write_nowait(req.offset, data) else {
-        return false;
-    };
+/// (`Volume::write_nowait_owned`, which keeps the payload's buffer rather than copy it) and
+/// replies; gives the payload back, with nothing done or sent, if not (a worker then writes
+/// it). `more`: another request is buffered behind this one, so the reply may wait to go
+/// out with the next ones.
+fn write_here(sh: &Arc<Shared>, req: &Request, data: Vec<u8>, more: bool) -> Result<(), Vec<u8>> {
+    let written = sh.volume().write_nowait_owned(req.offset, data)?;
     READER_HAS_MORE.with(|m| m.set(more));
     match written {
         Ok(()) => sh.reply_ok(req),
         Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
     }
     READER_HAS_MORE.with(|m| m.set(false));
-    true
+    Ok(())
 }
 
 /// Replies to a change: at once if it failed or needs no durability, else once the volume's

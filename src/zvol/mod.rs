@@ -110,6 +110,34 @@ pub struct Extent {
     pub hole: bool,
 }
 
+/// Room past its bytes that a buffer given to `Volume::write_nowait_owned` may have and still
+/// be kept as it is: the slack of an allocator's size classes, not a larger buffer reused.
+const OWNED_SLACK_BYTES: usize = 512;
+
+/// A write's bytes: borrowed (copied into a buffer of the volume's if taken) or in a buffer
+/// of their own (kept as it is).
+enum Bytes<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Bytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Borrowed(b) => b.len(),
+            Bytes::Owned(v) => v.len(),
+        }
+    }
+
+    /// The bytes in a buffer the volume can share (with the log record).
+    fn shared(self) -> Arc<Vec<u8>> {
+        Arc::new(match self {
+            Bytes::Borrowed(b) => b.to_vec(),
+            Bytes::Owned(v) => v,
+        })
+    }
+}
+
 pub struct Volume {
     pool: Arc<Pool>,
     ds: Arc<Dataset>,
@@ -338,29 +366,70 @@ impl Volume {
     /// (`write`). Lets an NBD connection's reader take small writes itself rather than wake
     /// a worker for a few microseconds of work.
     pub fn write_nowait(&self, offset: u64, data: &[u8]) -> Option<Result<(), VolError>> {
-        if let Err(e) = self.check("write", offset, data.len() as u64) {
-            return Some(Err(e));
+        self.write_nowait_from(offset, Bytes::Borrowed(data)).ok()
+    }
+
+    /// `write_nowait` of bytes in a buffer of their own, which the volume keeps as the
+    /// block's or the patch's buffer instead of copying it (an NBD write's payload). If it
+    /// would wait, the buffer comes back, untouched, as `Err`. A buffer with much more room
+    /// than its bytes is copied: the pool counts the bytes a change holds, not its buffer's
+    /// capacity.
+    pub fn write_nowait_owned(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<Result<(), VolError>, Vec<u8>> {
+        if data.capacity() > data.len() + OWNED_SLACK_BYTES {
+            return self.write_nowait(offset, &data).ok_or(data);
+        }
+        self.write_nowait_from(offset, Bytes::Owned(data))
+            .map_err(|b| match b {
+                Bytes::Owned(v) => v,
+                Bytes::Borrowed(_) => unreachable!("owned bytes come back owned"),
+            })
+    }
+
+    fn write_nowait_from<'a>(
+        &self,
+        offset: u64,
+        data: Bytes<'a>,
+    ) -> Result<Result<(), VolError>, Bytes<'a>> {
+        let len = data.len();
+        if let Err(e) = self.check("write", offset, len as u64) {
+            return Ok(Err(e));
         }
         let bs = self.block_size();
         let (blkid, in_block) = (offset / bs, (offset % bs) as usize);
-        if data.is_empty() || in_block + data.len() > bs as usize {
-            return None;
+        if len == 0 || in_block + len > bs as usize {
+            return Err(data);
         }
-        let whole = data.len() as u64 == bs;
-        if whole && data.len() >= STREAMING_WRITE_BYTES {
-            return None;
+        let whole = len as u64 == bs;
+        if whole && len >= STREAMING_WRITE_BYTES {
+            return Err(data);
         }
         // A whole block holds the block; a patch only its bytes (as in `write`).
-        let _guard = self
-            .locks
-            .try_lock(offset, offset + data.len() as u64 - 1)?;
-        self.pool.note_foreground_io();
-        let written = if whole {
-            self.put_block(blkid, Arc::new(data.to_vec()), 0, data.len(), true, false)
-        } else {
-            self.patch(blkid, in_block, data, true, false)
+        let Some(_guard) = self.locks.try_lock(offset, offset + len as u64 - 1) else {
+            return Err(data);
         };
-        written.map(|done| done.then_some(())).transpose()
+        self.pool.note_foreground_io();
+        // Asked before the buffer is made: a write that cannot patch costs no copy.
+        if !whole && !self.ds.object.patchable(blkid) {
+            return Err(data);
+        }
+        let buf = data.shared();
+        let written = if whole {
+            self.put_block(blkid, buf.clone(), 0, len, true, false)
+        } else {
+            self.patch_with(blkid, in_block, buf.clone(), true, false)
+        };
+        match written {
+            Ok(true) => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
+            // Not taken: nothing else holds the buffer now, so it comes back as it was.
+            Ok(false) => Err(Bytes::Owned(
+                Arc::try_unwrap(buf).unwrap_or_else(|b| b.as_ref().clone()),
+            )),
+        }
     }
 
     /// Writes the whole blocks of a streaming write to their place at once, from the
@@ -493,7 +562,20 @@ impl Volume {
         if !self.ds.object.patchable(blkid) {
             return Ok(false);
         }
-        let piece = Arc::new(src.to_vec());
+        self.patch_with(blkid, in_block, Arc::new(src.to_vec()), log, wait)
+    }
+
+    /// `patch` of a piece in a buffer of its own, which becomes the patch's and the log
+    /// record's (no copy). The caller has asked `patchable`.
+    fn patch_with(
+        &self,
+        blkid: u64,
+        in_block: usize,
+        piece: Arc<Vec<u8>>,
+        log: bool,
+        wait: bool,
+    ) -> Result<bool, VolError> {
+        let len = piece.len();
         let patched = self
             .pool
             .patch_block(&self.ds, blkid, in_block, piece.clone(), wait)
@@ -505,7 +587,7 @@ impl Volume {
             self.append_log(Record::Write {
                 txg,
                 offset: blkid * self.block_size() + in_block as u64,
-                data: Payload::shared(piece, 0, src.len()),
+                data: Payload::shared(piece, 0, len),
             });
         }
         Ok(true)
