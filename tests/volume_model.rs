@@ -172,10 +172,8 @@ fn tapped_volume(tap: Tap, bs: usize, filled: usize) -> (std::sync::Arc<Pool>, V
     (pool, vol, data)
 }
 
-/// `Volume::write_nowait` takes a whole small block, or a short write inside one block as a
-/// patch, at once, and declines, with nothing changed, what needs a merge or spans blocks.
-#[test]
-fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
+/// A 4 MiB volume of 16K blocks on a one-device pool, and its model: all zeros.
+fn small_volume() -> (std::sync::Arc<Pool>, Volume, Vec<u8>) {
     let pool = Pool::create(
         "tank",
         spec(Layout::Stripe, &mem_devs(1, 64 * MB)),
@@ -184,7 +182,14 @@ fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
     .unwrap();
     pool.create_volume("v", 4 * MB, 16384, None).unwrap();
     let vol = Volume::open(&pool, "v").unwrap();
-    let mut model = vec![0u8; 4 * MB as usize];
+    (pool, vol, vec![0u8; 4 * MB as usize])
+}
+
+/// `Volume::write_nowait` takes a whole small block, or a short write inside one block as a
+/// patch, at once, and declines, with nothing changed, what needs a merge or spans blocks.
+#[test]
+fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
+    let (pool, vol, mut model) = small_volume();
     let mut taken = |off: usize, data: &[u8]| {
         assert!(matches!(vol.write_nowait(off as u64, data), Some(Ok(()))));
         model[off..off + data.len()].copy_from_slice(data);
@@ -225,15 +230,7 @@ fn short_writes_are_taken_at_once_and_the_rest_declined_untouched() {
 /// checks what it can see), and gives back the very buffer, untouched, where it would wait.
 #[test]
 fn owned_short_writes_are_taken_whole_and_declined_ones_given_back() {
-    let pool = Pool::create(
-        "tank",
-        spec(Layout::Stripe, &mem_devs(1, 64 * MB)),
-        model_opts(),
-    )
-    .unwrap();
-    pool.create_volume("v", 4 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
-    let mut model = vec![0u8; 4 * MB as usize];
+    let (pool, vol, mut model) = small_volume();
     let mut taken = |off: usize, data: Vec<u8>| {
         model[off..off + data.len()].copy_from_slice(&data);
         assert!(matches!(

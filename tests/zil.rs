@@ -1141,14 +1141,23 @@ fn label_gate(dev: &Arc<MemDevice>, gate: &Gate, held: &Arc<AtomicU64>) -> Tap {
 
 /// Three gated stripes (`LabelGate`, all sharing one gate) with a volume `v0` of 8 MiB.
 fn gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Arc<AtomicU64>) {
-    let devs = mem_devs(3, 96 * MB);
     let gate: Gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
     let held = Arc::new(AtomicU64::new(0));
+    let (devs, pool) = tapped_stripes(|d| label_gate(d, &gate, &held));
+    (devs, pool, gate, held)
+}
+
+/// Three stripes, each device seen through the `Tap` that `tap` makes of it, with a volume
+/// `v0` of 8 MiB.
+fn tapped_stripes(tap: impl Fn(&Arc<MemDevice>) -> Tap) -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
+    let devs = mem_devs(3, 96 * MB);
     let spec = devs
         .iter()
         .map(|d| {
-            let g: Arc<dyn BlockDevice> = Arc::new(label_gate(d, &gate, &held));
-            TopSpec::stripe((g, d.name().to_string()))
+            TopSpec::stripe((
+                Arc::new(tap(d)) as Arc<dyn BlockDevice>,
+                d.name().to_string(),
+            ))
         })
         .collect();
     let pool = Pool::create(
@@ -1158,7 +1167,7 @@ fn gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Arc<AtomicU64>) {
     )
     .unwrap();
     pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
-    (devs, pool, gate, held)
+    (devs, pool)
 }
 
 fn open_gate(gate: &(Mutex<bool>, std::sync::Condvar)) {
@@ -1340,39 +1349,27 @@ type Held = Arc<(AtomicU64, AtomicU64)>;
 /// Three stripes whose writes a gate holds while closed (any write: a log block's too),
 /// counting the writes held, with a volume `v0` of 8 MiB.
 fn write_gated_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>, Gate, Held) {
-    let devs = mem_devs(3, 96 * MB);
     let gate: Gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
     let held = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-    let spec = devs
-        .iter()
-        .map(|d| {
-            let (gate, held) = (gate.clone(), held.clone());
-            let tap = Tap {
-                on_write: Box::new(move |_, _| {
-                    let (lock, cv) = &*gate;
-                    let mut closed = lock.lock().unwrap();
-                    if !*closed {
-                        return;
-                    }
-                    let now = held.0.fetch_add(1, Ordering::SeqCst) + 1;
-                    held.1.fetch_max(now, Ordering::SeqCst);
-                    while *closed {
-                        closed = cv.wait(closed).unwrap();
-                    }
-                    held.0.fetch_sub(1, Ordering::SeqCst);
-                }),
-                ..Tap::new(d.clone())
-            };
-            TopSpec::stripe((Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string()))
-        })
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        spec,
-        log_opts(CommitPolicy::Group, Placement::Global),
-    )
-    .unwrap();
-    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    let (devs, pool) = tapped_stripes(|d| {
+        let (gate, held) = (gate.clone(), held.clone());
+        Tap {
+            on_write: Box::new(move |_, _| {
+                let (lock, cv) = &*gate;
+                let mut closed = lock.lock().unwrap();
+                if !*closed {
+                    return;
+                }
+                let now = held.0.fetch_add(1, Ordering::SeqCst) + 1;
+                held.1.fetch_max(now, Ordering::SeqCst);
+                while *closed {
+                    closed = cv.wait(closed).unwrap();
+                }
+                held.0.fetch_sub(1, Ordering::SeqCst);
+            }),
+            ..Tap::new(d.clone())
+        }
+    });
     (devs, pool, gate, held)
 }
 
