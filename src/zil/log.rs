@@ -367,26 +367,31 @@ impl Log {
     /// always at work, and joining its queue here spares each FLUSH the wake-up of a worker
     /// that would only have queued it.
     pub fn join(&self, done: Done) -> Option<Done> {
-        let mut st = self.state.lock();
-        if let Some(why) = &st.failed {
-            let why = why.clone();
-            drop(st);
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            done(Err(LogError::Failed(why)));
-            return None;
-        }
-        let target = st.next_id;
-        if st.frontier() >= target {
-            drop(st);
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            done(Ok(()));
-            return None;
-        }
+        let (mut st, done) = self.unless_answered(done)?;
         if !st.committing {
             return Some(done);
         }
+        let target = st.next_id;
         st.waiters.push_back((target, done));
         self.requests.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// A sync request's start: answers `done` now, and counts it, if the log has failed or
+    /// every record queued so far is durable already (`None`); else hands `done` back with
+    /// the state locked.
+    fn unless_answered(&self, done: Done) -> Option<(MutexGuard<'_, State>, Done)> {
+        let st = self.state.lock();
+        let answer = if let Some(why) = &st.failed {
+            Err(LogError::Failed(why.clone()))
+        } else if st.frontier() >= st.next_id {
+            Ok(())
+        } else {
+            return Some((st, done));
+        };
+        drop(st);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        done(answer);
         None
     }
 
@@ -394,20 +399,11 @@ impl Log {
     /// becomes it (`bounded`: only until those records are durable). Returns whether it left
     /// requests waiting with no committer.
     fn submit(&self, zil: &Zil, pre: &dyn Prewrite, done: Done, bounded: bool) -> bool {
+        let Some((mut st, done)) = self.unless_answered(done) else {
+            return false;
+        };
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state.lock();
-        if let Some(why) = &st.failed {
-            let why = why.clone();
-            drop(st);
-            done(Err(LogError::Failed(why)));
-            return false;
-        }
         let target = st.next_id;
-        if st.frontier() >= target {
-            drop(st);
-            done(Ok(()));
-            return false;
-        }
         st.waiters.push_back((target, done));
         if st.committing {
             return false;

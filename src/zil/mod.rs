@@ -35,13 +35,13 @@ use crate::vdev::{TopVdev, SECTOR};
 use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
+pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
+use space::LogSpace;
+pub use wake::after_wakeups;
 
 /// The most log blocks of a batch written at once (`Zil::write_blocks`), each with up to
 /// `log::MAX_BLOCK` bytes encoded in memory.
 const PARALLEL_LOG_WRITES: usize = 4;
-pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
-use space::LogSpace;
-pub use wake::after_wakeups;
 
 /// What the log needs from the pool's txg machinery.
 pub trait TxgHooks: Send + Sync {

@@ -129,12 +129,11 @@ impl Bytes<'_> {
         }
     }
 
-    /// The bytes in a buffer the volume can share (with the log record).
-    fn shared(self) -> Arc<Vec<u8>> {
-        Arc::new(match self {
+    fn into_vec(self) -> Vec<u8> {
+        match self {
             Bytes::Borrowed(b) => b.to_vec(),
             Bytes::Owned(v) => v,
-        })
+        }
     }
 }
 
@@ -383,10 +382,7 @@ impl Volume {
             return self.write_nowait(offset, &data).ok_or(data);
         }
         self.write_nowait_from(offset, Bytes::Owned(data))
-            .map_err(|b| match b {
-                Bytes::Owned(v) => v,
-                Bytes::Borrowed(_) => unreachable!("owned bytes come back owned"),
-            })
+            .map_err(Bytes::into_vec)
     }
 
     fn write_nowait_from<'a>(
@@ -416,7 +412,8 @@ impl Volume {
         if !whole && !self.ds.object.patchable(blkid) {
             return Err(data);
         }
-        let buf = data.shared();
+        // The buffer the volume shares with the log record.
+        let buf = Arc::new(data.into_vec());
         let written = if whole {
             self.put_block(blkid, buf.clone(), 0, len, true, false)
         } else {
