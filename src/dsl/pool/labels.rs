@@ -1,0 +1,206 @@
+//! Writing the labels of every leaf (the config, or a txg's uberblock) so that a leaf which
+//! fails the update drops out of it while the rest go on, as long as each top-level vdev
+//! keeps a leaf that took every write.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::vdev::{Leaf, TopVdev, VdevError};
+
+use super::PoolError;
+
+/// A write to the labels of every leaf (an uberblock or a config), done in steps such as
+/// write, then flush. It has the success rule of a mirror write (`TopVdev::write`): a leaf may
+/// fail, as long as every data vdev keeps at least one leaf that took every step, so that
+/// some label on each vdev describes the update. Log devices (the tops after the first
+/// `required`) take part but may drop out entirely: the pool imports without them.
+pub(super) struct LabelUpdate<'a> {
+    tops: &'a [Arc<TopVdev>],
+    required: usize,
+    what: String,
+    /// Per top-level vdev and leaf: why the leaf dropped out, or None while it takes part.
+    dropped: Vec<Vec<Option<String>>>,
+    /// Per top-level vdev and leaf: its write-error count when the update began.
+    write_errors_at_start: Vec<Vec<u64>>,
+}
+
+impl<'a> LabelUpdate<'a> {
+    pub(super) fn new(tops: &'a [Arc<TopVdev>], required: usize, what: String) -> Self {
+        // An offline leaf takes no part: its labels keep describing what it holds.
+        let dropped = tops
+            .iter()
+            .map(|t| {
+                t.children
+                    .iter()
+                    .map(|l| l.is_offline().then(|| format!("{}: offline", l.name())))
+                    .collect()
+            })
+            .collect();
+        let write_errors_at_start = tops
+            .iter()
+            .map(|t| {
+                t.children
+                    .iter()
+                    .map(|l| l.counters.write_errors.load(Ordering::Relaxed))
+                    .collect()
+            })
+            .collect();
+        LabelUpdate {
+            tops,
+            required,
+            what,
+            dropped,
+            write_errors_at_start,
+        }
+    }
+
+    /// Drops the leaves that failed a write since the update began (a mirror write went on
+    /// without them). Such a leaf lacks a block the new labels point at: its labels must not
+    /// claim that block, and its flush cannot make that block durable.
+    pub(super) fn drop_leaves_that_missed_writes(&mut self) -> Result<(), PoolError> {
+        for (t, top) in self.tops.iter().enumerate() {
+            for (l, leaf) in top.children.iter().enumerate() {
+                let now = leaf.counters.write_errors.load(Ordering::Relaxed);
+                if now > self.write_errors_at_start[t][l] && self.dropped[t][l].is_none() {
+                    self.dropped[t][l] = Some(format!("{}: missed a write", leaf.name()));
+                }
+            }
+        }
+        self.check()
+    }
+
+    /// Runs `op` on every leaf still taking part, in parallel. A leaf it fails on counts a
+    /// write error and drops out: after a failed write or flush its earlier writes are in
+    /// doubt, so a later flush could not vouch for them (a flush is never retried). Fails
+    /// once some top-level vdev has no leaf left.
+    pub(super) fn step(
+        &mut self,
+        op: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
+    ) -> Result<(), PoolError> {
+        use rayon::prelude::*;
+        let live: Vec<(usize, usize)> = self
+            .dropped
+            .iter()
+            .enumerate()
+            .flat_map(|(t, leaves)| {
+                leaves
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, why)| why.is_none())
+                    .map(move |(l, _)| (t, l))
+            })
+            .collect();
+        // A lone leaf is served by this thread: rayon would hand it to a worker and wait.
+        let results: Vec<Result<(), VdevError>> = if live.len() == 1 {
+            live.iter()
+                .map(|&(t, l)| op(&self.tops[t].children[l]))
+                .collect()
+        } else {
+            live.par_iter()
+                .map(|&(t, l)| op(&self.tops[t].children[l]))
+                .collect()
+        };
+        for (&(t, l), r) in live.iter().zip(results) {
+            if let Err(e) = r {
+                self.tops[t].children[l].count_write_error();
+                self.dropped[t][l] = Some(e.to_string());
+            }
+        }
+        self.check()
+    }
+
+    /// The data leaves that did not take every step (offline, or failed a write or a step):
+    /// they owe a resilver. (A log device holds nothing a resilver could give back.)
+    pub(super) fn dropped_leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        let data = &self.tops[..self.required];
+        data.iter().zip(&self.dropped).flat_map(|(top, why)| {
+            top.children
+                .iter()
+                .zip(why)
+                .filter(|(_, w)| w.is_some())
+                .map(|(l, _)| l)
+        })
+    }
+
+    pub(super) fn check(&self) -> Result<(), PoolError> {
+        let data = &self.tops[..self.required];
+        for (top, leaves) in data.iter().zip(&self.dropped) {
+            if leaves.iter().all(Option::is_some) {
+                let why: Vec<&str> = leaves.iter().flatten().map(String::as_str).collect();
+                return Err(PoolError::VdevLost {
+                    vdev: top.id,
+                    what: self.what.clone(),
+                    why: why.join("; "),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vdev::mem::{Faults, MemDevice};
+    use std::sync::atomic::AtomicUsize;
+
+    fn mirror(n: usize) -> (Vec<Arc<TopVdev>>, Vec<Arc<MemDevice>>) {
+        let (top, devs) = crate::vdev::top::mem_mirror(n, 9);
+        (vec![Arc::new(top)], devs)
+    }
+
+    fn fail(writes: bool, flush: bool) -> Faults {
+        Faults {
+            fail_writes: writes,
+            fail_flush: flush,
+            ..Faults::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_leaf_drops_out_of_a_label_update_and_the_rest_go_on() {
+        let (tops, devs) = mirror(2);
+        let mut update = LabelUpdate::new(&tops, tops.len(), "test labels".into());
+        devs[1].set_faults(fail(true, false));
+        let calls = AtomicUsize::new(0);
+        let op = |leaf: &Leaf| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            leaf.write_label(0, 0, &[7u8; 512])
+        };
+        update.step(op).unwrap();
+        // The failed leaf is not asked again, even though it would now succeed.
+        devs[1].set_faults(Faults::default());
+        update.step(op).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        let errors = |l: usize| {
+            tops[0].children[l]
+                .counters
+                .write_errors
+                .load(Ordering::Relaxed)
+        };
+        assert_eq!((errors(0), errors(1)), (0, 1));
+    }
+
+    #[test]
+    fn a_label_update_needs_a_leaf_per_vdev_that_took_every_write() {
+        let (tops, devs) = mirror(2);
+        let mut update = LabelUpdate::new(&tops, tops.len(), "the uberblock of txg 5".into());
+        // Leaf 0 misses a data write of the txg, which the mirror survives on leaf 1.
+        devs[0].set_faults(fail(true, false));
+        tops[0].write(0, &[1u8; 4096]).unwrap();
+        devs[0].set_faults(Faults::default());
+        update.drop_leaves_that_missed_writes().unwrap();
+        // Leaf 1, the only one holding the block, cannot flush: leaf 0's flush would not make
+        // the block durable, so the update must fail rather than label leaf 0.
+        devs[1].set_faults(fail(false, true));
+        let err = update.step(|leaf| leaf.flush()).unwrap_err();
+        assert!(matches!(err, PoolError::VdevLost { vdev: 0, .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("the uberblock of txg 5")
+                && msg.contains("m0: missed a write")
+                && msg.contains("m1: injected flush error"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,1126 @@
+//! Pool lifecycle and transaction groups.
+//!
+//! This file holds the pool's state and its lifecycle: create, import, export, status and
+//! volumes. The rest is split by concern: `write` (open-context writes, admission, the
+//! throttle), `intent` (the intent log's hooks into the pool), `sync` (the sync thread and
+//! one sync pass), `labels` (label updates that survive a failing leaf), `devices` (device
+//! changes while running) and `mos` (the meta object set's objects).
+//!
+//! A txg is *open* while writers add dirty blocks to it; the sync thread closes it (so new
+//! writes go to the next txg), writes its blocks copy-on-write, then the MOS, flushes every
+//! leaf, writes the uberblock into every label, and flushes again. Only then is the txg
+//! committed. See docs/format.md for why a crash at any point leaves the previous txg intact.
+
+mod devices;
+mod intent;
+mod labels;
+mod mos;
+mod sync;
+mod write;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::dmu::object::walk;
+use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind};
+use crate::dsl::dir::valid_volume_name;
+use crate::dsl::scan::Scanner;
+use crate::math::ChecksumKind;
+use crate::spa::label::{
+    read_labels, write_config, LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
+};
+use crate::spa::props::{CommitPolicy, Placement};
+use crate::spa::scan_state::{ScanPhase, ScanState};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
+use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
+use crate::zil::{Log, Zil};
+use crate::zio::{Zio, ZioError};
+
+use devices::build_top;
+use labels::LabelUpdate;
+use mos::{alloc_geometry, empty_mos, load_mos, LoadedVolume};
+use sync::{commit_above_skipped, sync_thread, PoolHooks};
+
+pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
+
+/// Smallest usable leaf: room for a few metaslabs after the labels.
+pub const MIN_LEAF_BYTES: u64 = 64 << 20;
+const DIR_BLOCK_BYTES: u32 = 16 * 1024;
+const MSTABLE_BLOCK_BYTES: u32 = 16 * 1024;
+const SM_BLOCK_BYTES: u32 = 4096;
+/// The longest a scan waits for busy volumes before its next batch of blocks.
+const SCAN_YIELD_MAX: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Vdev(#[from] VdevError),
+    #[error(transparent)]
+    Label(#[from] LabelError),
+    #[error(transparent)]
+    Zio(#[from] ZioError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: belongs to pool '{pool}' ({state:?}); use -f to overwrite it")]
+    InUse {
+        path: String,
+        pool: String,
+        state: PoolState,
+    },
+    #[error("{path}: carries a zeta label this zeta cannot read: {why}; use -f to overwrite it")]
+    UnreadableLabel { path: String, why: String },
+    #[error("no pool found{0}")]
+    NotFound(String),
+    #[error("pool '{pool}': cannot import: {why}")]
+    CannotImport { pool: String, why: String },
+    #[error("out of space in pool '{0}'")]
+    NoSpace(String),
+    #[error("volume '{0}' does not exist")]
+    NoSuchVolume(String),
+    #[error("volume '{0}' already exists")]
+    VolumeExists(String),
+    #[error("pool '{pool}' is suspended after an I/O failure and accepts no more writes: {why}")]
+    Suspended { pool: String, why: String },
+    #[error("vdev {vdev}: no device took {what}: {why}")]
+    VdevLost {
+        vdev: u32,
+        what: String,
+        why: String,
+    },
+}
+
+impl From<AllocError> for PoolError {
+    fn from(e: AllocError) -> Self {
+        PoolError::Zio(ZioError::Alloc(e))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub checksum: ChecksumKind,
+    pub txg_timeout: Duration,
+    /// Dirty data (open + syncing txgs) above which writers wait for a sync.
+    pub dirty_max_bytes: u64,
+    pub cache_bytes: u64,
+    /// Overwrite devices that belong to another pool.
+    pub force: bool,
+    /// At create: how the intent log commits and places its blocks.
+    pub zil_commit: CommitPolicy,
+    pub zil_placement: Placement,
+    /// At import: go on when a volume's intent log cannot be read (a missing log device),
+    /// dropping what it held.
+    pub discard_log: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            checksum: ChecksumKind::Fletcher4,
+            txg_timeout: Duration::from_secs(5),
+            dirty_max_bytes: 128 << 20,
+            cache_bytes: 256 << 20,
+            force: false,
+            zil_commit: CommitPolicy::default(),
+            zil_placement: Placement::default(),
+            discard_log: false,
+        }
+    }
+}
+
+/// A top-level vdev to create: its kind and its leaves, already opened, with their paths.
+pub struct TopSpec {
+    pub kind: TopKind,
+    pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
+    /// For a raidz: its parity level and code.
+    pub raidz: Option<RaidzConfig>,
+    /// A separate log device (a stripe or a mirror) rather than a data vdev.
+    pub log: bool,
+}
+
+impl TopSpec {
+    pub fn stripe(leaf: (Arc<dyn BlockDevice>, String)) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Stripe,
+            leaves: vec![leaf],
+            raidz: None,
+            log: false,
+        }
+    }
+
+    pub fn mirror(leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Mirror,
+            leaves,
+            raidz: None,
+            log: false,
+        }
+    }
+
+    pub fn raidz(config: RaidzConfig, leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
+        TopSpec {
+            kind: TopKind::Raidz,
+            leaves,
+            raidz: Some(config),
+            log: false,
+        }
+    }
+
+    /// The same vdev as a separate log device.
+    pub fn as_log(mut self) -> TopSpec {
+        self.log = true;
+        self
+    }
+}
+
+/// Error counters of one leaf, for status displays.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LeafStatus {
+    pub path: String,
+    pub guid: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub cksum_errors: u64,
+    pub repaired_bytes: u64,
+    /// ONLINE, or UNAVAIL for a device the config names but import did not find.
+    pub state: &'static str,
+}
+
+/// One top-level vdev as status displays show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TopStatus {
+    pub id: u32,
+    pub kind: TopKind,
+    /// stripe, mirror, raidz1, raidz2, raidz2-rdp, raidz3.
+    pub name: String,
+    /// A separate log device.
+    pub log: bool,
+    /// ONLINE; DEGRADED when devices are missing but redundancy covers them.
+    pub state: &'static str,
+    /// Leaves named in the config but not found at import.
+    pub missing_devices: usize,
+    /// Every leaf of the config, in order (for a raidz, column order).
+    pub leaves: Vec<LeafStatus>,
+}
+
+/// The newest valid config on a device's labels, if it carries any: what an import scan
+/// needs to know about a device without importing it.
+pub fn probe(dev: Arc<dyn BlockDevice>) -> Option<PoolConfig> {
+    read_labels(&Leaf::new(dev, 0))
+        .ok()?
+        .config
+        .map(|(_, cfg)| cfg)
+}
+
+/// A volume as the pool tracks it.
+pub struct Dataset {
+    pub name: String,
+    pub guid: u64,
+    pub volblocksize: u32,
+    pub checksum: ChecksumKind,
+    pub created_txg: u64,
+    volsize: AtomicU64,
+    pub object: Object,
+    objset_bp: Mutex<BlkPtr>,
+    /// The volume's intent log.
+    pub log: Log,
+    /// Held while the log is replayed, so a volume opened twice at once replays once.
+    pub replay_lock: Mutex<()>,
+    /// Blocks that records to replay point at (large writes logged by block pointer): held
+    /// allocated until the replay's txg commits, so a crash before then finds them intact.
+    replay_claims: Mutex<Vec<BlkPtr>>,
+    /// Set when the volume is destroyed: handles still open to it (a connected client) must
+    /// not dirty it any more, since no txg would ever sync, and undirty, what they wrote.
+    destroyed: AtomicBool,
+}
+
+impl Dataset {
+    pub fn volsize(&self) -> u64 {
+        self.volsize.load(Ordering::Acquire)
+    }
+}
+
+struct Mos {
+    dir: Object,
+    mstable: Object,
+    /// One space-map object per metaslab, in vdev order.
+    sms: Vec<Object>,
+    /// Index of each vdev's first metaslab in `sms`.
+    ms_base: Vec<usize>,
+    objset_bp: BlkPtr,
+    /// Volumes destroyed since the last sync; their blocks are freed by the next one.
+    destroyed: Vec<Arc<Dataset>>,
+    /// The directory must be rewritten (a volume was created, destroyed or resized).
+    dir_dirty: bool,
+}
+
+/// Sync requests are numbered; a request is served once a sync pass that *started* after it
+/// has finished (that pass either committed the txg holding the requester's writes or found
+/// nothing dirty, which means they were committed earlier).
+struct SyncState {
+    synced_txg: u64,
+    request_seq: u64,
+    completed_seq: u64,
+    shutdown: bool,
+    error: Option<String>,
+}
+
+/// One device found at import: the device, its path, its config generation and config, and
+/// the uberblocks its labels hold.
+type Member = (
+    Arc<dyn BlockDevice>,
+    String,
+    u64,
+    PoolConfig,
+    Vec<Uberblock>,
+);
+
+pub struct Pool {
+    pub name: String,
+    pub guid: u64,
+    config: Mutex<PoolConfig>,
+    config_gen: AtomicU64,
+    pub io: ObjectIo,
+    opts: PoolOptions,
+    /// The open txg. Writers hold it shared while they dirty blocks; the sync thread takes it
+    /// exclusively to close the txg.
+    open_txg: RwLock<u64>,
+    sync: Mutex<SyncState>,
+    sync_cv: Condvar,
+    /// Held for a whole sync, and by admin changes to the MOS.
+    mos: Mutex<Mos>,
+    datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
+    dirty_bytes: AtomicI64,
+    /// What writes may hold in memory before they wait for a sync (`PoolOptions::
+    /// dirty_max_bytes` at first; `set_memory_limits` changes it).
+    dirty_max: AtomicU64,
+    /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
+    /// is allocated, so admission must not count it again.
+    placed_bytes: AtomicI64,
+    /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
+    /// placed blocks and by the unread rest of patched ones.
+    held_bytes: AtomicI64,
+    /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
+    /// last txg committed (kept here so writers need not take the allocator's lock to ask).
+    ahead_limit: AtomicU64,
+    /// Bytes written ahead of their txg (placed, or written in place for the log), by txg,
+    /// until that txg commits; superseded copies included: the intent log may point at
+    /// every one of them, and after a crash import holds them all until the replay ends.
+    ahead: Mutex<BTreeMap<u64, u64>>,
+    ahead_bytes: AtomicU64,
+    /// The free space admission last found in slivers too small for a block (when, block
+    /// size, bytes): reused for a while instead of walking every free segment again.
+    slivers: Mutex<(std::time::Instant, u64, u64)>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The last scrub's state (saved in the config) and the thread running one.
+    pub(super) scan: Mutex<ScanState>,
+    pub(super) scanner: Mutex<Option<Scanner>>,
+    /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
+    last_io_nanos: AtomicU64,
+    born: std::time::Instant,
+    /// The intent log's pool-wide part: log space, rotor, counters.
+    pub zil: Zil,
+    /// What import had to give up (a volume's unreadable log, with --discard-log).
+    pub import_notes: Mutex<Vec<String>>,
+}
+
+fn random_guid() -> u64 {
+    loop {
+        let g: u64 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+/// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
+/// `ZETA_FLETCHER4_IMPL`, `ZETA_FLETCHER2_IMPL` or `ZETA_PARITY_IMPL` is a clear error here,
+/// before anything is read or written.
+fn check_kernels() -> Result<(), PoolError> {
+    crate::math::fletcher::selected().map_err(PoolError::Invalid)?;
+    crate::math::fletcher2::selected().map_err(PoolError::Invalid)?;
+    crate::math::parity::check_override().map_err(|e| PoolError::Invalid(e.to_string()))
+}
+
+fn invalid(msg: impl Into<String>) -> PoolError {
+    PoolError::Invalid(msg.into())
+}
+
+impl Pool {
+    // ----- creation -----------------------------------------------------------------------
+
+    /// Creates a pool on opened devices and commits its first txg.
+    pub fn create(
+        name: &str,
+        spec: Vec<TopSpec>,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        check_kernels()?;
+        if !valid_volume_name(name) || name.contains(':') {
+            return Err(invalid(format!(
+                "invalid pool name '{name}': use letters, digits, '-', '_', '.'"
+            )));
+        }
+        if spec.is_empty() {
+            return Err(invalid("a pool needs at least one device"));
+        }
+        // Log devices come after the data vdevs, whatever the order given: data vdevs are
+        // numbered 0..n, which the allocator and the metaslab table index by.
+        let mut spec = spec;
+        spec.sort_by_key(|t| t.log);
+        if spec.iter().all(|t| t.log) {
+            return Err(invalid(
+                "a pool needs at least one data device besides its log devices",
+            ));
+        }
+        let mut tops_cfg = Vec::new();
+        let mut tops = Vec::new();
+        for (id, top) in spec.into_iter().enumerate() {
+            let (vdev, cfg) = build_top(id as u32, top, opts.force)?;
+            tops_cfg.push(cfg);
+            tops.push(Arc::new(vdev));
+        }
+        let config = PoolConfig {
+            name: name.to_string(),
+            pool_guid: random_guid(),
+            state: PoolState::Active,
+            version: FORMAT_VERSION,
+            checksum: opts.checksum,
+            leaf_guid: 0,
+            tops: tops_cfg,
+            scan: None,
+            zil_commit: opts.zil_commit,
+            zil_placement: opts.zil_placement,
+        };
+        let alloc = Allocator::new(&alloc_geometry(&config));
+        let mut mos = empty_mos(
+            &alloc
+                .tops
+                .iter()
+                .map(|t| t.metaslabs.len())
+                .collect::<Vec<_>>(),
+        );
+        mos.dir_dirty = true;
+        let pool = Self::assemble(config, tops, alloc, opts, mos, 0, 1);
+        pool.write_config(PoolState::Active)?;
+        pool.sync_now()?;
+        Ok(pool)
+    }
+
+    fn assemble(
+        config: PoolConfig,
+        tops: Vec<Arc<TopVdev>>,
+        alloc: Allocator,
+        opts: PoolOptions,
+        mos: Mos,
+        synced_txg: u64,
+        config_gen: u64,
+    ) -> Arc<Pool> {
+        let zil = Zil::new(
+            tops.iter()
+                .zip(&config.tops)
+                .map(|(top, t)| (top.clone(), (t.data_bytes(), t.log_bytes), t.log))
+                .collect(),
+            config.zil_commit,
+            config.zil_placement,
+        );
+        // The data path knows only the data vdevs (numbered 0..n); log devices are the log's.
+        let data_tops: Vec<Arc<TopVdev>> = tops
+            .iter()
+            .zip(&config.tops)
+            .filter(|(_, t)| !t.log)
+            .map(|(top, _)| top.clone())
+            .collect();
+        let zio = Arc::new(Zio::new(data_tops, alloc));
+        let ahead_limit = zio.alloc.lock().space().free / 4;
+        let cache = Arc::new(BlockCache::new(opts.cache_bytes));
+        let dirty_max = opts.dirty_max_bytes;
+        let pool = Arc::new(Pool {
+            name: config.name.clone(),
+            guid: config.pool_guid,
+            config: Mutex::new(config),
+            config_gen: AtomicU64::new(config_gen),
+            io: ObjectIo { zio, cache },
+            opts,
+            open_txg: RwLock::new(synced_txg + 1),
+            sync: Mutex::new(SyncState {
+                synced_txg,
+                request_seq: 0,
+                completed_seq: 0,
+                shutdown: false,
+                error: None,
+            }),
+            sync_cv: Condvar::new(),
+            mos: Mutex::new(mos),
+            datasets: RwLock::new(BTreeMap::new()),
+            dirty_bytes: AtomicI64::new(0),
+            dirty_max: AtomicU64::new(dirty_max),
+            placed_bytes: AtomicI64::new(0),
+            held_bytes: AtomicI64::new(0),
+            ahead_limit: AtomicU64::new(ahead_limit),
+            ahead: Mutex::new(BTreeMap::new()),
+            ahead_bytes: AtomicU64::new(0),
+            slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
+            thread: Mutex::new(None),
+            scan: Mutex::new(ScanState::default()),
+            scanner: Mutex::new(None),
+            last_io_nanos: AtomicU64::new(0),
+            born: std::time::Instant::now(),
+            zil,
+            import_notes: Mutex::new(Vec::new()),
+        });
+        pool.zil
+            .set_hooks(Box::new(PoolHooks(Arc::downgrade(&pool))));
+        let weak = Arc::downgrade(&pool);
+        let handle = std::thread::Builder::new()
+            .name(format!("txg-sync-{}", pool.name))
+            .spawn(move || sync_thread(weak))
+            .expect("spawn sync thread");
+        *pool.thread.lock() = Some(handle);
+        pool
+    }
+
+    /// Writes the config into every label, in two phases (labels 0 and 2, then 1 and 3) so a
+    /// crash tears at most one copy of each end.
+    fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
+        let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
+        let cfg = self.config_to_write(state);
+        let (tops, required) = self.label_tops();
+        let mut update =
+            LabelUpdate::new(&tops, required, format!("config generation {generation}"));
+        for phase in [[0usize, 2], [1, 3]] {
+            update.step(|leaf| {
+                let mut c = cfg.clone();
+                c.leaf_guid = leaf.guid();
+                write_config(leaf, &c, generation, &phase)
+            })?;
+            update.step(|leaf| leaf.flush())?;
+        }
+        let mut c = self.config.lock();
+        c.state = state;
+        c.scan = cfg.scan;
+        c.tops = cfg.tops;
+        Ok(())
+    }
+
+    // ----- import -------------------------------------------------------------------------
+
+    /// Imports the pool named `name` (or the only pool present) from opened devices.
+    pub fn import(
+        devices: Vec<(Arc<dyn BlockDevice>, String)>,
+        name: Option<&str>,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        check_kernels()?;
+        // Read every device's labels and group them by pool.
+        let mut pools: HashMap<u64, Vec<Member>> = HashMap::new();
+        let mut unreadable = Vec::new();
+        for (dev, path) in devices {
+            let probe = Leaf::new(dev.clone(), 0);
+            match read_labels(&probe) {
+                Ok(l) => match l.config {
+                    Some((generation, cfg)) => {
+                        pools.entry(cfg.pool_guid).or_default().push((dev, path, generation, cfg, l.uberblocks))
+                    }
+                    None => unreadable.push(format!("{path}: no valid label ({})", l.describe_errors(|_| true))),
+                },
+                Err(LabelError::UnknownVersion(v)) => {
+                    return Err(PoolError::CannotImport {
+                        pool: name.unwrap_or("?").to_string(),
+                        why: format!("{path}: format version {v} is newer than this zeta supports ({FORMAT_VERSION})"),
+                    })
+                }
+                Err(e) => unreadable.push(format!("{path}: {e}")),
+            }
+        }
+        let newest = |v: &Vec<Member>| v.iter().max_by_key(|e| e.2).map(|e| e.3.clone()).unwrap();
+        let mut candidates: Vec<u64> = pools
+            .iter()
+            .filter(|(_, v)| {
+                let cfg = newest(v);
+                cfg.state != PoolState::Destroyed && name.is_none_or(|n| n == cfg.name)
+            })
+            .map(|(g, _)| *g)
+            .collect();
+        candidates.sort();
+        let guid = match candidates.as_slice() {
+            [g] => *g,
+            [] => {
+                let detail = if unreadable.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", unreadable.join("; "))
+                };
+                return Err(PoolError::NotFound(match name {
+                    Some(n) => format!(" named '{n}'{detail}"),
+                    None => detail,
+                }));
+            }
+            _ => {
+                let names: Vec<String> =
+                    candidates.iter().map(|g| newest(&pools[g]).name).collect();
+                return Err(invalid(format!(
+                    "several pools found ({}); name the one to import",
+                    names.join(", ")
+                )));
+            }
+        };
+        let members = pools.remove(&guid).unwrap();
+        let config_gen = members.iter().map(|m| m.2).max().unwrap();
+        let mut config = newest(&members);
+        let pool_name = config.name.clone();
+        let cannot = |why: String| PoolError::CannotImport {
+            pool: pool_name.clone(),
+            why,
+        };
+
+        // Assemble the vdev tree from the config, matching leaves by GUID.
+        let mut by_guid: HashMap<u64, (Arc<dyn BlockDevice>, String)> = HashMap::new();
+        let mut uberblocks: Vec<Uberblock> = Vec::new();
+        for (dev, path, _, cfg, ubs) in members {
+            by_guid.insert(cfg.leaf_guid, (dev, path));
+            uberblocks.extend(ubs);
+        }
+        // Data vdevs are numbered 0..n and log devices follow with rising ids: the allocator,
+        // the metaslab table and the log index by these.
+        let n_data = config.tops.iter().filter(|t| !t.log).count();
+        let well_formed = n_data > 0
+            && config
+                .tops
+                .iter()
+                .enumerate()
+                .all(|(i, t)| (i < n_data) != t.log && (t.log || t.id == i as u32))
+            && config.tops.windows(2).all(|w| w[0].id < w[1].id);
+        if !well_formed {
+            return Err(cannot(
+                "the config's vdev list is malformed (vdev ids out of order)".into(),
+            ));
+        }
+        let mut tops = Vec::new();
+        let mut log_notes = Vec::new();
+        for t in config.tops.iter_mut() {
+            // Each leaf holds the whole vdev's space, or its share of a raidz's.
+            let leaf_asize = match &t.raidz {
+                Some(_) => t.asize / t.children.len() as u64,
+                None => t.asize,
+            };
+            let mut slots: Vec<Option<Arc<Leaf>>> = Vec::new();
+            let mut missing = Vec::new();
+            for c in t.children.iter_mut() {
+                match by_guid.get(&c.guid) {
+                    Some((dev, path)) => {
+                        if dev.len_bytes() < MIN_LEAF_BYTES
+                            || crate::vdev::layout::usable_bytes(dev.len_bytes()).unwrap_or(0)
+                                < leaf_asize
+                        {
+                            return Err(cannot(format!("{path}: device is smaller than when the pool was created (truncated?)")));
+                        }
+                        c.path = path.clone();
+                        let leaf = Leaf::new(dev.clone(), c.guid);
+                        let e = c.errors;
+                        leaf.counters
+                            .set([e.read, e.write, e.cksum, e.repaired_bytes]);
+                        leaf.set_offline(c.offline);
+                        leaf.set_faulted(c.faulted);
+                        leaf.missed.lock().0 = c.missed.clone();
+                        slots.push(Some(Arc::new(leaf)));
+                    }
+                    None => {
+                        // Its place is kept, out of service, until it returns or is replaced.
+                        missing.push(c.path.clone());
+                        let leaf = Leaf::missing(&c.path, 0, c.guid);
+                        leaf.missed.lock().0 = c.missed.clone();
+                        slots.push(Some(Arc::new(leaf)));
+                    }
+                }
+            }
+            let tolerable = match (&t.raidz, t.kind) {
+                (Some(rz), _) => rz.nparity as usize,
+                (None, TopKind::Mirror) => t.children.len() - 1,
+                _ => 0,
+            };
+            let lost = missing.len() > tolerable;
+            if lost && t.log {
+                // The log device may hold the only copy of writes acknowledged after the
+                // last txg: going on without it must be asked for.
+                if !opts.discard_log {
+                    return Err(cannot(format!(
+                        "log device {} is missing: it may hold writes acknowledged after the \
+                         last txg. Bring it back, or import with --discard-log to give them up \
+                         (the pool then opens at its last txg)",
+                        missing.join(", ")
+                    )));
+                }
+                log_notes.push(format!(
+                    "{pool_name}: log device {} missing: writes acknowledged after the last txg \
+                     and logged there are lost; `zeta pool remove {pool_name} {}` drops it",
+                    missing.join(", "),
+                    missing[0]
+                ));
+            } else if lost {
+                return Err(cannot(format!(
+                    "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}",
+                    t.id,
+                    t.kind_name(),
+                    missing.len(),
+                    t.children.len(),
+                    missing.join(", ")
+                )));
+            }
+            let vdev = match t.raidz {
+                Some(rz) => TopVdev::new_raidz(t.id, t.guid, rz, slots).map_err(&cannot)?,
+                None => TopVdev::new(t.id, t.guid, t.kind, slots.into_iter().flatten().collect()),
+            };
+            // (A log device with every leaf missing has no size of its own to check.)
+            if vdev.asize_bytes < t.asize && !lost {
+                return Err(cannot(format!("vdev {} is smaller than recorded", t.id)));
+            }
+            tops.push(Arc::new(vdev));
+        }
+        let tops_arc: Vec<Arc<TopVdev>> = tops;
+        let data_tops: Vec<Arc<TopVdev>> = tops_arc[..n_data].to_vec();
+
+        // Newest uberblock whose tree loads and verifies wins; older ones are the fallback.
+        uberblocks.retain(|u| u.pool_guid.get() == guid);
+        uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
+        uberblocks.dedup_by_key(|u| u.txg.get());
+        let Some(newest_seen) = uberblocks.first().map(|u| u.txg.get()) else {
+            return Err(cannot("no valid uberblock on any device".into()));
+        };
+        let mut failures = Vec::new();
+        for ub in &uberblocks {
+            let alloc = Allocator::new(&alloc_geometry(&config));
+            let probe_zio = Arc::new(Zio::new(data_tops.clone(), alloc));
+            let probe_io = ObjectIo {
+                zio: probe_zio.clone(),
+                cache: Arc::new(BlockCache::new(opts.cache_bytes)),
+            };
+            match load_mos(&probe_io, &config, ub) {
+                Ok((mos, datasets)) => {
+                    let alloc =
+                        std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
+                    // New txgs must outrank every uberblock skipped on the way here.
+                    let txg = commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?;
+                    let scan = config.scan.clone().unwrap_or_default();
+                    let discard_log = opts.discard_log;
+                    let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
+                    let mut opened = Vec::new();
+                    for LoadedVolume {
+                        mut ds,
+                        zil: header,
+                        replay_after,
+                    } in datasets
+                    {
+                        // Records newer than the tree are replayed; a replay cut short by a
+                        // crash kept the txg it counted from, which may be older.
+                        let after = match replay_after {
+                            0 => ub.tree_txg(),
+                            t => t.min(ub.tree_txg()),
+                        };
+                        let (log, claims) = pool.open_log(&ds.name, header, after, discard_log)?;
+                        if log.replay_after() != 0 {
+                            // The first txg to commit, whatever it holds, must carry the
+                            // txg counted from (`Log::replay_after`).
+                            pool.mos.lock().dir_dirty = true;
+                        }
+                        ds.log = log;
+                        *ds.replay_claims.lock() = claims;
+                        opened.push(ds);
+                    }
+                    // Every chain is claimed: the logs with nothing to replay start anew.
+                    for ds in &opened {
+                        if ds.log.pending_replay().is_none() {
+                            ds.log.start_chain(&pool.zil);
+                        }
+                    }
+                    {
+                        let mut map = pool.datasets.write();
+                        for ds in opened {
+                            map.insert(ds.name.clone(), Arc::new(ds));
+                        }
+                    }
+                    *pool.scan.lock() = scan;
+                    pool.import_notes.lock().extend(log_notes);
+                    pool.write_config(PoolState::Active)?;
+                    // A scrub or resilver that was running when the pool closed goes on
+                    // where it was; leaves owed txgs get a resilver.
+                    pool.resume_scrub();
+                    pool.start_resilver();
+                    return Ok(pool);
+                }
+                Err(e) => failures.push(format!("txg {}: {e}", ub.txg.get())),
+            }
+        }
+        Err(cannot(format!(
+            "no uberblock's tree verifies: {}",
+            failures.join("; ")
+        )))
+    }
+
+    // ----- state --------------------------------------------------------------------------
+
+    pub fn config(&self) -> PoolConfig {
+        self.config.lock().clone()
+    }
+
+    /// Every top-level vdev whose labels carry the pool's config and uberblocks: the data
+    /// vdevs, then the log devices; and how many of them are data vdevs.
+    fn label_tops(&self) -> (Vec<Arc<TopVdev>>, usize) {
+        let mut tops = self.io.zio.tops.clone();
+        let required = tops.len();
+        tops.extend(self.zil.log_devices());
+        (tops, required)
+    }
+
+    /// The pool's space, as last counted: read without the allocator's lock, which a txg
+    /// sync holds while it allocates (see `SpaceGauge`).
+    pub fn space(&self) -> Space {
+        self.io.zio.gauge.read()
+    }
+
+    pub fn vdev_status(&self) -> Vec<TopStatus> {
+        let cfg = self.config.lock().clone();
+        let (tops, _) = self.label_tops();
+        tops.iter()
+            .zip(&cfg.tops)
+            .map(|(t, tc)| {
+                let missing = t.children.iter().filter(|l| l.is_missing()).count();
+                let offline = t
+                    .children
+                    .iter()
+                    .any(|l| l.is_offline() || l.inject.lock().vanished);
+                TopStatus {
+                    id: t.id,
+                    kind: t.kind,
+                    name: tc.kind_name(),
+                    log: tc.log,
+                    state: if missing == 0 && !offline {
+                        "ONLINE"
+                    } else if missing == t.children.len() {
+                        "UNAVAIL"
+                    } else {
+                        "DEGRADED"
+                    },
+                    missing_devices: missing,
+                    leaves: tc
+                        .children
+                        .iter()
+                        .map(|c| {
+                            let leaf = t.children.iter().find(|l| l.guid() == c.guid);
+                            let n = |f: fn(&Leaf) -> &AtomicU64| {
+                                leaf.map_or(0, |l| f(l).load(Ordering::Relaxed))
+                            };
+                            LeafStatus {
+                                path: c.path.clone(),
+                                guid: c.guid,
+                                read_errors: n(|l| &l.counters.read_errors),
+                                write_errors: n(|l| &l.counters.write_errors),
+                                cksum_errors: n(|l| &l.counters.cksum_errors),
+                                repaired_bytes: n(|l| &l.counters.repaired_bytes),
+                                state: match leaf {
+                                    None => "UNAVAIL",
+                                    Some(l) if l.is_missing() => "UNAVAIL",
+                                    Some(l) if l.inject.lock().vanished => "REMOVED",
+                                    Some(l) if l.is_faulted() => "FAULTED",
+                                    Some(l) if l.is_offline() => "OFFLINE",
+                                    Some(_) => "ONLINE",
+                                },
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.opts
+    }
+
+    pub fn synced_txg(&self) -> u64 {
+        self.sync.lock().synced_txg
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Ordering::Acquire).max(0) as u64
+    }
+
+    pub fn datasets(&self) -> Vec<Arc<Dataset>> {
+        self.datasets.read().values().cloned().collect()
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, PoolError> {
+        self.datasets
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))
+    }
+
+    fn check_healthy(&self) -> Result<(), PoolError> {
+        match &self.sync.lock().error {
+            Some(why) => Err(PoolError::Suspended {
+                pool: self.name.clone(),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    // ----- volumes ------------------------------------------------------------------------
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        volsize: u64,
+        volblocksize: u32,
+        checksum: Option<ChecksumKind>,
+    ) -> Result<Arc<Dataset>, PoolError> {
+        self.check_healthy()?;
+        if !valid_volume_name(name) {
+            return Err(invalid(format!(
+                "invalid volume name '{name}': use letters, digits, '-', '_', '.', ':'"
+            )));
+        }
+        if !volblocksize.is_power_of_two() || !(4096..=131072).contains(&volblocksize) {
+            return Err(invalid(format!(
+                "volblocksize {volblocksize} must be a power of two from 4K to 128K"
+            )));
+        }
+        check_volsize(volsize, volblocksize)?;
+        let mut mos = self.mos.lock();
+        let mut map = self.datasets.write();
+        if map.contains_key(name) {
+            return Err(PoolError::VolumeExists(format!("{}/{name}", self.name)));
+        }
+        let checksum = checksum.unwrap_or(self.config.lock().checksum);
+        let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
+        dn.size_bytes = volsize.into();
+        let ds = Arc::new(Dataset {
+            name: name.to_string(),
+            guid: random_guid(),
+            volblocksize,
+            checksum,
+            created_txg: *self.open_txg.read(),
+            volsize: AtomicU64::new(volsize),
+            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(BlkPtr::HOLE),
+            // Its header goes to disk with the volume, in the sync below.
+            log: Log::new_chain(&self.zil),
+            replay_lock: Mutex::new(()),
+            replay_claims: Mutex::new(Vec::new()),
+            destroyed: AtomicBool::new(false),
+        });
+        map.insert(name.to_string(), ds.clone());
+        mos.dir_dirty = true;
+        drop(map);
+        drop(mos);
+        self.sync_now()?;
+        Ok(ds)
+    }
+
+    pub fn destroy_volume(&self, name: &str) -> Result<(), PoolError> {
+        self.check_healthy()?;
+        {
+            let mut mos = self.mos.lock();
+            let ds = self
+                .datasets
+                .write()
+                .remove(name)
+                .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))?;
+            // Under the open txg's lock, as `dirty_block` checks it: a change either sees the
+            // flag, or lands in the open txg before the sync below takes its destruction.
+            let hold = self.open_txg.write();
+            ds.destroyed.store(true, Ordering::Release);
+            drop(hold);
+            mos.destroyed.push(ds);
+            mos.dir_dirty = true;
+        }
+        self.sync_now()
+    }
+
+    /// Changes a volume's size; shrinking frees the blocks past the new end.
+    pub fn resize_volume(&self, name: &str, volsize: u64) -> Result<(), PoolError> {
+        self.check_healthy()?;
+        let ds = self.dataset(name)?;
+        check_volsize(volsize, ds.volblocksize)?;
+        let old = ds.volsize();
+        if volsize < old {
+            let bs = ds.volblocksize as u64;
+            let doomed = ds
+                .object
+                .allocated_blocks(&self.io, volsize / bs, old.div_ceil(bs))?;
+            let hold = self.open_txg.read();
+            for blkid in doomed {
+                self.record_change(ds.as_ref(), *hold, blkid, Dirty::Free);
+            }
+            ds.volsize.store(volsize, Ordering::Release);
+            drop(hold);
+        } else {
+            ds.volsize.store(volsize, Ordering::Release);
+        }
+        ds.object.set_size_bytes(volsize);
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
+    /// Syncs, marks the labels exported and stops the sync thread. The devices close when the
+    /// last reference to the pool goes.
+    pub fn export(&self) -> Result<(), PoolError> {
+        self.close()?;
+        self.write_config(PoolState::Exported)
+    }
+
+    /// Syncs and stops the sync thread, leaving the pool marked active (imported) on its
+    /// devices: what a command does when it is done with a pool it will open again.
+    pub fn close(&self) -> Result<(), PoolError> {
+        // A running scrub pauses; its bookmark is saved so the next import resumes it.
+        if let Some(s) = self.scanner.lock().take() {
+            s.pause();
+        }
+        let scrubbing = self.scan.lock().state == ScanPhase::Scanning;
+        self.sync_now()?;
+        self.shutdown();
+        self.check_healthy()?;
+        // Keep a paused scrub's bookmark and the error counters for the next import.
+        if scrubbing || self.counters_changed() {
+            self.write_config(PoolState::Active)?;
+        }
+        Ok(())
+    }
+
+    /// The config as labels carry it: the current one with the live scan state and leaf
+    /// counters, in `state`.
+    fn config_to_write(&self, state: PoolState) -> PoolConfig {
+        let mut cfg = self.config.lock().clone();
+        cfg.state = state;
+        let scan = self.scan.lock().clone();
+        cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
+        self.record_counters(&mut cfg);
+        cfg
+    }
+
+    /// Saves the scrub's progress in the config (serialized with syncs by the MOS lock).
+    pub(super) fn save_scan(&self) -> Result<(), PoolError> {
+        let _mos = self.mos.lock();
+        let state = self.config.lock().state;
+        self.write_config(state)
+    }
+
+    /// The dnodes of the MOS objects, as of the last sync.
+    pub(super) fn mos_dnodes(&self) -> Vec<DnodePhys> {
+        let mos = self.mos.lock();
+        let mut v = vec![mos.dir.dnode(), mos.mstable.dnode()];
+        v.extend(mos.sms.iter().map(|o| o.dnode()));
+        v
+    }
+
+    /// Records that a volume read or wrote just now.
+    pub fn note_foreground_io(&self) {
+        let now = self.born.elapsed().as_nanos() as u64;
+        self.last_io_nanos.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Pauses a scrub briefly while volumes are busy, so it takes what they leave: until
+    /// they have been idle for 10 ms, but never more than `SCAN_YIELD_MAX` at a time (a
+    /// scan under constant load still advances, if slowly: a resilver that waited for
+    /// idleness would leave a pool with busy clients degraded for good) and not once
+    /// `stop` is set (a pause, an export, a replacement waits for the scanner to stop).
+    pub(super) fn yield_to_foreground(&self, stop: &AtomicBool) {
+        const BUSY_WINDOW: u64 = 10_000_000;
+        let until = std::time::Instant::now() + SCAN_YIELD_MAX;
+        loop {
+            let last = self.last_io_nanos.load(Ordering::Relaxed);
+            let now = self.born.elapsed().as_nanos() as u64;
+            if last == 0
+                || now.saturating_sub(last) > BUSY_WINDOW
+                || stop.load(Ordering::SeqCst)
+                || std::time::Instant::now() >= until
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Marks the pool destroyed in every label (its devices may then be reused without -f).
+    pub fn destroy(&self) -> Result<(), PoolError> {
+        self.shutdown();
+        self.write_config(PoolState::Destroyed)
+    }
+
+    fn shutdown(&self) {
+        {
+            let mut st = self.sync.lock();
+            st.shutdown = true;
+            self.sync_cv.notify_all();
+        }
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
+            // The sync thread itself may drop the last reference; it must not join itself.
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Reads every block of the pool (MOS and every volume), verifying each checksum, and
+    /// checks the allocator's running totals against its metaslabs. Returns the number of
+    /// blocks verified.
+    pub fn verify(&self) -> Result<u64, PoolError> {
+        let mut n = 0u64;
+        let mut count = |_: &BlkPtr, _: u8| -> Result<(), ZioError> {
+            n += 1;
+            Ok(())
+        };
+        {
+            let mos = self.mos.lock();
+            walk(&self.io, &mos.dir.dnode(), &mut count)?;
+            walk(&self.io, &mos.mstable.dnode(), &mut count)?;
+            for sm in &mos.sms {
+                walk(&self.io, &sm.dnode(), &mut count)?;
+            }
+        }
+        for ds in self.datasets() {
+            // Data blocks are read uncached so a verify really touches the media.
+            walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
+                if level == 0 {
+                    self.io.zio.read(bp)?;
+                }
+                count(bp, level)
+            })?;
+        }
+        let alloc = self.io.zio.alloc.lock();
+        let (kept, counted) = (alloc.space(), alloc.space_recounted());
+        if kept != counted {
+            return Err(invalid(format!(
+                "pool '{}': the allocator's running totals {kept:?} drifted from its \
+                 metaslabs {counted:?}",
+                self.name
+            )));
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn check_volsize(volsize: u64, volblocksize: u32) -> Result<(), PoolError> {
+    if volsize == 0 || !volsize.is_multiple_of(volblocksize as u64) {
+        return Err(invalid(format!(
+            "volume size {volsize} must be a non-zero multiple of the block size ({volblocksize})"
+        )));
+    }
+    if volsize > 1 << 60 {
+        return Err(invalid(format!("volume size {volsize} is too large")));
+    }
+    Ok(())
+}

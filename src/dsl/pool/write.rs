@@ -1,0 +1,460 @@
+//! Writes in open context: a volume's block changes entering the open txg, their admission
+//! against the pool's free space and dirty limit, the throttle that holds writers back
+//! while a sync catches up, and blocks placed and written ahead of their txg.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLockReadGuard;
+
+use crate::dmu::object::Delta;
+use crate::dmu::Dirty;
+use crate::spa::{AllocClass, AllocError, BlkPtr, Space};
+use crate::zio::{WriteProps, ZioError};
+
+use super::{Dataset, Pool, PoolError};
+
+/// How many txg commits a write short of space waits for, one at a time (deferred frees come
+/// back two txgs after the one that freed them), before it is refused with ENOSPC: in
+/// admission (`reserve_space`) and when the allocator finds no segment (`place_blocks`).
+const RESERVE_WAITS: usize = 6;
+
+/// How long admission trusts a count of the free space in slivers (`Pool::fits`).
+const SLIVERS_FOR: Duration = Duration::from_secs(1);
+
+impl Pool {
+    /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
+    /// dirty, and refusing with `NoSpace` if the pool could not hold it. Returns the txg the
+    /// change went into. Without `wait`, `None`, with nothing done, where new contents
+    /// (`Dirty::Data`) would wait (for memory, space, or the sync closing the txg).
+    pub fn dirty_block(
+        &self,
+        ds: &Dataset,
+        blkid: u64,
+        change: Dirty,
+        wait: bool,
+    ) -> Result<Option<u64>, PoolError> {
+        self.check_healthy()?;
+        let hold = if matches!(change, Dirty::Data(_)) {
+            match self.admit_block(ds, wait)? {
+                Some(hold) => hold,
+                None => return Ok(None),
+            }
+        } else {
+            self.hold_open_txg(ds)?
+        };
+        let txg = *hold;
+        self.record_change(ds, txg, blkid, change);
+        drop(hold);
+        self.sync_if_much_held();
+        Ok(Some(txg))
+    }
+
+    /// Admits one more block of the volume into the open txg and holds the txg: waits first
+    /// if too much is dirty, and refuses with `NoSpace` if the pool could not hold the block.
+    /// Without `wait`, `None` where it would wait.
+    fn admit_block(
+        &self,
+        ds: &Dataset,
+        wait: bool,
+    ) -> Result<Option<RwLockReadGuard<'_, u64>>, PoolError> {
+        let len = ds.volblocksize as u64;
+        if wait {
+            self.throttle()?;
+            self.reserve_space(len, len)?;
+            return self.hold_open_txg(ds).map(Some);
+        }
+        if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false) {
+            return Ok(None);
+        }
+        let Some(hold) = self.open_txg.try_read() else {
+            return Ok(None);
+        };
+        if ds.destroyed.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Ok(Some(hold))
+    }
+
+    /// The open txg, held (a sync cannot close it meanwhile), if the volume still exists.
+    fn hold_open_txg(&self, ds: &Dataset) -> Result<RwLockReadGuard<'_, u64>, PoolError> {
+        let hold = self.open_txg.read();
+        if ds.destroyed.load(Ordering::Acquire) {
+            return Err(PoolError::NoSuchVolume(format!(
+                "{}/{} (destroyed while open)",
+                self.name, ds.name
+            )));
+        }
+        Ok(hold)
+    }
+
+    /// Makes `change` block `blkid`'s change in open txg `txg` (held by the caller), counts
+    /// its dirty bytes and frees the placed copy it supersedes, if any.
+    pub(super) fn record_change(&self, ds: &Dataset, txg: u64, blkid: u64, change: Dirty) {
+        if let Some(bp) = self.record_change_keeping(ds, blkid, change) {
+            self.io.zio.free(&bp, txg, AllocClass::Mos);
+        }
+    }
+
+    /// `record_change`, but the copy written ahead that the change supersedes, if any, is
+    /// returned for the caller to free (with its neighbours: `Zio::free_all`).
+    fn record_change_keeping(&self, ds: &Dataset, blkid: u64, change: Dirty) -> Option<BlkPtr> {
+        let mut placed = match &change {
+            Dirty::Placed(bp) => bp.lsize.get() as i64,
+            _ => 0,
+        };
+        let (delta, superseded) = ds.object.dirty(blkid, change);
+        if let Some(bp) = &superseded {
+            placed -= bp.lsize.get() as i64;
+        }
+        self.count_dirty(delta);
+        self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
+        superseded
+    }
+
+    fn count_dirty(&self, delta: Delta) {
+        self.dirty_bytes.fetch_add(delta.bytes, Ordering::AcqRel);
+        self.held_bytes.fetch_add(delta.held, Ordering::AcqRel);
+    }
+
+    /// Lays `data` over bytes `at..` of block `blkid` of a volume in the open txg, without
+    /// reading the block (`Object::patch`), waiting first if too much is dirty and refusing
+    /// with `NoSpace` if the pool could not hold the block. Returns the txg, or `None` if
+    /// the block's change in the open txg is not one a patch can extend: the caller writes
+    /// the whole block instead. The caller holds the range lock of the bytes.
+    ///
+    /// Without `wait`, `None` also when the write would wait (for memory, space, or the
+    /// sync closing the txg): the caller hands it to a thread that may.
+    pub fn patch_block(
+        &self,
+        ds: &Dataset,
+        blkid: u64,
+        at: usize,
+        data: Arc<Vec<u8>>,
+        wait: bool,
+    ) -> Result<Option<u64>, PoolError> {
+        self.check_healthy()?;
+        let Some(hold) = self.admit_block(ds, wait)? else {
+            return Ok(None);
+        };
+        let txg = *hold;
+        let Some(delta) = ds.object.patch(blkid, at, data) else {
+            return Ok(None);
+        };
+        self.count_dirty(delta);
+        drop(hold);
+        self.sync_if_much_held();
+        Ok(Some(txg))
+    }
+
+    /// Asks for a sync once a quarter of the dirty limit is held in memory, or once blocks
+    /// written ahead of their txg hold a quarter of the free space (they hold no memory, but
+    /// they, and the copies they replace, are freed only as txgs commit), or once the dirty
+    /// blocks still to place would take a quarter of it: past that, every write's admission
+    /// (`reserve_space`) counts usable segments under the allocator's lock, and then forces
+    /// syncs itself. (A 512M volume on a 1G pool, random 4K writes: 45k writes/s with a 128M
+    /// dirty limit, 33k with 1G before this bound.)
+    fn sync_if_much_held(&self) {
+        if self.memory_held() > self.dirty_max() / 4
+            || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
+            || self.unplaced_bytes() * self.io.zio.max_inflation() > self.space().free / 4
+        {
+            self.request_sync();
+        }
+    }
+
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Ordering::Acquire).max(0) as u64
+    }
+
+    pub(super) fn placed_bytes(&self) -> u64 {
+        self.placed_bytes.load(Ordering::Acquire).max(0) as u64
+    }
+
+    /// The dirty bytes whose space is still to be allocated (all but the placed ones).
+    fn unplaced_bytes(&self) -> u64 {
+        self.dirty_bytes().saturating_sub(self.placed_bytes())
+    }
+
+    /// Writes the blocks that are not all zeros to new space outside the space map (the
+    /// txg's tree adopts them later) in txg `txg`; returns where each went, `None` for an
+    /// all-zero block, which is not written (the sync makes it a hole).
+    fn write_nonzero(
+        &self,
+        ds: &Dataset,
+        txg: u64,
+        blocks: &[&[u8]],
+        durable: bool,
+    ) -> Result<Vec<Option<BlkPtr>>, PoolError> {
+        let write = |bufs: &[&[u8]], props: WriteProps| {
+            if durable {
+                self.io.zio.write_batch_durable(bufs, props, txg)
+            } else {
+                self.io.zio.write_batch(bufs, props, txg)
+            }
+        };
+        let is_data = |b: &&[u8]| b.iter().any(|&x| x != 0);
+        let props = WriteProps {
+            class: AllocClass::Mos,
+            ..ds.object.data_props()
+        };
+        // Mostly every block holds data: then the batch is the caller's slice as it is.
+        let (bps, data) = if blocks.iter().all(is_data) {
+            (write(blocks, props)?, None)
+        } else {
+            let data: Vec<bool> = blocks.iter().map(is_data).collect();
+            let bufs: Vec<&[u8]> = (blocks.iter().zip(&data))
+                .filter(|(_, &d)| d)
+                .map(|(b, _)| *b)
+                .collect();
+            let bps = if bufs.is_empty() {
+                Vec::new()
+            } else {
+                write(&bufs, props)?
+            };
+            (bps, Some(data))
+        };
+        let bytes: u64 = bps.iter().map(|bp| bp.psize.get() as u64).sum();
+        if bytes > 0 {
+            *self.ahead.lock().entry(txg).or_default() += bytes;
+            self.ahead_bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
+        let mut bps = bps.into_iter();
+        Ok(match data {
+            None => bps.map(Some).collect(),
+            Some(data) => data
+                .into_iter()
+                .map(|d| d.then(|| bps.next().expect("a pointer per written block")))
+                .collect(),
+        })
+    }
+
+    /// Writes whole blocks of a volume to their place now, straight from the caller's
+    /// buffers, and makes them the blocks' changes in the open txg (`Dirty::Placed`): the
+    /// txg's sync adopts them and holds no copy in memory meanwhile. All-zero blocks are not
+    /// written; they become holes (`Dirty::Free`, `None` in their place). Returns the txg
+    /// and where each block went.
+    ///
+    /// The open txg is held across the device write, so each copy is born in the txg that
+    /// adopts it (a resilver finds a block by its birth txg); a sync that begins meanwhile
+    /// waits for the write, as OpenZFS's txg holds do for a copy into the DMU. This is the
+    /// path of streaming writes: no copy into a block buffer, and the checksum and the
+    /// device write done by the writer's thread while the data is in its cache.
+    pub fn place_blocks(
+        &self,
+        ds: &Dataset,
+        blocks: &[(u64, &[u8])],
+    ) -> Result<(u64, Vec<Option<BlkPtr>>), PoolError> {
+        self.check_healthy()?;
+        let bs = ds.volblocksize as u64;
+        assert!(blocks.iter().all(|(_, b)| b.len() as u64 == bs));
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| *b).collect();
+        for attempt in 0.. {
+            self.throttle()?;
+            self.reserve_space(bs * blocks.len() as u64, bs)?;
+            let hold = self.hold_open_txg(ds)?;
+            let txg = *hold;
+            let bps = match self.write_nonzero(ds, txg, &bufs, false) {
+                Ok(bps) => bps,
+                // Admission passed, yet the allocator found no segment for a block (the
+                // free space moved into deferred frees meanwhile, say): the frees come back
+                // a txg or two later. A block left unplaced here would fail the sync
+                // instead, which suspends the pool; refuse the write cleanly rather.
+                Err(PoolError::Zio(ZioError::Alloc(AllocError::NoSpace(_)))) => {
+                    drop(hold);
+                    if attempt == RESERVE_WAITS || self.space().freeing == 0 {
+                        return Err(PoolError::NoSpace(self.name.clone()));
+                    }
+                    self.next_commit_releasing_frees()?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let superseded: Vec<BlkPtr> = (blocks.iter().zip(&bps))
+                .filter_map(|(&(blkid, _), bp)| {
+                    self.record_change_keeping(ds, blkid, bp.map_or(Dirty::Free, Dirty::Placed))
+                })
+                .collect();
+            self.io.zio.free_all(&superseded, txg, AllocClass::Mos);
+            drop(hold);
+            self.sync_if_much_held();
+            return Ok((txg, bps));
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// The txg that writes go into now.
+    pub fn open_txg(&self) -> u64 {
+        *self.open_txg.read()
+    }
+
+    /// What writes hold in memory until a txg syncs, as the throttle counts it: the dirty
+    /// blocks' buffers and patches' pieces (`Dirty::held`), or the buffers queued log
+    /// records keep alive if those are more (a block rewritten again and again dirties one
+    /// block but pins every version of it). Placed blocks are on their devices already: a
+    /// txg of them costs its sync only their pointers, and syncing after every 32 MiB of
+    /// them rewrote the volume's indirect blocks for every few hundred writes. A patch
+    /// counts its pieces, not its block, so a txg of short writes into large blocks takes
+    /// in as many writes as the memory allows; what bounds the work its sync then does is
+    /// the free-space share in `sync_if_much_held`, which counts whole blocks.
+    pub fn memory_held(&self) -> u64 {
+        self.held_bytes().max(self.zil.pinned_bytes())
+    }
+
+    /// What writes may hold in memory before they wait for a sync.
+    pub fn dirty_max(&self) -> u64 {
+        self.dirty_max.load(Ordering::Relaxed)
+    }
+
+    /// The block cache's configured size.
+    pub fn cache_capacity(&self) -> u64 {
+        self.io.cache.capacity()
+    }
+
+    /// What the block cache holds now.
+    pub fn cache_bytes(&self) -> u64 {
+        self.io.cache.bytes()
+    }
+
+    /// Lets the block cache hold only `bytes` (at most its configured size) for now: a
+    /// process short of memory lowers it, and raises it again as memory comes back.
+    pub fn set_cache_limit(&self, bytes: u64) {
+        self.io.cache.set_limit(bytes);
+    }
+
+    /// Sets the block cache's size and the dirty limit for as long as the pool stays open
+    /// (they are settings of the process that holds it, not of the pool on disk).
+    pub fn set_memory_limits(&self, cache_bytes: u64, dirty_max_bytes: u64) {
+        self.io.cache.set_capacity(cache_bytes);
+        self.dirty_max.store(dirty_max_bytes, Ordering::Relaxed);
+        // Writers waiting under a lower limit may go on.
+        self.sync_cv.notify_all();
+    }
+
+    fn throttle(&self) -> Result<(), PoolError> {
+        if self.memory_held() < self.dirty_max() {
+            return Ok(());
+        }
+        let mut st = self.sync.lock();
+        while self.memory_held() >= self.dirty_max() {
+            if let Some(why) = &st.error {
+                return Err(PoolError::Suspended {
+                    pool: self.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            // Ask for a sync only if none is pending: every waiter shares the condvar, and
+            // waking them all to ask again turned each txg into a storm of futex wakeups.
+            if st.completed_seq >= st.request_seq {
+                st.request_seq += 1;
+                self.sync_cv.notify_all();
+            }
+            self.sync_cv.wait_for(&mut st, Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Admission control: a write is accepted only if the pool can still hold every dirty
+    /// block plus its metadata and a reserve, so a txg sync never runs out of space.
+    ///
+    /// Blocks written ahead of their txg hold their space already, but as much room is kept
+    /// free again for them (`ahead_bytes`, superseded copies included): after a crash the
+    /// intent log points at them, import holds them until the replay commits, and the replay
+    /// copies them (one copy per block at most) into that room. Without it, a stream of
+    /// writes could leave a log that no replay has room for, and the volume could not be
+    /// opened.
+    ///
+    /// `block` is the size of the blocks being written. Near full, the free space is counted
+    /// only in segments such blocks can take (`Zio::usable_space`): a pool of slivers
+    /// between blocks has free bytes but no room for one more block, and a txg sync that
+    /// cannot place a block suspends the pool.
+    fn reserve_space(&self, len: u64, block: u64) -> Result<(), PoolError> {
+        for attempt in 0..=RESERVE_WAITS {
+            if self.has_room(len, block, true) {
+                return Ok(());
+            }
+            let space = self.space();
+            if attempt == RESERVE_WAITS || space.freeing == 0 && self.dirty_bytes() == 0 {
+                break;
+            }
+            // Deferred frees return as txgs commit: wait for the next commit and try again.
+            self.next_commit_releasing_frees()?;
+        }
+        Err(PoolError::NoSpace(self.name.clone()))
+    }
+
+    /// `reserve_space`'s test, once: whether the pool has room now for `len` more dirty
+    /// bytes in blocks of `block` bytes. Without `count`, a pool with less than twice the
+    /// room needed is taken as full rather than counted (`fits` takes the allocator's lock).
+    fn has_room(&self, len: u64, block: u64, count: bool) -> bool {
+        let space = self.space();
+        let slop = (space.size / 32).max(4 << 20);
+        // Placed blocks already hold their space: only the rest is still to allocate.
+        let inflation = self.io.zio.max_inflation();
+        let dirty = (self.unplaced_bytes() + len) * inflation;
+        let ahead = self.ahead_bytes.load(Ordering::Acquire);
+        let need = dirty + dirty / 8 + slop + ahead * inflation;
+        space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need)
+    }
+
+    /// Whether blocks of `block` bytes still find `need` bytes of room among the free
+    /// segments. Counting walks every free segment under the allocator's lock (a pool
+    /// fragmented by small random writes has hundreds of thousands), so the slivers found
+    /// are taken as still there for `SLIVERS_FOR`; a doubtful answer is counted afresh.
+    pub(super) fn fits(&self, space: &Space, block: u64, need: u64) -> bool {
+        let mut cached = self.slivers.lock();
+        let (at, size, slivers) = *cached;
+        if size == block && at.elapsed() < SLIVERS_FOR && space.free.saturating_sub(slivers) >= need
+        {
+            return true;
+        }
+        let usable = self.io.zio.usable_space(block);
+        *cached = (
+            std::time::Instant::now(),
+            block,
+            space.free.saturating_sub(usable),
+        );
+        usable >= need
+    }
+
+    /// Writes blocks of the volume, dirty in txg `txg`, to their place now rather than at
+    /// the txg's sync, and tells the object so (`set_override`): the sync adopts each copy
+    /// whose buffer is still the block's change, and writes nothing more for it. Returns
+    /// where each went, or `None` (nothing written) if `txg` is no longer open. A copy that
+    /// is not adopted (the block was overwritten meanwhile) is freed, but only as frees are:
+    /// a txg later than any log record pointing at it can still need it.
+    ///
+    /// The txg is held open through the write, as `place_blocks` holds it: a batch's durable
+    /// write takes milliseconds, and a txg that began to sync meanwhile adopted none of it,
+    /// so every block was written twice (a test's 6 MiB of 16K blocks, under a parallel test
+    /// run, one time in six: its copies ahead lay dead at the front of the devices).
+    ///
+    /// All-zero blocks are not written (`None` in their place): the sync makes them holes.
+    ///
+    /// Used for the whole blocks a sync request needs (`InPlace`), so each copy is durable
+    /// when this returns (`Zio::write_batch_durable`). Streaming writes place their blocks
+    /// without a buffer at all (`place_blocks`).
+    pub fn write_ahead(
+        &self,
+        ds: &Dataset,
+        txg: u64,
+        blocks: &[(u64, &Arc<Vec<u8>>)],
+    ) -> Result<Option<Vec<Option<BlkPtr>>>, PoolError> {
+        let hold = self.hold_open_txg(ds)?;
+        if *hold != txg {
+            return Ok(None);
+        }
+        let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
+        let bps = self.write_nonzero(ds, txg, &bufs, true)?;
+        for (&(blkid, buf), bp) in blocks.iter().zip(&bps) {
+            if let Some(old) = bp.and_then(|bp| ds.object.set_override(blkid, buf, bp)) {
+                // Not `open_txg()`: the lock is held here, and a second read of it waits
+                // behind a sync that waits for this one.
+                self.io.zio.free(&old, txg, AllocClass::Mos);
+            }
+        }
+        drop(hold);
+        Ok(Some(bps))
+    }
+}
