@@ -240,7 +240,8 @@ fn owned_short_writes_are_taken_whole_and_declined_ones_given_back() {
     };
     taken(4096, vec![1; 4096]); // a patch
     taken(16384, vec![3; 16384]); // a whole block
-                                  // A buffer with much more room than its bytes is copied, and taken all the same.
+
+    // A buffer with much more room than its bytes is copied, and taken all the same.
     let mut roomy = Vec::with_capacity(64 << 10);
     roomy.extend_from_slice(&[8u8; 4096]);
     taken(65536, roomy);

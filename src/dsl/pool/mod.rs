@@ -699,7 +699,7 @@ impl Pool {
                 zio: probe_zio.clone(),
                 cache: Arc::new(BlockCache::new(opts.cache_bytes)),
             };
-            match load_mos(&probe_io, &config, ub) {
+            match load_mos(&probe_io, ub) {
                 Ok((mos, datasets)) => {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));

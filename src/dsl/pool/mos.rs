@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use zerocopy::FromBytes;
 
-use crate::dmu::dnode::{OBJSET_BYTES, OBJSET_MOS, OBJSET_VOLUME};
+use crate::dmu::dnode::{OBJSET_MOS, OBJSET_VOLUME};
 use crate::dmu::object::{spans, walk};
 use crate::dmu::{Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::dsl::dir::{DirEntryPhys, ENTRY_BYTES};
@@ -151,7 +151,6 @@ pub(super) struct LoadedVolume {
 /// inconsistency rejects this uberblock.
 pub(super) fn load_mos(
     io: &ObjectIo,
-    config: &PoolConfig,
     ub: &Uberblock,
 ) -> Result<(Mos, Vec<LoadedVolume>), PoolError> {
     let root = ub.root;
@@ -279,6 +278,5 @@ pub(super) fn load_mos(
             replay_after: e.replay_after.get(),
         });
     }
-    let _ = (config, OBJSET_BYTES);
     Ok((mos, datasets))
 }

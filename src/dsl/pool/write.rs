@@ -1,6 +1,7 @@
 //! Writes in open context: a volume's block changes entering the open txg, their admission
 //! against the pool's free space and dirty limit, the throttle that holds writers back
-//! while a sync catches up, and blocks placed and written ahead of their txg.
+//! while a sync catches up, the memory limits it works to (dirty data and the block cache),
+//! and blocks placed and written ahead of their txg.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
