@@ -1,0 +1,149 @@
+//! The tables `zeta bench sync` prints.
+
+use std::io::Write;
+
+use super::{Gen, Plan, Point, Row, BASELINE, DEPTH, NBDKIT, RAW, VOLUMES};
+use crate::cli::fmt::human;
+
+pub(super) fn print_latency_table(rows: &[&Row]) {
+    let raw = rows
+        .iter()
+        .find(|r| r.zil.commit == RAW.commit)
+        .and_then(|r| r.m.lat_mean_us);
+    println!();
+    println!(
+        "4K random writes at queue depth 1, each durable when answered (NBD FUA; raw: pwrite + \
+         fdatasync). xraw: mean latency over the raw file's"
+    );
+    println!(
+        "{:<10} {:<22} {:>9} {:>9} {:>9} {:>6}",
+        "generator", "target", "IOPS", "mean us", "p99 us", "xraw"
+    );
+    for r in rows {
+        let target = match r.volblocksize {
+            Some(vb) => format!("zeta group/global {}", kib(vb)),
+            None => r.zil.commit.to_string(),
+        };
+        let x = match (r.m.lat_mean_us, raw) {
+            (Some(l), Some(b)) if b > 0.0 && r.zil.commit != RAW.commit => format!("{:.2}", l / b),
+            _ => String::new(),
+        };
+        let line = format!(
+            "{:<10} {:<22} {:>9.0} {:>9} {:>9} {:>6}",
+            r.gen.name(),
+            target,
+            r.m.iops,
+            opt(r.m.lat_mean_us, 0),
+            opt(r.m.lat_p99_us, 0),
+            x
+        );
+        println!("{}", line.trim_end());
+    }
+    let _ = std::io::stdout().flush();
+}
+
+pub(super) fn print_header(plan: &Plan) {
+    println!(
+        "zeta bench sync: random writes with a flush every N, {VOLUMES} volumes of {} on a pool \
+         of {VOLUMES} file vdevs of {} (--pool-scale {}), one client per volume with {DEPTH} \
+         I/Os in flight, {} s per measurement, each zeta one on a new pool",
+        human(plan.size_bytes),
+        human(plan.leaf_bytes()),
+        plan.pool_scale,
+        plan.runtime.as_secs()
+    );
+    if plan.runs > 1 {
+        println!(
+            "{} runs of every measurement, taking turns; each row is its target's run of median \
+             IOPS, and the ratios are between those rows",
+            plan.runs
+        );
+    }
+    println!(
+        "latency: fio = write lat (submission to completion), zeta-load = request sent to reply \
+         read. w/flush: writes per flush actually sent. log blk/dev: log blocks written per \
+         device."
+    );
+    println!(
+        "xbase, xraw, xnbdkit: IOPS of group/global over per-request/per-volume, over the raw \
+         files (fio, libaio, fdatasync every N; fio is raw's only generator) and over nbdkit \
+         file, with the same generator"
+    );
+}
+
+/// Block and write sizes, all whole KiB here: "4K", "128K".
+pub(super) fn kib(bytes: u32) -> String {
+    format!("{}K", bytes / 1024)
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
+    let same = |r: &&&Row| {
+        r.point.bs_bytes == p.bs_bytes
+            && r.point.writes_per_flush == p.writes_per_flush
+            && r.volblocksize.is_none_or(|v| v == vb)
+    };
+    let find = |gen: Gen, commit: &str| {
+        rows.iter()
+            .filter(same)
+            .find(|r| r.gen == gen && r.zil.commit == commit)
+    };
+    println!();
+    println!(
+        "{} random writes, a flush every {}, volblocksize {}{}",
+        kib(p.bs_bytes),
+        p.writes_per_flush,
+        kib(vb),
+        if plan.zil_props {
+            ""
+        } else {
+            " (--no-zil-props: both configurations are the default pool)"
+        }
+    );
+    println!(
+        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+        "generator",
+        "commit",
+        "placement",
+        "IOPS",
+        "mean us",
+        "p99 us",
+        "w/flush",
+        "log blk/dev",
+        "xbase",
+        "xraw",
+        "xnbdkit"
+    );
+    for r in rows.iter().filter(same) {
+        let ratio = |other: Option<&&Row>| match (r.zil.commit, other) {
+            ("group", Some(o)) if o.m.iops > 0.0 => format!("{:.2}", r.m.iops / o.m.iops),
+            _ => String::new(),
+        };
+        let blocks = r.m.log_blocks_per_device.as_ref().map_or("-".into(), |b| {
+            b.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
+        });
+        let line = format!(
+            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+            r.gen.name(),
+            r.zil.commit,
+            r.zil.placement,
+            r.m.iops,
+            opt(r.m.lat_mean_us, 0),
+            opt(r.m.lat_p99_us, 0),
+            opt(r.m.writes_per_flush, 2),
+            if r.volblocksize.is_some() {
+                blocks
+            } else {
+                String::new()
+            },
+            ratio(find(r.gen, BASELINE.commit)),
+            ratio(find(Gen::Fio, RAW.commit)),
+            ratio(find(r.gen, NBDKIT.commit)),
+        );
+        println!("{}", line.trim_end());
+    }
+    let _ = std::io::stdout().flush();
+}
