@@ -1,0 +1,350 @@
+//! `zeta pool …`
+
+use serde_json::json;
+
+use super::args::PoolCmd;
+use super::fmt::human;
+use super::state::Home;
+use super::{usage, Result};
+use crate::dsl::Pool;
+
+mod create;
+mod devices;
+mod import;
+mod scan;
+
+pub use create::*;
+pub use devices::*;
+use import::*;
+use scan::*;
+
+pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
+    match cmd {
+        PoolCmd::Create {
+            force,
+            props,
+            pool,
+            vdevs,
+        } => create(home, force, &props, &pool, &vdevs),
+        PoolCmd::Import {
+            dirs,
+            pool,
+            json,
+            discard_log,
+        } => import(home, &dirs, pool.as_deref(), json, discard_log),
+        PoolCmd::Export { pool } => {
+            let p = home.open(&pool)?;
+            p.export()?;
+            home.forget(&pool)?;
+            println!("exported '{pool}'");
+            Ok(())
+        }
+        PoolCmd::List { json } => list(home, json),
+        PoolCmd::Scrub { wait, stop, pool } => scrub(home, &pool, wait, stop),
+        PoolCmd::Replace {
+            force,
+            pool,
+            old,
+            new,
+        } => replace(home, force, &pool, &old, &new),
+        PoolCmd::Offline { pool, device } => set_offline(home, &pool, &device, true),
+        PoolCmd::Online { pool, device } => set_offline(home, &pool, &device, false),
+        PoolCmd::Add {
+            force,
+            size,
+            pool,
+            vdevs,
+        } => add(home, force, size.as_deref(), &pool, &vdevs),
+        PoolCmd::Remove { pool, device } => remove(home, &pool, &device),
+        PoolCmd::Clear { pool } => {
+            match super::control::connect(home, &pool) {
+                Some(conn) => super::control::remote_clear(conn, &pool)?,
+                None => {
+                    let p = home.open(&pool)?;
+                    let r = p.clear_errors();
+                    p.close()?;
+                    r?;
+                }
+            }
+            println!("cleared the error counters of '{pool}'");
+            Ok(())
+        }
+        PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
+        PoolCmd::Iostat { pool, json } => iostat(home, &pool, json),
+        PoolCmd::Sync { pool } => {
+            match super::control::connect(home, &pool) {
+                Some(conn) => super::control::remote_sync(conn, &pool)?,
+                None => {
+                    let p = home.open(&pool)?;
+                    p.sync_now()?;
+                    p.close()?;
+                }
+            }
+            println!("synced '{pool}'");
+            Ok(())
+        }
+        PoolCmd::Destroy { force, pool } => {
+            if !force {
+                return Err(usage(format!(
+                    "destroying '{pool}' loses all its data; repeat with -f to confirm"
+                )));
+            }
+            let p = home.open(&pool)?;
+            p.close()?;
+            p.destroy()?;
+            home.forget(&pool)?;
+            println!("destroyed '{pool}'");
+            Ok(())
+        }
+    }
+}
+
+fn list(home: &Home, json: bool) -> Result<()> {
+    let cache = home.load()?;
+    let mut rows = Vec::new();
+    for name in cache.pools.keys() {
+        let row = match pool_status(home, name) {
+            Ok(st) => {
+                let (size, alloc) = (
+                    st["size"].as_u64().unwrap_or(0),
+                    st["alloc"].as_u64().unwrap_or(0),
+                );
+                json!({"name": name, "size": size, "alloc": alloc, "free": st["free"],
+                       "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0), "health": st["state"]})
+            }
+            Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
+        };
+        rows.push(row);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:>8} {:>8} {:>8} {:>5}  HEALTH",
+        "NAME", "SIZE", "ALLOC", "FREE", "CAP"
+    );
+    for r in rows {
+        let n = |k: &str| r[k].as_u64().map(human).unwrap_or_else(|| "-".into());
+        let cap = r["capacity_pct"]
+            .as_u64()
+            .map(|c| format!("{c}%"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<16} {:>8} {:>8} {:>8} {:>5}  {}",
+            r["name"].as_str().unwrap(),
+            n("size"),
+            n("alloc"),
+            n("free"),
+            cap,
+            r["health"].as_str().unwrap()
+        );
+    }
+    Ok(())
+}
+
+/// The status of a pool, from the `zeta serve` holding it if one does, else by opening it.
+pub(super) fn pool_status(home: &Home, name: &str) -> Result<serde_json::Value> {
+    if let Some(conn) = super::control::connect(home, name) {
+        return super::control::remote_status(conn, name);
+    }
+    let p = home.open(name)?;
+    let st = status_json(&p);
+    p.close()?;
+    Ok(st)
+}
+
+/// The intent log's counters since the pool was opened (`zeta pool iostat --json`).
+pub fn iostat_json(p: &Pool) -> serde_json::Value {
+    let cfg = p.config();
+    let z = p.zil.stats();
+    let vdevs: Vec<_> = cfg
+        .tops
+        .iter()
+        .map(|t| {
+            let i = t.id as usize;
+            let name = match t.children.as_slice() {
+                [one] => one.path.clone(),
+                _ => format!("{}-{}", t.kind_name(), t.id),
+            };
+            let at = |v: &[u64]| v.get(i).copied().unwrap_or(0);
+            json!({"vdev": t.id, "name": name, "log_device": t.log,
+                   "blocks": at(&z.blocks), "bytes": at(&z.bytes)})
+        })
+        .collect();
+    let (mut queued, mut requests) = (0, 0);
+    for ds in p.datasets() {
+        let (a, r) = ds.log.counts();
+        queued += a;
+        requests += r;
+    }
+    let blocks: u64 = z.blocks.iter().sum();
+    let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    json!({"pool": p.name, "txg": p.synced_txg(), "log": {
+        "commit": cfg.zil_commit.name(), "placement": cfg.zil_placement.name(),
+        "vdevs": vdevs, "records": z.records, "batches": z.batches, "flushes": z.flushes,
+        "batch_latency_mean_us": per(z.batch_nanos, z.batches) / 1000.0,
+        "records_per_block": per(z.records, blocks), "records_per_batch": per(z.records, z.batches),
+        "fallback_syncs": z.fallback_syncs, "space_waits": z.space_waits, "bulk_syncs": z.bulk_syncs, "records_in_place": z.in_place, "sync_requests": requests, "records_queued": queued,
+        "space_used": z.space_used, "space_total": z.space_total}})
+}
+
+fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
+    let st = match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_iostat(conn, name)?,
+        None => {
+            let p = home.open(name)?;
+            let st = iostat_json(&p);
+            p.close()?;
+            st
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st).unwrap());
+        return Ok(());
+    }
+    let l = &st["log"];
+    let n = |k: &str| l[k].as_u64().unwrap_or(0);
+    let f = |k: &str| l[k].as_f64().unwrap_or(0.0);
+    println!(
+        "pool {}: intent log zil.commit={} zil.placement={}, log space {} of {} in use",
+        st["pool"].as_str().unwrap_or("?"),
+        l["commit"].as_str().unwrap_or("?"),
+        l["placement"].as_str().unwrap_or("?"),
+        human(n("space_used")),
+        human(n("space_total"))
+    );
+    println!(
+        "  {:<5} {:<40} {:>12} {:>10}",
+        "vdev", "device", "log blocks", "log bytes"
+    );
+    for v in l["vdevs"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<5} {:<40} {:>12} {:>10}",
+            v["vdev"],
+            v["name"].as_str().unwrap_or("?"),
+            v["blocks"],
+            human(v["bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    println!(
+        "  {} sync requests, {} records queued; {} records in {} commit batches \
+         ({:.1} per batch, {:.1} per block), mean batch {:.0} us, {} device flushes, \
+         {} waited for a txg to free log space, {} fell back to a txg sync, {} too large to log committed by a txg sync; \
+         {} large writes made in place, logged by pointer",
+        n("sync_requests"),
+        n("records_queued"),
+        n("records"),
+        n("batches"),
+        f("records_per_batch"),
+        f("records_per_block"),
+        f("batch_latency_mean_us"),
+        n("flushes"),
+        n("space_waits"),
+        n("fallback_syncs"),
+        n("bulk_syncs"),
+        n("records_in_place")
+    );
+    Ok(())
+}
+
+pub fn status_json(p: &Pool) -> serde_json::Value {
+    let cfg = p.config();
+    let s = p.space();
+    let tops: Vec<_> = p
+        .vdev_status()
+        .into_iter()
+        .map(|t| serde_json::to_value(&t).expect("status serializes"))
+        .collect();
+    let degraded = tops.iter().any(|t| t["state"] != "ONLINE");
+    json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
+           "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
+           "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
+           "volumes": p.datasets().len(), "scan": p.scan_status(),
+           "lost_writes": p.io.zio.stats.lost_patches.load(std::sync::atomic::Ordering::Relaxed)})
+}
+
+fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
+    let names: Vec<String> = match name {
+        Some(n) => vec![n.to_string()],
+        None => home.load()?.pools.keys().cloned().collect(),
+    };
+    if names.is_empty() && !json {
+        println!("no pools imported");
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for n in &names {
+        all.push(pool_status(home, n)?);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all).unwrap());
+        return Ok(());
+    }
+    for st in all {
+        println!(
+            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free\nconfig:",
+            st["name"].as_str().unwrap(),
+            st["state"].as_str().unwrap(),
+            st["txg"],
+            human(st["size"].as_u64().unwrap()),
+            human(st["alloc"].as_u64().unwrap()),
+            human(st["free"].as_u64().unwrap())
+        );
+        let scan = &st["scan"];
+        if scan["state"] != "none" {
+            let n = |k: &str| scan[k].as_u64().unwrap_or(0);
+            println!(
+                "  scan: {} {}: {} of {} examined, {} repaired, {} errors",
+                scan["func"].as_str().unwrap_or("scrub"),
+                scan["state"].as_str().unwrap_or("?"),
+                human(n("examined_bytes")),
+                human(n("to_examine")),
+                human(n("repaired_bytes")),
+                n("errors")
+            );
+            print_damaged(scan, false);
+        }
+        println!(
+            "    {:<40} {:>8} {:>6} {:>6} {:>6}",
+            "NAME", "STATE", "READ", "WRITE", "CKSUM"
+        );
+        let mut logs_header = false;
+        for t in st["vdevs"].as_array().unwrap() {
+            if t["log"] == true && !logs_header {
+                println!("    logs");
+                logs_header = true;
+            }
+            let indent = if t["kind"] != "stripe" {
+                println!(
+                    "    {:<40} {:>8}",
+                    format!("{}-{}", t["name"].as_str().unwrap(), t["id"]),
+                    t["state"].as_str().unwrap()
+                );
+                "      "
+            } else {
+                "    "
+            };
+            for l in t["leaves"].as_array().unwrap() {
+                let n = |k: &str| l[k].as_u64().unwrap_or(0);
+                println!(
+                    "{indent}{:<40} {:>8} {:>6} {:>6} {:>6}",
+                    l["path"].as_str().unwrap(),
+                    l["state"].as_str().unwrap(),
+                    n("read_errors"),
+                    n("write_errors"),
+                    n("cksum_errors")
+                );
+            }
+        }
+        let lost = st["lost_writes"].as_u64().unwrap_or(0);
+        if lost > 0 {
+            println!(
+                "errors: {lost} short writes lost, laid over blocks that no copy could supply \
+                 (those blocks still fail their reads)"
+            );
+        }
+        println!();
+    }
+    Ok(())
+}
