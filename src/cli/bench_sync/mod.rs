@@ -32,7 +32,7 @@ mod procs;
 mod report;
 mod zeta_server;
 
-use peers::{measure_nbdkit, measure_raw, run_fio, start_nbdkit, Files};
+use peers::{measure_nbdkit, measure_raw, run_fio, start_nbdkit, zeta_load, Files};
 use procs::WorkDir;
 use report::{kib, print_header, print_latency_table, print_table};
 use zeta_server::{measure_zeta, start_zeta, stop_zeta};
@@ -415,17 +415,7 @@ fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Re
         seed: nbd_load::SEED,
         fua: true,
     };
-    let r = nbd_load::run(addr, &[export.to_string()], &spec, stop).map_err(|e| CliError::Io {
-        path: format!("zeta-load nbd://{addr}/{export}"),
-        source: e,
-    })?;
-    Ok(Measured {
-        iops: r.writes_per_sec,
-        lat_mean_us: r.lat_mean_us,
-        lat_p99_us: r.lat_p99_us,
-        writes_per_flush: None,
-        log_blocks_per_device: None,
-    })
+    zeta_load(addr, &[export.to_string()], &spec, stop)
 }
 
 fn plan(args: &BenchSyncArgs) -> Result<Plan> {

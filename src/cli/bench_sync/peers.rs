@@ -172,19 +172,31 @@ pub(super) fn drive(
                 seed: nbd_load::SEED,
                 fua: false,
             };
-            let r = nbd_load::run(addr, exports, &spec, stop).map_err(|e| CliError::Io {
-                path: format!("zeta-load nbd://{addr}"),
-                source: e,
-            })?;
-            Ok(Measured {
-                iops: r.writes_per_sec,
-                lat_mean_us: r.lat_mean_us,
-                lat_p99_us: r.lat_p99_us,
-                writes_per_flush: r.writes_per_flush(),
-                log_blocks_per_device: None,
-            })
+            zeta_load(addr, exports, &spec, stop)
         }
     }
+}
+
+/// One run of zeta-load (`nbd_load.rs`) against `exports` of the server at `addr`, one
+/// connection each.
+pub(super) fn zeta_load(
+    addr: SocketAddr,
+    exports: &[String],
+    spec: &LoadSpec,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let r = nbd_load::run(addr, exports, spec, stop).map_err(|e| CliError::Io {
+        path: format!("zeta-load nbd://{addr}/{}", exports.join(",")),
+        source: e,
+    })?;
+    Ok(Measured {
+        iops: r.writes_per_sec,
+        lat_mean_us: r.lat_mean_us,
+        lat_p99_us: r.lat_p99_us,
+        // None where no flush was sent (FUA writes).
+        writes_per_flush: r.writes_per_flush(),
+        log_blocks_per_device: None,
+    })
 }
 
 /// The job options every fio run shares; the jobs (one per volume or file) follow.
