@@ -519,3 +519,95 @@ fn patched_blocks_verify_from_the_media_after_their_sync() {
         );
     }
 }
+
+/// A pool with a 64M block cache and a volume of 48M in 16K blocks, written (by streaming
+/// writes, which leave the cache empty) and synced; returns the data too.
+fn cached_volume() -> (std::sync::Arc<Pool>, Volume, Vec<u8>) {
+    let pool = Pool::create(
+        "tank",
+        spec(Layout::Stripe, &mem_devs(1, 256 * MB)),
+        zeta::dsl::PoolOptions {
+            cache_bytes: 64 * MB,
+            ..model_opts()
+        },
+    )
+    .unwrap();
+    pool.create_volume("v", 2 * HALF as u64, BS as u32, None)
+        .unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let model = pattern(1, 2 * HALF);
+    vol.write(0, &model).unwrap();
+    pool.sync_now().unwrap();
+    (pool, vol, model)
+}
+
+const BS: usize = 16384;
+/// Each half of `cached_volume`'s volume: together they fit its cache, three of them do not.
+const HALF: usize = 24 * MB as usize;
+
+/// Reads the first half of `cached_volume`'s volume block by block (a read this long at once
+/// would be a streaming one, which does not fill the cache), checks it against `model`, and
+/// returns the cache misses it had.
+fn read_half(pool: &Pool, vol: &Volume, model: &[u8]) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = pool.io.cache.misses.load(Relaxed);
+    let mut block = vec![0u8; BS];
+    for at in (0..HALF).step_by(BS) {
+        vol.read(at as u64, &mut block).unwrap();
+        assert!(block == model[at..at + BS], "block at {at}");
+    }
+    pool.io.cache.misses.load(Relaxed) - before
+}
+
+/// A sync drops from the block cache the copies it replaces. Its patch of a block looks the
+/// old copy up first, which makes that copy as recent as the new one; left to the LRU
+/// order, the dead copies of a set rewritten every txg pushed out blocks that readers
+/// still use. Here the cache holds 24M that is read and 24M rewritten 4K a block in every
+/// txg: the live blocks fit, with the dead copies they would not, and every read of the
+/// first 24M after a sync finds it cached.
+#[test]
+fn blocks_patched_by_a_sync_leave_the_cache_to_live_ones() {
+    let (pool, vol, mut model) = cached_volume();
+    for round in 0..4u8 {
+        let misses = read_half(&pool, &vol, &model);
+        if round > 0 {
+            assert_eq!(misses, 0, "round {round}: the read half stayed cached");
+        }
+        for block in (HALF / BS)..(2 * HALF / BS) {
+            let at = block * BS + (round as usize % 4) * 4096;
+            let piece = [round + 2; 4096];
+            vol.write(at as u64, &piece).unwrap();
+            model[at..at + 4096].copy_from_slice(&piece);
+        }
+        pool.sync_now().unwrap();
+    }
+    let mut all = vec![0u8; 2 * HALF];
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model);
+}
+
+/// The same for whole blocks rewritten: each sync drops the copies it replaces before it
+/// caches the new ones, so blocks read once, before several txgs of rewrites elsewhere, are
+/// still cached after them.
+#[test]
+fn blocks_rewritten_whole_leave_the_cache_to_live_ones() {
+    let (pool, vol, mut model) = cached_volume();
+    read_half(&pool, &vol, &model);
+    for round in 0..3u8 {
+        for block in (HALF / BS)..(2 * HALF / BS) {
+            let at = block * BS;
+            let data = pattern(round as u64 + 10 + block as u64, BS);
+            vol.write(at as u64, &data).unwrap();
+            model[at..at + BS].copy_from_slice(&data);
+        }
+        pool.sync_now().unwrap();
+    }
+    assert_eq!(
+        read_half(&pool, &vol, &model),
+        0,
+        "the read half stayed cached"
+    );
+    let mut all = vec![0u8; 2 * HALF];
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model);
+}

@@ -1,6 +1,10 @@
 //! A bounded cache of blocks keyed by their first copy's address and birth txg. Blocks never
 //! change once written, and an address is reused only by a block with a later birth txg, so
-//! entries never go stale and need no invalidation.
+//! entries never go stale and need no invalidation. But a block that a txg's sync replaces
+//! is dead to every later reader, so the sync drops it (`forget`) rather than leave it to
+//! the LRU order: a txg's sync looks each patched block's old copy up just before it
+//! writes the new one, which made the dead copy as recent as the live one, and a working
+//! set rewritten every txg took twice its size in the cache.
 //!
 //! The buffers of evicted blocks are kept, a few MiB of them, for the next blocks read
 //! (`take_buf`): a txg of short writes into large blocks reads and replaces thousands of
@@ -133,6 +137,23 @@ impl BlockCache {
             s.evict_to(limit, &mut evicted);
         }
         self.keep_spares(evicted);
+    }
+
+    /// Drops the cached blocks among `bps`: copies that a sync has replaced (see the module's
+    /// doc). A reader that still walks the tree from before the sync finds them on their
+    /// devices, where they stay until their space is reused, txgs later. Their buffers are
+    /// kept for the next reads, as evicted ones are.
+    pub fn forget(&self, bps: &[BlkPtr]) {
+        let mut dropped = Vec::new();
+        for bp in bps.iter().filter(|bp| !bp.is_hole()) {
+            let k = key(bp);
+            let mut s = self.shard(&k).lock();
+            if let Some(v) = s.lru.pop(&k) {
+                s.bytes -= v.len() as u64;
+                dropped.push(v);
+            }
+        }
+        self.keep_spares(dropped);
     }
 
     /// Keeps the buffers of `evicted` blocks that no reader still holds, up to
@@ -278,6 +299,31 @@ mod tests {
         let spares = c.spares.lock();
         assert!(spares.bytes <= SPARE_MAX_BYTES);
         assert_eq!(spares.bufs.len() * 16384, spares.bytes);
+    }
+
+    #[test]
+    fn forgotten_blocks_leave_room_and_their_buffers() {
+        let c = BlockCache::new(64 * 16384);
+        let bp = |i: u64, txg: u64| {
+            let mut bp = BlkPtr::HOLE;
+            bp.dva[0] = Dva::new(0, i * 16384, 16384);
+            bp.birth_txg = txg.into();
+            bp
+        };
+        for i in 0..8 {
+            c.insert(&bp(i, 1), Arc::new(vec![i as u8 + 1; 16384]));
+        }
+        assert_eq!(c.bytes(), 8 * 16384);
+        // Two of them replaced (and a hole, and a block never cached, asked for nothing).
+        c.forget(&[bp(2, 1), bp(5, 1), BlkPtr::HOLE, bp(9, 1), bp(3, 2)]);
+        assert_eq!(c.bytes(), 6 * 16384);
+        assert!(c.get(&bp(2, 1)).is_none() && c.get(&bp(5, 1)).is_none());
+        assert!((0..8)
+            .filter(|i| ![2, 5].contains(i))
+            .all(|i| c.get(&bp(i, 1)).is_some()));
+        // Their buffers are spare for the next reads.
+        let spare = c.take_buf(16384);
+        assert!(spare[0] == 3 || spare[0] == 6, "{}", spare[0]);
     }
 
     #[test]

@@ -656,6 +656,9 @@ impl Object {
         // sync thread's time allocating, growing and faulting in memory for them.)
         let mut children: Vec<(u64, BlkPtr)> = Vec::with_capacity(dirty.len());
         let mut to_write: Vec<(usize, &Arc<Vec<u8>>)> = Vec::new();
+        // Blocks written here go to the cache once the walk up the tree below has dropped
+        // the copies they replace (`BlockCache::forget`), so the cache never holds both.
+        let mut to_cache: Vec<(BlkPtr, &Arc<Vec<u8>>)> = Vec::new();
         let mut patched: Vec<Patched> = Vec::new();
         let mut patched_slots: Vec<usize> = Vec::new();
         // Adopted together below: a stream's blocks lie one after another.
@@ -674,7 +677,7 @@ impl Object {
                 Dirty::Data(d) => match adopted.get(&blkid) {
                     Some(bp) => {
                         to_adopt.push(slot);
-                        io.cache.insert(bp, d.clone());
+                        to_cache.push((*bp, d));
                         *bp
                     }
                     None if !is_zero(d) => {
@@ -701,7 +704,7 @@ impl Object {
         let bufs: Vec<&[u8]> = to_write.iter().map(|(_, d)| d.as_slice()).collect();
         let bps = io.zio.write_batch(&bufs, data_props, txg)?;
         for ((slot, d), bp) in to_write.into_iter().zip(bps) {
-            io.cache.insert(&bp, d.clone());
+            to_cache.push((bp, d));
             children[slot].1 = bp;
         }
         let patched_bps = sync_patched(io, &old, &patched, data_props, txg)?;
@@ -759,6 +762,7 @@ impl Object {
                     }
                     set_bp(&mut content, slot, &bp);
                 }
+                io.cache.forget(&replaced);
                 io.zio.free_all(&replaced, txg, self.class);
                 replaced.clear();
                 if (0..FANOUT).any(|s| !bp_at(&content, s).is_hole()) {
@@ -790,9 +794,13 @@ impl Object {
             old.root
         });
         if old_root_replaced && !old.root.is_hole() && old.root != root {
+            io.cache.forget(std::slice::from_ref(&old.root));
             io.zio.free(&old.root, txg, self.class);
         }
         new.root = root;
+        for (bp, d) in to_cache {
+            io.cache.insert(&bp, d.clone());
+        }
 
         let mut st = self.state.lock();
         st.dnode.root = new.root;

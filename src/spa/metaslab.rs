@@ -36,7 +36,10 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 /// sync-written data can wait for a txg; a commit that finds it full waits for a txg to free
 /// some. Under steady sync writes the txg sync runs back to back and each txg takes about as
 /// long to sync as it took to fill, so the reserve must hold two txgs' log, and a txg may
-/// take up to the dirty limit (1G by default). A thirty-second of a small vdev did not:
+/// take up to the dirty limit. That was 1G when this was sized; `zeta serve` now gives a
+/// tenth of memory, up to 4G, and at 2.4G three ~870M reserves fill every txg under 4K
+/// sync writes into 16K blocks (the README's intent-log section, with what a log device
+/// buys). The reserve is fixed at create, so it is not grown with the limit. A thirty-second of a small vdev did not:
 /// three 1.75G files, three volumes of 4K writes with a flush every 5th (`zeta bench load`)
 /// waited about 50 times in 10 s with flushes at 17-20 ms mean; with an eighth (224M each),
 /// 15 times and 10-13 ms. On three 4.25G files, 256M each still filled: 16K writes into

@@ -295,6 +295,9 @@ fn write_patched(
     let bufs: Vec<&[u8]> = built.iter().map(|(_, b, _)| b.as_slice()).collect();
     let sums: Vec<Option<Checksum>> = built.iter().map(|(_, _, sum)| *sum).collect();
     let bps = io.zio.write_batch_summed(&bufs, &sums, props, txg)?;
+    // The copies these replace were just looked up (`read_bases`), which made them as
+    // recent as the new ones: dropped first, they cannot push out live blocks.
+    io.cache.forget(at);
     for ((i, b, _), bp) in built.into_iter().zip(bps) {
         io.cache.insert(&bp, Arc::new(b));
         out[i] = bp;
