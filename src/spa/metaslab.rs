@@ -36,16 +36,18 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 /// sync-written data can wait for a txg; a commit that finds it full waits for a txg to free
 /// some. Under steady sync writes the txg sync runs back to back and each txg takes about as
 /// long to sync as it took to fill, so the reserve must hold two txgs' log, and a txg may
-/// take up to the dirty limit. That was 1G when this was sized; `zeta serve` now gives a
-/// tenth of memory, up to 4G, and at 2.4G three ~870M reserves fill every txg under 4K
-/// sync writes into 16K blocks (the README's intent-log section, with what a log device
-/// buys). The reserve is fixed at create, so it is not grown with the limit. A thirty-second of a small vdev did not:
+/// take up to the dirty limit (1G when this was sized). A thirty-second of a small vdev did not:
 /// three 1.75G files, three volumes of 4K writes with a flush every 5th (`zeta bench load`)
 /// waited about 50 times in 10 s with flushes at 17-20 ms mean; with an eighth (224M each),
 /// 15 times and 10-13 ms. On three 4.25G files, 256M each still filled: 16K writes into
 /// 128K blocks ran at 34k writes/s with flush p99 at 435-453 ms, and 4K writes into 16K
 /// blocks at 71-78k with 170-194 ms; with an eighth (544M each), 36-38k and 49-59 ms, and
 /// 78-80k and 17 ms.
+///
+/// `zeta serve`'s dirty limit is now a tenth of memory, up to 4G: at 2.4G, three ~870M
+/// reserves fill every txg under sustained 4K sync writes into 16K blocks (the README's
+/// intent-log section has the figures, and what a log device buys). The reserve is an
+/// on-disk choice made at create, so it does not grow with a process's limit.
 pub fn log_reserve_for(asize: u64, shift: u32) -> u64 {
     let ms_size = 1u64 << shift;
     let count = asize / ms_size;
