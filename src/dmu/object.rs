@@ -4,6 +4,7 @@
 //! Patched blocks (`patch`) and the walks of the block-pointer tree (`tree`) have files of
 //! their own.
 
+mod dirty_map;
 mod patch;
 mod tree;
 
@@ -21,6 +22,7 @@ use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
 use crate::zio::{WriteProps, Zio, ZioError};
 
+use dirty_map::{open_map, open_range, OpenMap, SyncingMap};
 use patch::{covers, lay_pieces, overlay, read_spare, sync_patched, Patched};
 use tree::{collect_blkids, lookup, Leaves};
 
@@ -28,6 +30,9 @@ pub use patch::Piece;
 pub use tree::{walk, walk_from, Visit};
 
 const FANOUT: usize = 1 << IND_SHIFT;
+
+/// The most changes a new open txg's map makes room for at once (`begin_sync`).
+const OPEN_ROOM_MAX: usize = 1 << 14;
 
 /// The part of one block a byte range covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,11 +227,9 @@ impl State {
     fn seen(&self, blkid: u64) -> (Option<&Dirty>, Vec<Piece>) {
         let mut layers: Vec<&[Piece]> = Vec::new();
         let mut base = None;
-        for map in [Some(&self.open), self.syncing.as_deref()]
-            .into_iter()
-            .flatten()
-        {
-            match map.get(&blkid) {
+        let syncing = self.syncing.as_deref().and_then(|s| s.get(blkid));
+        for change in [self.open.get(&blkid), syncing] {
+            match change {
                 None => {}
                 Some(Dirty::Patch(p)) => layers.push(p),
                 Some(d) => {
@@ -242,8 +245,8 @@ impl State {
 
 struct State {
     dnode: DnodePhys,
-    open: BTreeMap<u64, Dirty>,
-    syncing: Option<Arc<BTreeMap<u64, Dirty>>>,
+    open: OpenMap,
+    syncing: Option<Arc<SyncingMap>>,
     /// Blocks of the open txg written ahead; the sync adopts those whose buffer is still the
     /// dirty one and frees the others.
     overrides: BTreeMap<u64, Override>,
@@ -271,7 +274,7 @@ impl Object {
             class,
             state: Mutex::new(State {
                 dnode,
-                open: BTreeMap::new(),
+                open: open_map(0),
                 syncing: None,
                 overrides: BTreeMap::new(),
                 syncing_overrides: BTreeMap::new(),
@@ -593,7 +596,10 @@ impl Object {
         if st.open.is_empty() {
             return SyncBytes::default();
         }
-        let map = std::mem::take(&mut st.open);
+        // Room for as many changes as this txg's, up to a bound: a txg of a streaming write
+        // can dirty a quarter of a million blocks, and the next may dirty few.
+        let room = st.open.len().min(OPEN_ROOM_MAX);
+        let map = std::mem::replace(&mut st.open, open_map(room));
         st.syncing_overrides = std::mem::take(&mut st.overrides);
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
         let mut bytes = SyncBytes::default();
@@ -604,7 +610,7 @@ impl Object {
                 bytes.placed += d.bytes(block_bytes);
             }
         }
-        st.syncing = Some(Arc::new(map));
+        st.syncing = Some(Arc::new(SyncingMap::from_open(map)));
         bytes
     }
 
@@ -622,7 +628,7 @@ impl Object {
         let mut adopted: BTreeMap<u64, BlkPtr> = BTreeMap::new();
         let mut superseded: Vec<BlkPtr> = Vec::new();
         for (blkid, (data, bp)) in overrides {
-            match dirty.get(&blkid) {
+            match dirty.get(blkid) {
                 Some(Dirty::Data(d)) if Arc::ptr_eq(d, &data) => {
                     adopted.insert(blkid, bp);
                 }
@@ -640,7 +646,7 @@ impl Object {
             class: self.class,
         };
         let mut new = old;
-        let max_blkid = *dirty.keys().next_back().expect("non-empty");
+        let max_blkid = dirty.last_blkid();
         while new.capacity_blocks() <= max_blkid {
             new.nlevels += 1;
         }
@@ -663,7 +669,7 @@ impl Object {
         let mut patched_slots: Vec<usize> = Vec::new();
         // Adopted together below: a stream's blocks lie one after another.
         let mut to_adopt: Vec<usize> = Vec::new();
-        for (&blkid, change) in dirty.iter() {
+        for (blkid, change) in dirty.iter() {
             let slot = children.len();
             let bp = match change {
                 // Cached like any written block. (Leaving streams' blocks out, as streaming
@@ -820,7 +826,7 @@ impl Object {
             let unsynced = st
                 .open
                 .values()
-                .chain(st.syncing.iter().flat_map(|s| s.values()));
+                .chain(st.syncing.iter().flat_map(|s| s.iter().map(|e| e.1)));
             unsynced
                 .filter_map(Dirty::placed)
                 .chain(open.into_values().chain(syncing.into_values()).map(|o| o.1))
@@ -847,13 +853,11 @@ impl Object {
     ) -> Result<Vec<u64>, ZioError> {
         let (dn, open, syncing) = {
             let st = self.state.lock();
-            let pick = |m: &BTreeMap<u64, Dirty>| -> Vec<(u64, bool)> {
-                m.range(from..to)
-                    .map(|(&k, d)| (k, !matches!(d, Dirty::Free)))
-                    .collect()
-            };
-            let syncing = st.syncing.as_ref().map(|s| pick(s)).unwrap_or_default();
-            (st.dnode, pick(&st.open), syncing)
+            let syncing: Vec<(u64, bool)> = (st.syncing.iter())
+                .flat_map(|s| s.range(from..to))
+                .map(|(k, d)| (*k, !matches!(d, Dirty::Free)))
+                .collect();
+            (st.dnode, open_range(&st.open, from..to), syncing)
         };
         let mut on_disk = Vec::new();
         collect_blkids(io, dn.root, dn.nlevels - 1, 0, from, to, &mut on_disk)?;
