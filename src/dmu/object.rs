@@ -145,7 +145,9 @@ pub enum Dirty {
     /// in this very txg: the sync adopts the copy, and nothing is held in memory meanwhile.
     /// Allocated outside the space map until then, so a copy no sync adopts must be freed by
     /// whoever supersedes it (`dirty` returns it) or destroys the object (`free_all`).
-    Placed(BlkPtr),
+    /// Boxed: a block pointer is 128 bytes, and every change in the dirty maps would take
+    /// that much room; the other kinds fit in 24.
+    Placed(Box<BlkPtr>),
 }
 
 impl Dirty {
@@ -172,7 +174,7 @@ impl Dirty {
     /// Where a placed change's copy lies.
     fn placed(&self) -> Option<BlkPtr> {
         match self {
-            Dirty::Placed(bp) => Some(*bp),
+            Dirty::Placed(bp) => Some(**bp),
             _ => None,
         }
     }
@@ -396,7 +398,7 @@ impl Object {
                 let known = base.map(|d| match d {
                     Dirty::Data(d) => Known::Fetched(Fetched::Data(d.clone())),
                     Dirty::Free => Known::Fetched(Fetched::Hole),
-                    Dirty::Placed(bp) => Known::At(*bp),
+                    Dirty::Placed(bp) => Known::At(**bp),
                     Dirty::Patch(_) => unreachable!("`seen` gives no patch as a base"),
                 });
                 (known, pieces)
@@ -694,7 +696,7 @@ impl Object {
                 },
                 Dirty::Placed(bp) => {
                     to_adopt.push(slot);
-                    *bp
+                    **bp
                 }
                 Dirty::Patch(pieces) => {
                     patched.push((blkid, pieces));

@@ -274,7 +274,11 @@ impl Pool {
             };
             let superseded: Vec<BlkPtr> = (blocks.iter().zip(&bps))
                 .filter_map(|(&(blkid, _), bp)| {
-                    self.record_change_keeping(ds, blkid, bp.map_or(Dirty::Free, Dirty::Placed))
+                    self.record_change_keeping(
+                        ds,
+                        blkid,
+                        bp.map_or(Dirty::Free, |bp| Dirty::Placed(Box::new(bp))),
+                    )
                 })
                 .collect();
             self.io.zio.free_all(&superseded, txg, AllocClass::Mos);
