@@ -22,7 +22,7 @@ use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
 use crate::zio::{WriteProps, Zio, ZioError};
 
-use dirty_map::{open_map, open_range, OpenMap, SyncingMap};
+use dirty_map::{open_map_after, open_range, OpenMap, SyncingMap};
 use patch::{covers, lay_pieces, overlay, read_spare, sync_patched, Patched};
 use tree::{collect_blkids, lookup, Leaves};
 
@@ -30,9 +30,6 @@ pub use patch::Piece;
 pub use tree::{walk, walk_from, Visit};
 
 const FANOUT: usize = 1 << IND_SHIFT;
-
-/// The most changes a new open txg's map makes room for at once (`begin_sync`).
-const OPEN_ROOM_MAX: usize = 1 << 14;
 
 /// The part of one block a byte range covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +168,11 @@ impl Dirty {
         }
     }
 
+    /// Whether the block holds data after this change (it is not freed).
+    fn holds_data(&self) -> bool {
+        !matches!(self, Dirty::Free)
+    }
+
     /// Where a placed change's copy lies.
     fn placed(&self) -> Option<BlkPtr> {
         match self {
@@ -276,7 +278,7 @@ impl Object {
             class,
             state: Mutex::new(State {
                 dnode,
-                open: open_map(0),
+                open: OpenMap::default(),
                 syncing: None,
                 overrides: BTreeMap::new(),
                 syncing_overrides: BTreeMap::new(),
@@ -598,10 +600,8 @@ impl Object {
         if st.open.is_empty() {
             return SyncBytes::default();
         }
-        // Room for as many changes as this txg's, up to a bound: a txg of a streaming write
-        // can dirty a quarter of a million blocks, and the next may dirty few.
-        let room = st.open.len().min(OPEN_ROOM_MAX);
-        let map = std::mem::replace(&mut st.open, open_map(room));
+        let next = open_map_after(st.open.len());
+        let map = std::mem::replace(&mut st.open, next);
         st.syncing_overrides = std::mem::take(&mut st.overrides);
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
         let mut bytes = SyncBytes::default();
@@ -857,7 +857,7 @@ impl Object {
             let st = self.state.lock();
             let syncing: Vec<(u64, bool)> = (st.syncing.iter())
                 .flat_map(|s| s.range(from..to))
-                .map(|(k, d)| (*k, !matches!(d, Dirty::Free)))
+                .map(|(k, d)| (*k, d.holds_data()))
                 .collect();
             (st.dnode, open_range(&st.open, from..to), syncing)
         };

@@ -18,25 +18,29 @@ use super::Dirty;
 /// The open txg's changes.
 pub type OpenMap = HashMap<u64, Dirty, BuildHasherDefault<FxHasher>>;
 
-/// An empty open map with room for `blocks` changes: a txg tends to dirty as many blocks as
-/// the last one, and growing the table under the object's lock rehashes every entry.
-pub fn open_map(blocks: usize) -> OpenMap {
-    OpenMap::with_capacity_and_hasher(blocks, Default::default())
+/// The most changes a new open map makes room for at once (`open_map_after`).
+const OPEN_ROOM_MAX: usize = 1 << 14;
+
+/// The open map that follows one of `closed` changes: empty, with room for as many, up to
+/// `OPEN_ROOM_MAX`. A txg tends to dirty as many blocks as the last one, and growing the
+/// table under the object's lock rehashes every entry; but a txg of a streaming write can
+/// dirty a quarter of a million blocks, and the next may dirty few.
+pub fn open_map_after(closed: usize) -> OpenMap {
+    OpenMap::with_capacity_and_hasher(closed.min(OPEN_ROOM_MAX), Default::default())
 }
 
 /// The ids of the open map's changes in `range`, in order, with whether each holds data
 /// (not `Dirty::Free`). A short range is looked up block by block; a long one scans the map.
 pub fn open_range(map: &OpenMap, range: Range<u64>) -> Vec<(u64, bool)> {
-    let has_data = |d: &Dirty| !matches!(d, Dirty::Free);
     let span = range.end.saturating_sub(range.start);
     if span <= map.len() as u64 {
         range
-            .filter_map(|b| map.get(&b).map(|d| (b, has_data(d))))
+            .filter_map(|b| map.get(&b).map(|d| (b, d.holds_data())))
             .collect()
     } else {
         let mut v: Vec<(u64, bool)> = (map.iter())
             .filter(|(b, _)| range.contains(b))
-            .map(|(&b, d)| (b, has_data(d)))
+            .map(|(&b, d)| (b, d.holds_data()))
             .collect();
         v.sort_unstable_by_key(|e| e.0);
         v
@@ -86,7 +90,7 @@ mod tests {
     use super::*;
 
     fn open_with(blocks: &[(u64, bool)]) -> OpenMap {
-        let mut m = open_map(0);
+        let mut m = OpenMap::default();
         for &(b, data) in blocks {
             let d = if data {
                 Dirty::Data(std::sync::Arc::new(vec![1; 8]))
@@ -111,6 +115,14 @@ mod tests {
         );
         assert_eq!(open_range(&m, 1001..5000), vec![]);
         assert_eq!(open_range(&m, 8..8), vec![]);
+    }
+
+    #[test]
+    fn the_next_open_map_has_room_for_the_last_one_up_to_a_bound() {
+        assert!(open_map_after(1000).capacity() >= 1000);
+        let after_a_stream = open_map_after(1 << 18).capacity();
+        assert!((OPEN_ROOM_MAX..1 << 18).contains(&after_a_stream));
+        assert_eq!(open_map_after(0).capacity(), 0);
     }
 
     #[test]
