@@ -97,29 +97,54 @@ const HEAP_TRIM_SLACK: usize = 48 << 20;
 /// Near the budget, freed heap memory above this is handed back.
 const HEAP_TRIM_NEAR_BUDGET: usize = 2 << 20;
 
-/// Sets the allocator up for a long-running command; call before its threads start.
+/// How many threads of a command allocate much at once: the allocator's arenas follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocators {
+    /// Many threads allocate and free request buffers: the NBD server's connections and
+    /// workers, with the txg sync and the log committers freeing what they allocated.
+    Many,
+    /// One thread makes the work, and the pool's own threads (the txg sync and its helper)
+    /// follow it: `zeta bench vol`.
+    One,
+}
+
+/// Sets the allocator up for a command; call before its threads start.
 ///
 /// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
 /// memory in each: with the NBD server's many threads this alone added ~100 MiB of resident
 /// memory over the configured cache and dirty limits. Four arenas keep most of that away.
-/// Fewer cost time: payload buffers are allocated by the connections' threads and freed by
-/// the txg sync or a log committer, and each such free takes the lock of the arena the buffer
-/// came from. With two arenas, 4K sync writes into 16K blocks (three volumes, a flush every
-/// 20th, 30 s runs taking turns) ran at 95.6k writes/s against 100.1k with four, medians of
-/// three, at 1.34-1.43 against 1.16-1.23 ms mean latency; with eight, 103.8k, but the peak
-/// RSS of `tests/nbd_memory.rs`'s server rose from 163 MiB (two) and 188 (four) to 215 of the
-/// 224 MiB it is given.
+/// Fewer cost the server time: payload buffers are allocated by the connections' threads
+/// and freed by the txg sync or a log committer, and each such free takes the lock of the
+/// arena the buffer came from. With two arenas, 4K sync writes into 16K blocks (three
+/// volumes, a flush every 20th, 30 s runs taking turns) ran at 95.6k writes/s against
+/// 100.1k with four, medians of three, at 1.34-1.43 against 1.16-1.23 ms mean latency; with
+/// eight, 103.8k, but the peak RSS of `tests/nbd_memory.rs`'s server rose from 163 MiB
+/// (two) and 188 (four) to 215 of the 224 MiB it is given.
+///
+/// Where one thread makes the work (`Allocators::One`), one arena: each arena keeps its
+/// own free memory, and the threads' bursts (the writer's payloads, the sync's new blocks)
+/// come at different times, so four arenas held the sum of their peaks. `zeta bench vol`
+/// with a 32M cache and a 16M dirty limit peaked at 44-51 MiB with four (over its 48 MiB in
+/// a third of the runs), 40.7-41.8 with one; at its defaults, 173-175 MiB against 120, with
+/// no loss of speed beyond the noise of its runs.
+///
 /// Freed memory at the top of a heap goes back once `HEAP_TRIM_SLACK` of it piles up, and
 /// allocations from 2 MiB up are mapped apart, so they go back when freed.
-pub fn tune_allocator() {
+pub fn tune_allocator(allocators: Allocators) {
+    let arenas = match allocators {
+        Allocators::Many => 4,
+        Allocators::One => 1,
+    };
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only adjusts allocator tuning; called before the threads that
     // allocate much exist.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 4);
+        libc::mallopt(libc::M_ARENA_MAX, arenas);
         libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_TRIM_SLACK as i32);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 2 << 20);
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = arenas;
 }
 
 /// What the governor steers by, per pass.

@@ -25,8 +25,11 @@ pub use args::Cli;
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
-    memory::tune_allocator();
     let cli = Cli::parse();
+    memory::tune_allocator(match cli.command {
+        args::Command::Bench(args::BenchCmd::Vol(_)) => memory::Allocators::One,
+        _ => memory::Allocators::Many,
+    });
     let home = state::Home::resolve(cli.home.clone());
     let result = match cli.command {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
