@@ -204,7 +204,10 @@ fn read_bases(io: &ObjectIo, at: &[BlkPtr]) -> Bases {
 /// core and the NBD connections at 0-5 %. Before that, done in turn, the reads — a RAID-Z
 /// block is read column by column — and the writes each left the other's resources idle,
 /// and random 4K writes on raidz2 ran 12 % slower than when writers read their blocks
-/// themselves.) Two batches are in memory at most, as before.
+/// themselves.) On raidz2 of six files, random 4K writes over NBD (fio, four jobs of 16,
+/// 20 s runs taking turns) ran at 30.1-36.5k writes/s against 30.0-34.4k with the helper
+/// that only read ahead: its reads still overlap writes. Two batches are in memory at most,
+/// as before.
 pub(super) fn sync_patched(
     io: &ObjectIo,
     old: &DnodePhys,
