@@ -124,9 +124,9 @@ pub enum Allocators {
 /// Where one thread makes the work (`Allocators::One`), one arena: each arena keeps its
 /// own free memory, and the threads' bursts (the writer's payloads, the sync's new blocks)
 /// come at different times, so four arenas held the sum of their peaks. `zeta bench vol`
-/// with a 32M cache and a 16M dirty limit peaked at 44-51 MiB with four (over its 48 MiB in
-/// a third of the runs), 40.7-41.8 with one; at its defaults, 173-175 MiB against 120, with
-/// no loss of speed beyond the noise of its runs.
+/// with a 32M cache and a 16M dirty limit peaked at 43.8-48.6 MiB with four (over its 48 in
+/// two runs of ten), 38.5-39.9 with one (eleven runs); at its defaults, 173-175M against
+/// 120M, with no loss of speed beyond the noise of its runs.
 ///
 /// Freed memory at the top of a heap goes back once `HEAP_TRIM_SLACK` of it piles up, and
 /// allocations from 2 MiB up are mapped apart, so they go back when freed.
