@@ -5,6 +5,8 @@
 //! fio and nbdkit come from Debian packages that `.ci/run` installs. Where one is missing the
 //! test says so and passes, unless ZETA_REQUIRE_CLIENTS=1 (set by CI), where it fails.
 
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::process::{Child, Command, Output};
 
 mod common;
@@ -85,6 +87,16 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
             // same request (seen: 0.9993).
             assert!((0.9..=5.5).contains(&wpf), "{r}");
         }
+        // The device's writes are counted where the files lie on one block device: every
+        // byte at least once on a zeta pool (its log record; then its block, at the sync).
+        let amp = r["write_amplification"].as_f64();
+        if on_block_device(dir.path()) {
+            let amp = amp.unwrap_or_else(|| panic!("{r}"));
+            assert!(r["device_write_bytes"].as_u64().unwrap() > 0, "{r}");
+            assert!(amp >= if zeta_pool { 1.0 } else { 0.3 }, "{r}");
+        } else {
+            assert!(amp.is_none() && r["device_write_bytes"].is_null(), "{r}");
+        }
         let blocks = &r["log_blocks_per_device"];
         if zeta_pool {
             // Log blocks really went to every device (the counters come from the server).
@@ -124,6 +136,13 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
     }
     // Nothing left behind.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Whether `dir` is on a block device whose statistics the kernel shows.
+fn on_block_device(dir: &Path) -> bool {
+    let dev = dir.metadata().unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    major != 0 && Path::new(&format!("/sys/dev/block/{major}:{minor}/stat")).exists()
 }
 
 #[test]

@@ -360,7 +360,7 @@ pub enum BenchCmd {
     /// every N writes. Per-request commits with a log per volume (the baseline) against group
     /// commit with one global log, driven by fio's nbd engine and by zeta's own NBD load
     /// generator, next to raw files and nbdkit: IOPS, mean and p99 latency, writes per flush,
-    /// log blocks per device, and ratios.
+    /// log blocks per device, disk bytes per byte written, and ratios.
     #[command(
         after_help = "Points: 4K writes with a flush every 1, 5, 10 and 20 writes, and \
                             8K, 16K and 32K writes with a flush every 5; each at every \
@@ -374,12 +374,15 @@ pub enum BenchCmd {
                             so its blocks are allocated as a device's are, and kept for every \
                             measurement after. fio's nbd engine flushes far \
                             more often than --fsync asks at depth 100: the w/flush column shows \
-                            what was sent. \
+                            what was sent. The wr amp column is the bytes written to the disk \
+                            under --dir per byte the clients wrote (the kernel's counters of \
+                            that block device; \"-\" where there is none, as on tmpfs). \
                             Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\
                             --json prints one JSON object per line and measurement: bs, fsync \
                             (writes per flush asked), volblocksize (null for raw and nbdkit), \
                             generator, commit, placement, iops, lat_mean_us, lat_p99_us, \
-                            writes_per_flush, log_blocks_per_device (null where not measured)."
+                            writes_per_flush, log_blocks_per_device, device_write_bytes, \
+                            write_amplification (null where not measured)."
     )]
     Sync(BenchSyncArgs),
     /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with

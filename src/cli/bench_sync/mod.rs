@@ -27,6 +27,7 @@ use super::fmt::parse_size;
 use super::nbd_load::{self, LoadSpec};
 use super::{usage, CliError, Result};
 
+mod devstat;
 mod peers;
 mod procs;
 mod report;
@@ -122,6 +123,17 @@ struct Measured {
     lat_p99_us: Option<f64>,
     writes_per_flush: Option<f64>,
     log_blocks_per_device: Option<Vec<u64>>,
+    /// Bytes written to the device under the files meanwhile (`devstat`), where counted.
+    device_write_bytes: Option<u64>,
+}
+
+impl Measured {
+    /// Device bytes written per byte the clients wrote (`runtime` seconds of writes of
+    /// `bs_bytes`), where the device's writes were counted.
+    fn write_amplification(&self, bs_bytes: u32, runtime: Duration) -> Option<f64> {
+        let client = self.iops * runtime.as_secs_f64() * bs_bytes as f64;
+        (client > 0.0).then_some(self.device_write_bytes? as f64 / client)
+    }
 }
 
 struct Row {
@@ -135,6 +147,8 @@ struct Row {
     zil: Zil,
     /// Which of the plan's runs, from 1.
     run: u32,
+    /// How long the clients wrote.
+    runtime: Duration,
     m: Measured,
 }
 
@@ -147,6 +161,10 @@ impl Row {
             && self.volblocksize == o.volblocksize
             && self.gen == o.gen
             && self.zil.commit == o.zil.commit
+    }
+
+    fn write_amplification(&self) -> Option<f64> {
+        (self.m).write_amplification(self.point.bs_bytes, self.runtime)
     }
 
     fn json(&self) -> Value {
@@ -164,6 +182,8 @@ impl Row {
             "lat_p99_us": self.m.lat_p99_us,
             "writes_per_flush": self.m.writes_per_flush,
             "log_blocks_per_device": self.m.log_blocks_per_device,
+            "device_write_bytes": self.m.device_write_bytes,
+            "write_amplification": self.write_amplification(),
             "run": self.run,
         })
     }
@@ -248,6 +268,7 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                         gen,
                         zil,
                         run,
+                        runtime: plan.runtime,
                         m: m?,
                     };
                     keep(row, args.json, &mut rows);
@@ -346,6 +367,7 @@ fn latency_section(
                         lat_p99_us: None,
                         writes_per_flush: s.measured().writes_per_flush,
                         log_blocks_per_device: None,
+                        device_write_bytes: None,
                     })
                 }
                 (None, _) => {
@@ -368,6 +390,7 @@ fn latency_section(
                 },
                 zil,
                 run,
+                runtime: plan.runtime,
                 m: m?,
             };
             keep(row, args.json, &mut rows);
@@ -618,12 +641,14 @@ mod tests {
             gen: Gen::ZetaLoad,
             zil,
             run,
+            runtime: Duration::from_secs(30),
             m: Measured {
                 iops,
                 lat_mean_us: Some(iops / 10.0),
                 lat_p99_us: None,
                 writes_per_flush: None,
                 log_blocks_per_device: None,
+                device_write_bytes: None,
             },
         };
         let rows = vec![

@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
+use super::devstat::DeviceWrites;
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
 use super::{io_err, Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
 use crate::cli::nbd_load::{self, LoadSpec};
@@ -90,8 +91,11 @@ pub(super) fn measure_raw(
         args.push(format!("--name=v{i}"));
         args.push(format!("--filename={}", f.display()));
     }
+    let device = DeviceWrites::start(files);
     let s = run_fio(&args, &dir.0, plan, stop)?;
-    Ok(s.measured())
+    let mut m = s.measured();
+    m.device_write_bytes = device.and_then(DeviceWrites::finish);
+    Ok(m)
 }
 
 pub(super) fn measure_nbdkit(
@@ -104,8 +108,10 @@ pub(super) fn measure_nbdkit(
 ) -> Result<Measured> {
     let (server, addr) = start_nbdkit(dir, files, plan, stop)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
-    let m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
+    let device = DeviceWrites::start(files.plain(plan)?);
+    let mut m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
     server.stop()?;
+    m.device_write_bytes = device.and_then(DeviceWrites::finish);
     Ok(m)
 }
 
@@ -196,6 +202,7 @@ pub(super) fn zeta_load(
         // None where no flush was sent (FUA writes).
         writes_per_flush: r.writes_per_flush(),
         log_blocks_per_device: None,
+        device_write_bytes: None,
     })
 }
 
@@ -240,6 +247,7 @@ impl FioStats {
             lat_p99_us: self.lat_p99_us,
             writes_per_flush: wpf,
             log_blocks_per_device: None,
+            device_write_bytes: None,
         }
     }
 }

@@ -61,8 +61,9 @@ pub(super) fn print_header(plan: &Plan) {
     }
     println!(
         "latency: fio = write lat (submission to completion), zeta-load = request sent to reply \
-         read. w/flush: writes per flush actually sent. log blk/dev: log blocks written per \
-         device."
+         read. w/flush: writes per flush actually sent. wr amp: bytes written to the device \
+         under the files per byte the clients wrote (\"-\": not counted). log blk/dev: log \
+         blocks written per device."
     );
     println!(
         "xbase, xraw, xnbdkit: IOPS of group/global over per-request/per-volume, over the raw \
@@ -104,7 +105,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         }
     );
     println!(
-        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>16} {:>6} {:>6} {:>8}",
         "generator",
         "commit",
         "placement",
@@ -112,6 +113,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         "mean us",
         "p99 us",
         "w/flush",
+        "wr amp",
         "log blk/dev",
         "xbase",
         "xraw",
@@ -126,7 +128,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             b.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
         });
         let line = format!(
-            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>16} {:>6} {:>6} {:>8}",
+            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>7} {:>16} {:>6} {:>6} {:>8}",
             r.gen.name(),
             r.zil.commit,
             r.zil.placement,
@@ -134,6 +136,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             opt(r.m.lat_mean_us, 0),
             opt(r.m.lat_p99_us, 0),
             opt(r.m.writes_per_flush, 2),
+            opt(r.write_amplification(), 2),
             if r.volblocksize.is_some() {
                 blocks
             } else {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::devstat::DeviceWrites;
 use super::peers::{drive, Files};
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
 use super::{check_stop, io_err, Gen, Measured, Plan, Point, Zil, POOL, START_TIMEOUT, VOLUMES};
@@ -186,13 +187,17 @@ pub(super) fn measure_zeta(
     gen: Gen,
     stop: &AtomicBool,
 ) -> Result<Measured> {
-    let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
+    let leaves = files.pool(plan)?.to_vec();
+    let srv = start_zeta(&dir.0, &leaves, plan, vb, zil, stop)?;
     let tolerate = !plan.zil_props;
     let before = iostat(&srv.home, tolerate)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
+    // Counted until the server has stopped: its last txg holds writes of the measurement.
+    let device = DeviceWrites::start(&leaves);
     let mut m = drive(gen, srv.addr, &exports, plan, point, &dir.0, stop)?;
     let after = iostat(&srv.home, tolerate)?;
     stop_zeta(srv, &dir.0)?;
+    m.device_write_bytes = device.and_then(DeviceWrites::finish);
     if let (Some(b), Some(a)) = (&before, &after) {
         m.log_blocks_per_device = log_blocks_delta(b, a);
         if m.writes_per_flush.is_none() {
