@@ -630,6 +630,24 @@ mod tests {
     }
 
     #[test]
+    fn write_amplification_is_device_bytes_over_client_bytes() {
+        let m = |iops: f64, device: Option<u64>| Measured {
+            iops,
+            lat_mean_us: None,
+            lat_p99_us: None,
+            writes_per_flush: None,
+            log_blocks_per_device: None,
+            device_write_bytes: device,
+        };
+        let secs = Duration::from_secs(30);
+        // 1000 4K writes a second for 30 s: 122.88 MB; the device took twice that.
+        let amp = m(1000.0, Some(2 * 1000 * 30 * 4096)).write_amplification(4096, secs);
+        assert!((amp.unwrap() - 2.0).abs() < 1e-12);
+        assert_eq!(m(1000.0, None).write_amplification(4096, secs), None);
+        assert_eq!(m(0.0, Some(1 << 20)).write_amplification(4096, secs), None);
+    }
+
+    #[test]
     fn the_median_run_of_each_target_is_shown() {
         let row = |zil: Zil, run: u32, iops: f64| Row {
             point: Point {
