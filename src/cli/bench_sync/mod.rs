@@ -147,8 +147,6 @@ struct Row {
     zil: Zil,
     /// Which of the plan's runs, from 1.
     run: u32,
-    /// How long the clients wrote.
-    runtime: Duration,
     m: Measured,
 }
 
@@ -163,11 +161,11 @@ impl Row {
             && self.zil.commit == o.zil.commit
     }
 
-    fn write_amplification(&self) -> Option<f64> {
-        (self.m).write_amplification(self.point.bs_bytes, self.runtime)
+    fn write_amplification(&self, plan: &Plan) -> Option<f64> {
+        (self.m).write_amplification(self.point.bs_bytes, plan.runtime)
     }
 
-    fn json(&self) -> Value {
+    fn json(&self, plan: &Plan) -> Value {
         json!({
             "bs": self.point.bs_bytes,
             "fsync": self.point.writes_per_flush,
@@ -183,7 +181,7 @@ impl Row {
             "writes_per_flush": self.m.writes_per_flush,
             "log_blocks_per_device": self.m.log_blocks_per_device,
             "device_write_bytes": self.m.device_write_bytes,
-            "write_amplification": self.write_amplification(),
+            "write_amplification": self.write_amplification(plan),
             "run": self.run,
         })
     }
@@ -268,10 +266,9 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
                         gen,
                         zil,
                         run,
-                        runtime: plan.runtime,
                         m: m?,
                     };
-                    keep(row, args.json, &mut rows);
+                    keep(row, &plan, args.json, &mut rows);
                 }
             }
         }
@@ -390,10 +387,9 @@ fn latency_section(
                 },
                 zil,
                 run,
-                runtime: plan.runtime,
                 m: m?,
             };
-            keep(row, args.json, &mut rows);
+            keep(row, plan, args.json, &mut rows);
         }
     }
     if !args.json {
@@ -404,9 +400,9 @@ fn latency_section(
 
 /// Prints a measured row at once under `--json` (so a long run shows its progress), and
 /// keeps it for the tables.
-fn keep(row: Row, json: bool, rows: &mut Vec<Row>) {
+fn keep(row: Row, plan: &Plan, json: bool, rows: &mut Vec<Row>) {
     if json {
-        println!("{}", row.json());
+        println!("{}", row.json(plan));
         let _ = std::io::stdout().flush();
     }
     rows.push(row);
@@ -659,7 +655,6 @@ mod tests {
             gen: Gen::ZetaLoad,
             zil,
             run,
-            runtime: Duration::from_secs(30),
             m: Measured {
                 iops,
                 lat_mean_us: Some(iops / 10.0),

@@ -136,7 +136,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             opt(r.m.lat_mean_us, 0),
             opt(r.m.lat_p99_us, 0),
             opt(r.m.writes_per_flush, 2),
-            opt(r.write_amplification(), 2),
+            opt(r.write_amplification(plan), 2),
             if r.volblocksize.is_some() {
                 blocks
             } else {

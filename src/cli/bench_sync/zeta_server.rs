@@ -187,13 +187,12 @@ pub(super) fn measure_zeta(
     gen: Gen,
     stop: &AtomicBool,
 ) -> Result<Measured> {
-    let leaves = files.pool(plan)?.to_vec();
-    let srv = start_zeta(&dir.0, &leaves, plan, vb, zil, stop)?;
+    let srv = start_zeta(&dir.0, files.pool(plan)?, plan, vb, zil, stop)?;
     let tolerate = !plan.zil_props;
     let before = iostat(&srv.home, tolerate)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
     // Counted until the server has stopped: its last txg holds writes of the measurement.
-    let device = DeviceWrites::start(&leaves);
+    let device = DeviceWrites::start(files.pool(plan)?);
     let mut m = drive(gen, srv.addr, &exports, plan, point, &dir.0, stop)?;
     let after = iostat(&srv.home, tolerate)?;
     stop_zeta(srv, &dir.0)?;
