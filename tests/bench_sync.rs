@@ -97,6 +97,16 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
         } else {
             assert!(amp.is_none() && r["device_write_bytes"].is_null(), "{r}");
         }
+        // The server's processor time is read from its process (zeta's or nbdkit's; the raw
+        // files have none), the whole machine's for every row.
+        let cpu = r["server_cpu_us_per_write"].as_f64();
+        if commit == "raw" {
+            assert!(cpu.is_none(), "{r}");
+        } else {
+            assert!(cpu.unwrap_or_else(|| panic!("{r}")) > 0.0, "{r}");
+        }
+        let busy = r["machine_busy"].as_f64().unwrap_or_else(|| panic!("{r}"));
+        assert!(busy > 0.0 && busy <= 1.0, "{r}");
         let blocks = &r["log_blocks_per_device"];
         if zeta_pool {
             // Log blocks really went to every device (the counters come from the server).

@@ -377,12 +377,17 @@ pub enum BenchCmd {
                             what was sent. The wr amp column is the bytes written to the disk \
                             under --dir per byte the clients wrote (the kernel's counters of \
                             that block device; \"-\" where there is none, as on tmpfs). \
+                            cpu us/wr is the server process's processor time per write \
+                            (none for the raw files), busy the share of the whole machine's \
+                            processor time in use: near 100, every target is bound by the \
+                            time it spends per write, the load generator's included. \
                             Needs fio and nbdkit (apt-get install fio nbdkit).\n\n\
                             --json prints one JSON object per line and measurement: bs, fsync \
                             (writes per flush asked), volblocksize (null for raw and nbdkit), \
                             generator, commit, placement, iops, lat_mean_us, lat_p99_us, \
                             writes_per_flush, log_blocks_per_device, device_write_bytes, \
-                            write_amplification (null where not measured)."
+                            write_amplification, server_cpu_us_per_write, machine_busy (0 to \
+                            1) (null where not measured)."
     )]
     Sync(BenchSyncArgs),
     /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with

@@ -27,12 +27,14 @@ use super::fmt::parse_size;
 use super::nbd_load::{self, LoadSpec};
 use super::{usage, CliError, Result};
 
+mod cpustat;
 mod devstat;
 mod peers;
 mod procs;
 mod report;
 mod zeta_server;
 
+use cpustat::CpuFigures;
 use peers::{measure_nbdkit, measure_raw, run_fio, start_nbdkit, zeta_load, Files};
 use procs::WorkDir;
 use report::{kib, print_header, print_latency_table, print_table};
@@ -125,6 +127,8 @@ struct Measured {
     log_blocks_per_device: Option<Vec<u64>>,
     /// Bytes written to the device under the files meanwhile (`devstat`), where counted.
     device_write_bytes: Option<u64>,
+    /// The server's and the machine's processor time meanwhile (`cpustat`).
+    cpu: CpuFigures,
 }
 
 impl Measured {
@@ -133,6 +137,13 @@ impl Measured {
     fn write_amplification(&self, bs_bytes: u32, runtime: Duration) -> Option<f64> {
         let client = self.iops * runtime.as_secs_f64() * bs_bytes as f64;
         (client > 0.0).then_some(self.device_write_bytes? as f64 / client)
+    }
+
+    /// Microseconds of the server's processor time per write the clients made (`runtime`
+    /// seconds of them), where the server has a process and it was read.
+    fn server_cpu_us_per_write(&self, runtime: Duration) -> Option<f64> {
+        let writes = self.iops * runtime.as_secs_f64();
+        (writes > 0.0).then_some(self.cpu.server_secs? * 1e6 / writes)
     }
 }
 
@@ -182,6 +193,8 @@ impl Row {
             "log_blocks_per_device": self.m.log_blocks_per_device,
             "device_write_bytes": self.m.device_write_bytes,
             "write_amplification": self.write_amplification(plan),
+            "server_cpu_us_per_write": self.m.server_cpu_us_per_write(plan.runtime),
+            "machine_busy": self.m.cpu.machine_busy,
             "run": self.run,
         })
     }
@@ -365,6 +378,7 @@ fn latency_section(
                         writes_per_flush: s.measured().writes_per_flush,
                         log_blocks_per_device: None,
                         device_write_bytes: None,
+                        cpu: CpuFigures::default(),
                     })
                 }
                 (None, _) => {
@@ -634,6 +648,7 @@ mod tests {
             writes_per_flush: None,
             log_blocks_per_device: None,
             device_write_bytes: device,
+            cpu: CpuFigures::default(),
         };
         let secs = Duration::from_secs(30);
         // 1000 4K writes a second for 30 s: 122.88 MB; the device took twice that.
@@ -641,6 +656,28 @@ mod tests {
         assert!((amp.unwrap() - 2.0).abs() < 1e-12);
         assert_eq!(m(1000.0, None).write_amplification(4096, secs), None);
         assert_eq!(m(0.0, Some(1 << 20)).write_amplification(4096, secs), None);
+    }
+
+    #[test]
+    fn server_cpu_per_write_is_its_time_over_the_writes() {
+        let m = |iops: f64, server_secs: Option<f64>| Measured {
+            iops,
+            lat_mean_us: None,
+            lat_p99_us: None,
+            writes_per_flush: None,
+            log_blocks_per_device: None,
+            device_write_bytes: None,
+            cpu: CpuFigures {
+                server_secs,
+                machine_busy: Some(0.5),
+            },
+        };
+        let secs = Duration::from_secs(30);
+        // 50000 writes a second for 30 s, on 36 s of the server's time: 24 us each.
+        let us = m(50_000.0, Some(36.0)).server_cpu_us_per_write(secs);
+        assert!((us.unwrap() - 24.0).abs() < 1e-9);
+        assert_eq!(m(50_000.0, None).server_cpu_us_per_write(secs), None);
+        assert_eq!(m(0.0, Some(1.0)).server_cpu_us_per_write(secs), None);
     }
 
     #[test]
@@ -662,6 +699,7 @@ mod tests {
                 writes_per_flush: None,
                 log_blocks_per_device: None,
                 device_write_bytes: None,
+                cpu: CpuFigures::default(),
             },
         };
         let rows = vec![

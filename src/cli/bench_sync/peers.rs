@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
+use super::cpustat::{CpuFigures, CpuUse};
 use super::devstat::DeviceWrites;
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
 use super::{io_err, Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
@@ -92,8 +93,10 @@ pub(super) fn measure_raw(
         args.push(format!("--filename={}", f.display()));
     }
     let device = DeviceWrites::start(files);
+    let cpu = CpuUse::start(None);
     let s = run_fio(&args, &dir.0, plan, stop)?;
     let mut m = s.measured();
+    m.cpu = cpu.finish();
     m.device_write_bytes = device.and_then(DeviceWrites::finish);
     Ok(m)
 }
@@ -109,7 +112,9 @@ pub(super) fn measure_nbdkit(
     let (server, addr) = start_nbdkit(dir, files, plan, stop)?;
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("f{i}")).collect();
     let device = DeviceWrites::start(files.plain(plan)?);
+    let cpu = CpuUse::start(server.pid());
     let mut m = drive(gen, addr, &exports, plan, point, &dir.0, stop)?;
+    m.cpu = cpu.finish();
     server.stop()?;
     m.device_write_bytes = device.and_then(DeviceWrites::finish);
     Ok(m)
@@ -203,6 +208,7 @@ pub(super) fn zeta_load(
         writes_per_flush: r.writes_per_flush(),
         log_blocks_per_device: None,
         device_write_bytes: None,
+        cpu: CpuFigures::default(),
     })
 }
 
@@ -248,6 +254,7 @@ impl FioStats {
             writes_per_flush: wpf,
             log_blocks_per_device: None,
             device_write_bytes: None,
+            cpu: CpuFigures::default(),
         }
     }
 }

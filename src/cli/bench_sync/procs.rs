@@ -53,6 +53,11 @@ impl ChildGuard {
         })
     }
 
+    /// The child's process id, while it runs.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub(super) fn exited(&mut self) -> Result<Option<ExitStatus>> {
         let c = self.child.as_mut().expect("child present until stopped");
         c.try_wait().map_err(|e| io_err(Path::new(self.name), e))

@@ -62,8 +62,9 @@ pub(super) fn print_header(plan: &Plan) {
     println!(
         "latency: fio = write lat (submission to completion), zeta-load = request sent to reply \
          read. w/flush: writes per flush actually sent. wr amp: bytes written to the device \
-         under the files per byte the clients wrote (\"-\": not counted). log blk/dev: log \
-         blocks written per device."
+         under the files per byte the clients wrote (\"-\": not counted). cpu us/wr: the \
+         server process's processor time per write. busy: % of the whole machine's processor \
+         time in use. log blk/dev: log blocks written per device."
     );
     println!(
         "xbase, xraw, xnbdkit: IOPS of group/global over per-request/per-volume, over the raw \
@@ -105,7 +106,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         }
     );
     println!(
-        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>16} {:>6} {:>6} {:>8}",
+        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
         "generator",
         "commit",
         "placement",
@@ -114,6 +115,8 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         "p99 us",
         "w/flush",
         "wr amp",
+        "cpu us/wr",
+        "busy",
         "log blk/dev",
         "xbase",
         "xraw",
@@ -128,7 +131,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             b.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
         });
         let line = format!(
-            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>7} {:>16} {:>6} {:>6} {:>8}",
+            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>7} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
             r.gen.name(),
             r.zil.commit,
             r.zil.placement,
@@ -137,6 +140,8 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             opt(r.m.lat_p99_us, 0),
             opt(r.m.writes_per_flush, 2),
             opt(r.write_amplification(plan), 2),
+            opt(r.m.server_cpu_us_per_write(plan.runtime), 1),
+            opt(r.m.cpu.machine_busy.map(|b| b * 100.0), 0),
             if r.volblocksize.is_some() {
                 blocks
             } else {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::cpustat::CpuUse;
 use super::devstat::DeviceWrites;
 use super::peers::{drive, Files};
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
@@ -193,7 +194,9 @@ pub(super) fn measure_zeta(
     let exports: Vec<String> = (0..VOLUMES).map(|i| format!("{POOL}/v{i}")).collect();
     // Counted until the server has stopped: its last txg holds writes of the measurement.
     let device = DeviceWrites::start(files.pool(plan)?);
+    let cpu = CpuUse::start(srv.server.pid());
     let mut m = drive(gen, srv.addr, &exports, plan, point, &dir.0, stop)?;
+    m.cpu = cpu.finish();
     let after = iostat(&srv.home, tolerate)?;
     stop_zeta(srv, &dir.0)?;
     m.device_write_bytes = device.and_then(DeviceWrites::finish);
