@@ -1,14 +1,15 @@
 //! The processor time a measurement took: the server process's own (`/proc/PID/stat`), per
 //! write the clients made, and how busy the whole machine was (`/proc/stat`). Where the
-//! machine is busy throughout, the targets share its cores with the load generator and with
-//! each other's kernel work, and the server that needs less time per write is the one that
-//! goes further; there the time per write, not the device, bounds each target's figure.
+//! machine is busy throughout, a server shares its cores with the load generator and the
+//! kernel's work for both, and the server that needs less time per write goes further: there
+//! the time per write, not the device, bounds each target's figure.
 //!
 //! Not counted as the server's: the kernel's writeback threads, which write back what a
 //! server left in the page cache (all of `nbdkit file`'s writes, zeta's txg writes), and the
 //! part of the loopback connections' kernel work that runs in the other end's process (a
 //! send delivers into the receiving socket there and then). Both count in the machine's
-//! share.
+//! share. Nor is a zeta server's last txg, which it syncs as it stops, after the clients'
+//! run: the counters are read while the server still runs (a reaped process has none).
 
 /// Processor time of the server (if it has a process) and of the whole machine, from `start`.
 pub(super) struct CpuUse {
