@@ -118,7 +118,8 @@ impl Plan {
 }
 
 /// One measurement's figures. `None` is a figure the source did not provide (printed as `-`,
-/// null in JSON), never a guess.
+/// null in JSON), never a guess; `Default` has none of them.
+#[derive(Default)]
 struct Measured {
     iops: f64,
     lat_mean_us: Option<f64>,
@@ -135,15 +136,20 @@ impl Measured {
     /// Device bytes written per byte the clients wrote (`runtime` seconds of writes of
     /// `bs_bytes`), where the device's writes were counted.
     fn write_amplification(&self, bs_bytes: u32, runtime: Duration) -> Option<f64> {
-        let client = self.iops * runtime.as_secs_f64() * bs_bytes as f64;
-        (client > 0.0).then_some(self.device_write_bytes? as f64 / client)
+        let client = self.client_writes(runtime)? * bs_bytes as f64;
+        Some(self.device_write_bytes? as f64 / client)
     }
 
     /// Microseconds of the server's processor time per write the clients made (`runtime`
     /// seconds of them), where the server has a process and it was read.
     fn server_cpu_us_per_write(&self, runtime: Duration) -> Option<f64> {
+        Some(self.cpu.server_secs? * 1e6 / self.client_writes(runtime)?)
+    }
+
+    /// The writes the clients made in `runtime` seconds; `None` if none.
+    fn client_writes(&self, runtime: Duration) -> Option<f64> {
         let writes = self.iops * runtime.as_secs_f64();
-        (writes > 0.0).then_some(self.cpu.server_secs? * 1e6 / writes)
+        (writes > 0.0).then_some(writes)
     }
 }
 
@@ -376,9 +382,7 @@ fn latency_section(
                         lat_mean_us: (s.iops > 0.0).then(|| 1e6 / s.iops),
                         lat_p99_us: None,
                         writes_per_flush: s.measured().writes_per_flush,
-                        log_blocks_per_device: None,
-                        device_write_bytes: None,
-                        cpu: CpuFigures::default(),
+                        ..Measured::default()
                     })
                 }
                 (None, _) => {
@@ -643,12 +647,8 @@ mod tests {
     fn write_amplification_is_device_bytes_over_client_bytes() {
         let m = |iops: f64, device: Option<u64>| Measured {
             iops,
-            lat_mean_us: None,
-            lat_p99_us: None,
-            writes_per_flush: None,
-            log_blocks_per_device: None,
             device_write_bytes: device,
-            cpu: CpuFigures::default(),
+            ..Measured::default()
         };
         let secs = Duration::from_secs(30);
         // 1000 4K writes a second for 30 s: 122.88 MB; the device took twice that.
@@ -662,15 +662,11 @@ mod tests {
     fn server_cpu_per_write_is_its_time_over_the_writes() {
         let m = |iops: f64, server_secs: Option<f64>| Measured {
             iops,
-            lat_mean_us: None,
-            lat_p99_us: None,
-            writes_per_flush: None,
-            log_blocks_per_device: None,
-            device_write_bytes: None,
             cpu: CpuFigures {
                 server_secs,
                 machine_busy: Some(0.5),
             },
+            ..Measured::default()
         };
         let secs = Duration::from_secs(30);
         // 50000 writes a second for 30 s, on 36 s of the server's time: 24 us each.
@@ -695,11 +691,7 @@ mod tests {
             m: Measured {
                 iops,
                 lat_mean_us: Some(iops / 10.0),
-                lat_p99_us: None,
-                writes_per_flush: None,
-                log_blocks_per_device: None,
-                device_write_bytes: None,
-                cpu: CpuFigures::default(),
+                ..Measured::default()
             },
         };
         let rows = vec![

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 
-use super::cpustat::{CpuFigures, CpuUse};
+use super::cpustat::CpuUse;
 use super::devstat::DeviceWrites;
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
 use super::{io_err, Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
@@ -206,9 +206,7 @@ pub(super) fn zeta_load(
         lat_p99_us: r.lat_p99_us,
         // None where no flush was sent (FUA writes).
         writes_per_flush: r.writes_per_flush(),
-        log_blocks_per_device: None,
-        device_write_bytes: None,
-        cpu: CpuFigures::default(),
+        ..Measured::default()
     })
 }
 
@@ -252,9 +250,7 @@ impl FioStats {
             lat_mean_us: self.lat_mean_us,
             lat_p99_us: self.lat_p99_us,
             writes_per_flush: wpf,
-            log_blocks_per_device: None,
-            device_write_bytes: None,
-            cpu: CpuFigures::default(),
+            ..Measured::default()
         }
     }
 }
