@@ -271,6 +271,77 @@ fn owned_short_writes_are_taken_whole_and_declined_ones_given_back() {
     assert!(all == model, "after the sync");
 }
 
+/// Short writes whose payloads an NBD connection packed into its arena (`vdev::Arena`) keep
+/// their slices as the patches' pieces; what is not a patch comes back (`write_nowait_shared`)
+/// or is laid over its block (`write_shared`). The chunk counts whole in the pool's memory
+/// while any of its pieces lives, and goes when the sync has taken them all.
+#[test]
+fn arena_payloads_become_pieces_and_their_chunks_count_until_the_sync() {
+    use zeta::vdev::shared_bytes::CHUNK_BYTES;
+
+    let (pool, vol, mut model) = small_volume();
+    let mut arena = vol.payload_arena();
+    let mut take = |seed: u64, len: usize| {
+        let data = pattern(seed, len);
+        arena
+            .take(len, |room| {
+                room.copy_from_slice(&data);
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+    };
+    let mut taken = |off: usize, data: zeta::vdev::SharedBytes| {
+        model[off..off + data.len()].copy_from_slice(&data);
+        assert!(matches!(
+            vol.write_nowait_shared(off as u64, data),
+            Ok(Ok(()))
+        ));
+    };
+    taken(4096, take(1, 4096));
+    taken(12288, take(2, 4096));
+    taken(4096 + 100, take(3, 100)); // over part of the first piece
+    assert!(
+        pool.memory_held() >= CHUNK_BYTES as u64,
+        "the chunk counts whole: {}",
+        pool.memory_held()
+    );
+
+    // Declined, the same slice back: across two blocks, or into a block held whole.
+    let across = take(4, 4096);
+    let at = across.as_ptr();
+    let back = vol.write_nowait_shared(30000, across).expect_err("across");
+    assert_eq!(back.as_ptr(), at);
+    drop(back);
+    vol.write(32768, &[5; 16384]).unwrap();
+    model[32768..49152].fill(5);
+    let merge = take(6, 300);
+    let back = vol
+        .write_nowait_shared(32768 + 100, merge)
+        .expect_err("into a block the open txg holds whole");
+    // The waiting way lays it over the block.
+    model[32768 + 100..32768 + 400].copy_from_slice(&back);
+    vol.write_shared(32768 + 100, back).unwrap();
+    // And a piece the waiting way, into a block that takes patches.
+    let piece = take(7, 2048);
+    model[65536 + 512..65536 + 2560].copy_from_slice(&piece);
+    vol.write_shared(65536 + 512, piece).unwrap();
+    assert!(vol.write_shared(4 * MB - 100, take(8, 4096)).is_err());
+
+    let mut all = vec![0u8; model.len()];
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "before the sync");
+    drop(arena);
+    assert!(
+        pool.memory_held() >= CHUNK_BYTES as u64,
+        "the pieces hold their slices of the chunk, not copies"
+    );
+    vol.flush().unwrap();
+    pool.sync_now().unwrap();
+    assert_eq!(pool.memory_held(), 0, "the chunk outlived its pieces");
+    vol.read(0, &mut all).unwrap();
+    assert!(all == model, "after the sync");
+}
+
 /// `Volume::read_nowait` serves blocks held in memory and blocks the device has at once (as
 /// a file's page cache does), and declines, without any waiting read, a block the device
 /// would have to wait for: the NBD reader serves small reads that way and leaves the rest to
