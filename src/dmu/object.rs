@@ -20,7 +20,6 @@ use crate::math::zero::is_zero;
 use crate::math::ChecksumKind;
 use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
-use crate::vdev::SharedBytes;
 use crate::zio::{WriteProps, Zio, ZioError};
 
 use dirty_map::{open_map_after, open_range, OpenMap, SyncingMap};
@@ -184,7 +183,7 @@ impl Dirty {
 }
 
 fn held(pieces: &[Piece]) -> u64 {
-    pieces.iter().map(Piece::held).sum()
+    pieces.iter().map(|p| p.len as u64).sum()
 }
 
 /// How a change to a block moved an object's dirty counts (`Dirty::bytes`, `Dirty::held`).
@@ -468,7 +467,7 @@ impl Object {
     /// a patch whose pieces cover the whole block becomes the block (`Dirty::Data`). Returns
     /// the change in dirty counts, or `None` (nothing changed) where the caller must write
     /// the whole block instead. The caller holds the block's range lock and the open txg.
-    pub fn patch(&self, blkid: u64, at: usize, data: SharedBytes) -> Option<Delta> {
+    pub fn patch(&self, blkid: u64, at: usize, data: Arc<Vec<u8>>) -> Option<Delta> {
         let mut st = self.state.lock();
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
         assert!((at + data.len()) as u64 <= block_bytes);
@@ -477,20 +476,19 @@ impl Object {
         let new = data.len() as u64;
         match st.open.get_mut(&blkid) {
             None => {
-                let piece = Piece::new(at, data);
-                let held = piece.held();
-                st.open.insert(blkid, Dirty::Patch(vec![piece]));
+                st.open
+                    .insert(blkid, Dirty::Patch(vec![Piece::new(at, data)]));
                 Some(Delta {
                     bytes: block_bytes as i64,
-                    held: held as i64,
+                    held: new as i64,
                 })
             }
             Some(Dirty::Patch(pieces)) => {
-                let size: u64 = pieces.iter().map(|p| p.len as u64).sum();
+                let before = held(pieces);
                 let dropped: u64 = (pieces.iter().filter(|p| covered(p)))
                     .map(|p| p.len as u64)
                     .sum();
-                let after = size - dropped + new;
+                let after = before - dropped + new;
                 // Only a block's worth of bytes or more can cover the block, or hold too
                 // much; below that nothing is checked, and the pieces change in place.
                 // (Rebuilt and checked for cover at every write, 4K writes into 128K blocks
@@ -504,7 +502,6 @@ impl Object {
                 if !whole && after > block_bytes {
                     return None;
                 }
-                let before = held(pieces);
                 pieces.retain(|p| !covered(p));
                 pieces.push(Piece::new(at, data));
                 if whole {
@@ -519,7 +516,7 @@ impl Object {
                 }
                 Some(Delta {
                     bytes: 0,
-                    held: held(pieces) as i64 - before as i64,
+                    held: after as i64 - before as i64,
                 })
             }
             _ => None,
@@ -927,7 +924,7 @@ mod tests {
             BlockKind::Data,
             AllocClass::Recorded,
         );
-        let piece = |len: usize, byte: u8| SharedBytes::from_vec(vec![byte; len]);
+        let piece = |len: usize, byte: u8| Arc::new(vec![byte; len]);
         let delta = |bytes, held| Some(Delta { bytes, held });
         // The first piece dirties the whole block and holds its own bytes.
         assert_eq!(o.patch(0, 0, piece(4096, 1)), delta(16384, 4096));
@@ -948,24 +945,5 @@ mod tests {
         };
         assert_eq!(&d[..12288], &[4u8; 12288][..]);
         assert_eq!(&d[12288..], &[6u8; 4096][..]);
-        drop(st);
-
-        // Pieces in a writer's arena count nothing here (their pool counts the chunk); the
-        // whole block they make counts in full.
-        let gauge = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut arena = crate::vdev::Arena::new(gauge);
-        let mut in_arena = |len: usize, byte: u8| {
-            arena
-                .take(len, |b| {
-                    b.fill(byte);
-                    Ok::<(), ()>(())
-                })
-                .unwrap()
-        };
-        assert_eq!(o.patch(1, 0, in_arena(4096, 7)), delta(16384, 0));
-        assert_eq!(o.patch(1, 4096, piece(4096, 8)), delta(0, 4096));
-        // An arena piece over a heap one: the heap one's bytes go.
-        assert_eq!(o.patch(1, 4096, in_arena(4096, 9)), delta(0, -4096));
-        assert_eq!(o.patch(1, 8192, in_arena(8192, 10)), delta(0, 16384));
     }
 }

@@ -26,8 +26,6 @@ use super::replies::{
 };
 use super::workers::Workers;
 use crate::dsl::PoolError;
-use crate::vdev::shared_bytes::ARENA_MAX_BYTES;
-use crate::vdev::{Arena, SharedBytes};
 use crate::zvol::{after_wakeups, Done, VolError, Volume};
 
 /// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
@@ -199,9 +197,6 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     // Whether the last request was a large write (see `DIRECT_PAYLOAD_BYTES`).
     let mut large_writes = false;
-    // Where short writes' payloads go (`WriteData::Arena`), made at the first.
-    let mut arena: Option<Arena> = None;
-    let block_size = shared.volume().block_size();
     loop {
         // Replies to reads served here wait while more requests are buffered, to go out in
         // one write (see `hold`); never past a moment when reading the next may wait.
@@ -234,15 +229,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
                 continue;
             }
         }
-        let (grant, payload) = if req.kind == CMD_WRITE && in_arena(req.length, block_size) {
-            let grant = budget.acquire(req.length as u64);
-            let arena = arena.get_or_insert_with(|| shared.volume().payload_arena());
-            let len = req.length as usize;
-            match arena.take(len, |room| fill_payload(&mut reader, room)) {
-                Ok(p) => (grant, Some(WriteData::Arena(p))),
-                Err(_) => break, // the client went away mid-payload: nothing was written
-            }
-        } else if req.kind == CMD_WRITE {
+        let (grant, payload) = if req.kind == CMD_WRITE {
             // Read into spare capacity (of a kept buffer, mostly): zeroing a buffer the
             // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
@@ -250,7 +237,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             if read_payload(&mut reader, len, &mut p).is_err() {
                 break; // the client went away mid-payload: nothing was written
             }
-            (grant, Some(WriteData::Heap(p)))
+            (grant, Some(p))
         } else {
             let cost = if req.kind == CMD_READ { req.length } else { 0 };
             (budget.acquire(cost as u64), None)
@@ -281,7 +268,7 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             && req.length as usize <= WRITE_HERE_BYTES
         {
             let more = request_buffered(&reader);
-            match write_here(&sh, &req, payload.expect("a write has its payload"), more) {
+            match write_here(&sh, &req, payload.unwrap_or_default(), more) {
                 // The volume keeps the payload's buffer: the grant's bytes go back.
                 Ok(()) => sh.finish_one(),
                 Err(p) => workers.spawn(move || execute(sh, req, Some(p), grant, None)),
@@ -297,77 +284,27 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
     shared.replies.close();
 }
 
-/// A write's payload: in a buffer of its own, or in the connection's arena.
-enum WriteData {
-    Heap(Vec<u8>),
-    Arena(SharedBytes),
-}
-
-impl std::ops::Deref for WriteData {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            WriteData::Heap(v) => v,
-            WriteData::Arena(s) => s,
-        }
-    }
-}
-
-/// Whether a write's payload goes into the connection's arena (`vdev::Arena`): a write
-/// shorter than the volume's block, which the volume keeps as a patch's piece, sharing a
-/// chunk with the payloads before and after it instead of a heap buffer of its own.
-fn in_arena(len: u32, block_size: u64) -> bool {
-    (len as u64) < block_size && len as usize <= ARENA_MAX_BYTES
-}
-
-/// Reads a request's `len` bytes of payload into `p`'s spare capacity (`fill_payload`).
+/// Reads a request's `len` bytes of payload into `p`'s spare capacity: what the reader has
+/// buffered, then the rest straight from the socket. Through the reader, a payload shorter
+/// than its buffer was received into the buffer and copied again (a tenth of the server's
+/// time under 128K writes); after a large write the header came alone, so little or nothing
+/// of the payload is buffered (`DIRECT_PAYLOAD_BYTES`).
 fn read_payload(reader: &mut BufReader<TcpStream>, len: usize, p: &mut Vec<u8>) -> io::Result<()> {
-    p.clear();
-    p.reserve_exact(len);
-    fill_payload_uninit(reader, &mut p.spare_capacity_mut()[..len])?;
-    // SAFETY: `fill_payload_uninit` returned Ok, so it wrote all of the first `len` bytes of
-    // the spare capacity.
-    unsafe { p.set_len(len) };
-    Ok(())
-}
-
-/// Fills `dst` with the next `dst.len()` bytes of payload (`fill_payload_uninit`).
-fn fill_payload(reader: &mut BufReader<TcpStream>, dst: &mut [u8]) -> io::Result<()> {
-    // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and `fill_payload_uninit` only writes
-    // bytes into it (copied, or received by the kernel), never uninitialised ones, so `dst`
-    // stays initialised whatever it returns.
-    let dst = unsafe { &mut *(dst as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-    fill_payload_uninit(reader, dst)
-}
-
-/// Writes the next `dst.len()` bytes of payload into `dst`: what the reader has buffered,
-/// then the rest straight from the socket; all of `dst` is written if it returns Ok.
-/// Through the reader, a payload shorter than its buffer was received into the buffer and
-/// copied again (a tenth of the server's time under 128K writes); after a large write the
-/// header came alone, so little or nothing of the payload is buffered
-/// (`DIRECT_PAYLOAD_BYTES`).
-fn fill_payload_uninit(
-    reader: &mut BufReader<TcpStream>,
-    dst: &mut [std::mem::MaybeUninit<u8>],
-) -> io::Result<()> {
-    let len = dst.len();
     let buffered = reader.buffer();
-    let mut done = buffered.len().min(len);
-    // SAFETY: `done` bytes from `buffered` into `dst`, both at least that long; a shared
-    // and an exclusive borrow cannot overlap.
-    unsafe {
-        std::ptr::copy_nonoverlapping(buffered.as_ptr(), dst.as_mut_ptr().cast::<u8>(), done)
-    };
-    io::BufRead::consume(reader, done);
+    let n = buffered.len().min(len);
+    p.extend_from_slice(&buffered[..n]);
+    io::BufRead::consume(reader, n);
+    p.reserve_exact(len - n);
     let fd = reader.get_ref().as_raw_fd();
-    while done < len {
-        let want = len - done;
+    while p.len() < len {
+        let want = len - p.len();
+        let spare = p.spare_capacity_mut();
         // One `recv` asked to wait for all of it: `read_to_end` would read in steps growing
         // from 8K, five calls for a 128K payload.
-        // SAFETY: the kernel writes at most `want` bytes from `dst[done]`, which is
-        // `len - done == want` bytes long; `&mut` makes this the only reference to them.
-        let rc =
-            unsafe { libc::recv(fd, dst[done..].as_mut_ptr().cast(), want, libc::MSG_WAITALL) };
+        // SAFETY: the kernel writes at most `want` bytes at the start of `p`'s spare capacity,
+        // which `reserve_exact` made at least `len - n >= want` bytes long; no other reference
+        // to that memory exists during the call.
+        let rc = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), want, libc::MSG_WAITALL) };
         if rc < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -378,7 +315,8 @@ fn fill_payload_uninit(
         if rc == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        done += rc as usize;
+        // SAFETY: the kernel initialised the first `rc <= want` bytes of the spare capacity.
+        unsafe { p.set_len(p.len() + rc as usize) };
     }
     Ok(())
 }
@@ -486,7 +424,7 @@ fn error_code(e: &VolError) -> u32 {
 fn execute(
     sh: Arc<Shared>,
     req: Request,
-    payload: Option<WriteData>,
+    payload: Option<Vec<u8>>,
     mut grant: Grant,
     inline: Option<&Workers>,
 ) {
@@ -512,16 +450,10 @@ fn execute(
             return;
         }
         CMD_WRITE => {
-            let written = match payload {
-                Some(WriteData::Heap(payload)) => {
-                    let written = vol.write(req.offset, &payload);
-                    // The volume has what it needs of the bytes (copied or placed on disk).
-                    grant.keep(payload);
-                    written
-                }
-                Some(WriteData::Arena(payload)) => vol.write_shared(req.offset, payload),
-                None => vol.write(req.offset, &[]),
-            };
+            let payload = payload.unwrap_or_default();
+            let written = vol.write(req.offset, &payload);
+            // The volume has what it needs of the bytes (copied or placed on disk).
+            grant.keep(payload);
             Some((written, fua))
         }
         CMD_FLUSH => Some((Ok(()), true)),
@@ -621,21 +553,8 @@ const WRITE_HERE_BYTES: usize = 16 << 10;
 /// replies; gives the payload back, with nothing done or sent, if not (a worker then writes
 /// it). `more`: another request is buffered behind this one, so the reply may wait to go
 /// out with the next ones.
-fn write_here(
-    sh: &Arc<Shared>,
-    req: &Request,
-    data: WriteData,
-    more: bool,
-) -> Result<(), WriteData> {
-    let vol = sh.volume();
-    let written = match data {
-        WriteData::Heap(v) => vol
-            .write_nowait_owned(req.offset, v)
-            .map_err(WriteData::Heap)?,
-        WriteData::Arena(s) => vol
-            .write_nowait_shared(req.offset, s)
-            .map_err(WriteData::Arena)?,
-    };
+fn write_here(sh: &Arc<Shared>, req: &Request, data: Vec<u8>, more: bool) -> Result<(), Vec<u8>> {
+    let written = sh.volume().write_nowait_owned(req.offset, data)?;
     READER_HAS_MORE.with(|m| m.set(more));
     match written {
         Ok(()) => sh.reply_ok(req),

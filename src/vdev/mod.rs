@@ -10,7 +10,6 @@ pub mod layout;
 pub mod mem;
 pub mod raidz;
 pub mod sector_vec;
-pub mod shared_bytes;
 pub mod top;
 
 pub use device::{BlockDevice, VdevError};
@@ -19,7 +18,6 @@ pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
 pub use sector_vec::SectorVec;
-pub use shared_bytes::{Arena, SharedBytes};
 pub(crate) use top::waiting_in_parallel;
 pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
 

@@ -26,12 +26,14 @@
 //! offset (u64), length (u64), then for a write `length` bytes of data padded to 8, and for a
 //! write in place the 128-byte block pointer of the block already holding the data.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::math::fletcher::fletcher4;
 use crate::spa::bp::{BlkPtr, BP_BYTES};
-use crate::vdev::{SectorVec, SharedBytes};
+use crate::vdev::SectorVec;
 
 /// Blocks written now: a Fletcher-4 checksum (`checksum_v2`).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZETAZIL2");
@@ -54,6 +56,63 @@ impl BlockAddr {
     }
 }
 
+/// A record's bytes: a slice of a buffer that may be shared with the dirty block it was
+/// written into, so logging a whole-block write costs no copy.
+#[derive(Clone)]
+pub struct Payload {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl Payload {
+    pub fn owned(data: Vec<u8>) -> Payload {
+        let len = data.len();
+        Payload {
+            buf: Arc::new(data),
+            start: 0,
+            len,
+        }
+    }
+
+    /// The whole shared buffer, if this payload is all of it (a whole-block write sharing the
+    /// dirty block's buffer).
+    pub fn whole_buffer(&self) -> Option<&Arc<Vec<u8>>> {
+        (self.start == 0 && self.len == self.buf.len()).then_some(&self.buf)
+    }
+
+    /// Bytes this payload keeps alive: the whole buffer it is a slice of.
+    pub fn held_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// `buf[start..start + len]`, without copying.
+    pub fn shared(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Payload {
+        assert!(start + len <= buf.len());
+        Payload { buf, start, len }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+impl Eq for Payload {}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.len)
+    }
+}
+
 /// One logged operation on a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -61,8 +120,7 @@ pub enum Record {
     Write {
         txg: u64,
         offset: u64,
-        /// The bytes, sharing the dirty block's buffer or the patch's piece (no copy).
-        data: SharedBytes,
+        data: Payload,
     },
     /// `len` bytes at `offset` were zeroed (or trimmed).
     Zero { txg: u64, offset: u64, len: u64 },
@@ -275,7 +333,7 @@ impl LogBlock {
                         .ok()
                         .filter(|&n| at + n <= body.len())
                         .ok_or(EndOfChain::Malformed("record data past the end"))?;
-                    let data = SharedBytes::from_vec(body[at..at + n].to_vec());
+                    let data = Payload::owned(body[at..at + n].to_vec());
                     at += n.next_multiple_of(8);
                     Record::Write { txg, offset, data }
                 }
@@ -371,7 +429,7 @@ mod tests {
         Record::Write {
             txg,
             offset,
-            data: SharedBytes::from_vec(vec![byte; n]),
+            data: Payload::owned(vec![byte; n]),
         }
     }
 

@@ -33,7 +33,7 @@ use serde::Serialize;
 pub use crate::spa::props::{CommitPolicy, Placement};
 use crate::vdev::{TopVdev, SECTOR};
 use block::HEADER_BYTES;
-pub use block::{BlockAddr, Record};
+pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
 pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
 use space::LogSpace;

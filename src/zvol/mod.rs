@@ -19,11 +19,10 @@ use crate::dmu::object::{spans, Fetched};
 use crate::dmu::Dirty;
 use crate::dsl::{Dataset, Pool, PoolError};
 use crate::spa::range_tree::RangeSet;
-use crate::vdev::{Arena, SharedBytes};
-use crate::zil::Record;
 /// What `flush_then` calls, and how such a callback defers work to the end of the batch of
 /// requests being answered with it (`zil::wake`).
 pub use crate::zil::{after_wakeups, Done};
+use crate::zil::{Payload, Record};
 use crate::zio::ZioError;
 pub use range_lock::RangeLocks;
 
@@ -115,12 +114,11 @@ pub struct Extent {
 /// be kept as it is: the slack of an allocator's size classes, not a larger buffer reused.
 const OWNED_SLACK_BYTES: usize = 512;
 
-/// A write's bytes: borrowed (copied into a buffer of the volume's if taken), in a buffer
-/// of their own (kept as it is), or a slice of a shared one (kept as a patch's piece).
+/// A write's bytes: borrowed (copied into a buffer of the volume's if taken) or in a buffer
+/// of their own (kept as it is).
 enum Bytes<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),
-    Shared(SharedBytes),
 }
 
 impl Bytes<'_> {
@@ -128,7 +126,6 @@ impl Bytes<'_> {
         match self {
             Bytes::Borrowed(b) => b.len(),
             Bytes::Owned(v) => v.len(),
-            Bytes::Shared(s) => s.len(),
         }
     }
 
@@ -136,7 +133,6 @@ impl Bytes<'_> {
         match self {
             Bytes::Borrowed(b) => b.to_vec(),
             Bytes::Owned(v) => v,
-            Bytes::Shared(s) => s.to_vec(),
         }
     }
 }
@@ -320,27 +316,6 @@ impl Volume {
         self.write_logged(offset, data, true)
     }
 
-    /// `write` of a slice of a shared buffer (an NBD write's payload in the connection's
-    /// `Arena`): a write inside one block and shorter than it keeps the slice as its patch's
-    /// piece, as `write_nowait_shared` does, but waits where the pool would have it wait.
-    pub fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), VolError> {
-        self.check("write", offset, data.len() as u64)?;
-        let bs = self.block_size();
-        let (blkid, in_block) = (offset / bs, (offset % bs) as usize);
-        let len = data.len();
-        if len > 0 && (len as u64) < bs && in_block + len <= bs as usize {
-            self.pool.note_foreground_io();
-            let _guard = self.locks.lock(offset, offset + len as u64 - 1);
-            if self.ds.object.patchable(blkid)
-                && self.patch_with(blkid, in_block, data.clone(), true, true)?
-            {
-                return Ok(());
-            }
-        }
-        // A block whose change in the open txg is whole: laid over it like any write.
-        self.write_logged(offset, &data, true)
-    }
-
     /// A write, queued in the intent log if `log` (not when it is a replayed record).
     fn write_logged(&self, offset: u64, data: &[u8], log: bool) -> Result<(), VolError> {
         self.check("write", offset, data.len() as u64)?;
@@ -410,31 +385,6 @@ impl Volume {
             .map_err(Bytes::into_vec)
     }
 
-    /// `write_nowait` of a slice of a shared buffer (an NBD write's payload in the
-    /// connection's `Arena`), which becomes the patch's piece and the log record's bytes if
-    /// the write lies inside one block and is shorter than it. If it would wait, or is not
-    /// such a write, the slice comes back as `Err`.
-    pub fn write_nowait_shared(
-        &self,
-        offset: u64,
-        data: SharedBytes,
-    ) -> Result<Result<(), VolError>, SharedBytes> {
-        if data.len() as u64 >= self.block_size() {
-            return Err(data);
-        }
-        self.write_nowait_from(offset, Bytes::Shared(data))
-            .map_err(|b| match b {
-                Bytes::Shared(s) => s,
-                _ => unreachable!("a write refused comes back as it was given"),
-            })
-    }
-
-    /// An arena for the payloads of one writer (an NBD connection) to this volume's pool,
-    /// for `write_nowait_shared`: its chunks count in the pool's memory (`Pool::memory_held`).
-    pub fn payload_arena(&self) -> Arena {
-        Arena::new(self.pool.payload_chunk_gauge())
-    }
-
     fn write_nowait_from<'a>(
         &self,
         offset: u64,
@@ -462,33 +412,21 @@ impl Volume {
         if !whole && !self.ds.object.patchable(blkid) {
             return Err(data);
         }
-        let written = match data {
-            // A slice becomes the piece as it is.
-            Bytes::Shared(piece) if !whole => {
-                match self.patch_with(blkid, in_block, piece.clone(), true, false) {
-                    Ok(false) => return Err(Bytes::Shared(piece)),
-                    written => written,
-                }
-            }
-            data => {
-                // The buffer the volume shares with the log record.
-                let buf = Arc::new(data.into_vec());
-                let written = if whole {
-                    self.put_block(blkid, buf.clone(), 0, len, true, false)
-                } else {
-                    let piece = SharedBytes::shared(buf.clone(), 0, len);
-                    self.patch_with(blkid, in_block, piece, true, false)
-                };
-                if let Ok(false) = written {
-                    // Not taken: nothing else holds the buffer now, so it comes back as it was.
-                    return Err(Bytes::Owned(
-                        Arc::try_unwrap(buf).unwrap_or_else(|b| b.as_ref().clone()),
-                    ));
-                }
-                written
-            }
+        // The buffer the volume shares with the log record.
+        let buf = Arc::new(data.into_vec());
+        let written = if whole {
+            self.put_block(blkid, buf.clone(), 0, len, true, false)
+        } else {
+            self.patch_with(blkid, in_block, buf.clone(), true, false)
         };
-        Ok(written.map(|_| ()))
+        match written {
+            Ok(true) => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
+            // Not taken: nothing else holds the buffer now, so it comes back as it was.
+            Ok(false) => Err(Bytes::Owned(
+                Arc::try_unwrap(buf).unwrap_or_else(|b| b.as_ref().clone()),
+            )),
+        }
     }
 
     /// Writes the whole blocks of a streaming write to their place at once, from the
@@ -585,7 +523,7 @@ impl Volume {
         // The record shares the block's buffer, which the open txg holds anyway: no copy.
         // (A record of a block rewritten since keeps an older buffer alive; the pool counts
         // those bytes, `Zil::pinned_bytes`, and syncs and throttles on them.)
-        let payload = SharedBytes::shared(block.clone(), in_block, len);
+        let payload = Payload::shared(block.clone(), in_block, len);
         let Some(txg) = self
             .pool
             .dirty_block(&self.ds, blkid, Dirty::Data(block), wait)
@@ -621,13 +559,7 @@ impl Volume {
         if !self.ds.object.patchable(blkid) {
             return Ok(false);
         }
-        self.patch_with(
-            blkid,
-            in_block,
-            SharedBytes::from_vec(src.to_vec()),
-            log,
-            wait,
-        )
+        self.patch_with(blkid, in_block, Arc::new(src.to_vec()), log, wait)
     }
 
     /// `patch` of a piece in a buffer of its own, which becomes the patch's and the log
@@ -636,10 +568,11 @@ impl Volume {
         &self,
         blkid: u64,
         in_block: usize,
-        piece: SharedBytes,
+        piece: Arc<Vec<u8>>,
         log: bool,
         wait: bool,
     ) -> Result<bool, VolError> {
+        let len = piece.len();
         let patched = self
             .pool
             .patch_block(&self.ds, blkid, in_block, piece.clone(), wait)
@@ -651,7 +584,7 @@ impl Volume {
             self.append_log(Record::Write {
                 txg,
                 offset: blkid * self.block_size() + in_block as u64,
-                data: piece,
+                data: Payload::shared(piece, 0, len),
             });
         }
         Ok(true)
@@ -820,7 +753,7 @@ mod tests {
         Record::Write {
             txg: 5,
             offset,
-            data: SharedBytes::from_vec(vec![1; len]),
+            data: Payload::owned(vec![1; len]),
         }
     }
 

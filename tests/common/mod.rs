@@ -145,17 +145,14 @@ pub fn read(vol: &Volume, off: u64, len: usize) -> Vec<u8> {
 /// A log's records to replay with the data of writes made in place read into them (while
 /// the import still holds those blocks), so a test can apply them again after the replay.
 pub fn records_with_data(pool: &Pool, records: Vec<zeta::zil::Record>) -> Vec<zeta::zil::Record> {
-    use zeta::vdev::SharedBytes;
-    use zeta::zil::Record;
+    use zeta::zil::{Payload, Record};
     records
         .into_iter()
         .map(|r| match r {
             Record::Indirect { txg, offset, bp } => Record::Write {
                 txg,
                 offset,
-                data: SharedBytes::from_vec(
-                    pool.read_in_place(&bp).expect("a claimed block reads"),
-                ),
+                data: Payload::owned(pool.read_in_place(&bp).expect("a claimed block reads")),
             },
             r => r,
         })

@@ -11,7 +11,6 @@ use crate::math::fletcher::{fletcher4_update, Fletcher4};
 use crate::math::zero::is_zero;
 use crate::math::{Checksum, ChecksumKind};
 use crate::spa::BlkPtr;
-use crate::vdev::SharedBytes;
 use crate::zio::{WriteProps, ZioError};
 
 use super::tree::Leaves;
@@ -24,25 +23,15 @@ pub struct Piece {
     /// `data`'s length, kept here: every write into a patched block sums and compares its
     /// pieces' extents, and reaching each through its `Arc` was a cache miss apiece.
     pub(super) len: usize,
-    pub data: SharedBytes,
+    pub data: Arc<Vec<u8>>,
 }
 
 impl Piece {
-    pub(super) fn new(at: usize, data: SharedBytes) -> Piece {
+    pub(super) fn new(at: usize, data: Arc<Vec<u8>>) -> Piece {
         Piece {
             at,
             len: data.len(),
             data,
-        }
-    }
-
-    /// The bytes this piece counts as holding (`Dirty::held`): its own, unless they lie in
-    /// a writer's arena chunk, which its pool counts whole instead (`Pool::memory_held`).
-    pub(super) fn held(&self) -> u64 {
-        if self.data.in_arena() {
-            0
-        } else {
-            self.len as u64
         }
     }
 }

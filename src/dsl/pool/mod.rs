@@ -304,10 +304,6 @@ pub struct Pool {
     /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
     /// placed blocks and by the unread rest of patched ones.
     held_bytes: AtomicI64,
-    /// Bytes of the chunks that writers' arenas (`vdev::Arena`: NBD connections' short
-    /// payloads) hold: the pieces and records in them count their own bytes in
-    /// `held_bytes` and the log's pinned bytes, but a chunk is freed only with its last.
-    payload_chunks: Arc<AtomicU64>,
     /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
     /// last txg committed (kept here so writers need not take the allocator's lock to ask).
     ahead_limit: AtomicU64,
@@ -465,7 +461,6 @@ impl Pool {
             dirty_max: AtomicU64::new(dirty_max),
             placed_bytes: AtomicI64::new(0),
             held_bytes: AtomicI64::new(0),
-            payload_chunks: Arc::new(AtomicU64::new(0)),
             ahead_limit: AtomicU64::new(ahead_limit),
             ahead: Mutex::new(BTreeMap::new()),
             ahead_bytes: AtomicU64::new(0),

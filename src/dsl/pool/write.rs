@@ -3,7 +3,7 @@
 //! while a sync catches up, the memory limits it works to (dirty data and the block cache),
 //! and blocks placed and written ahead of their txg.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,6 @@ use parking_lot::RwLockReadGuard;
 use crate::dmu::object::Delta;
 use crate::dmu::Dirty;
 use crate::spa::{AllocClass, AllocError, BlkPtr, Space};
-use crate::vdev::SharedBytes;
 use crate::zio::{WriteProps, ZioError};
 
 use super::{Dataset, Pool, PoolError};
@@ -133,7 +132,7 @@ impl Pool {
         ds: &Dataset,
         blkid: u64,
         at: usize,
-        data: SharedBytes,
+        data: Arc<Vec<u8>>,
         wait: bool,
     ) -> Result<Option<u64>, PoolError> {
         self.check_healthy()?;
@@ -304,18 +303,8 @@ impl Pool {
     /// counts its pieces, not its block, so a txg of short writes into large blocks takes
     /// in as many writes as the memory allows; what bounds the work its sync then does is
     /// the free-space share in `sync_if_much_held`, which counts whole blocks.
-    ///
-    /// Payloads that writers' arenas packed into shared chunks count apart, as the chunks
-    /// they keep alive (`payload_chunk_gauge`; their pieces and records count nothing
-    /// above): a chunk goes back only with its last piece, so a few pieces that survive
-    /// while the rest are rewritten keep all of it.
     pub fn memory_held(&self) -> u64 {
-        self.held_bytes().max(self.zil.pinned_bytes()) + self.payload_chunks.load(Ordering::Relaxed)
-    }
-
-    /// The gauge of the chunks writers' arenas hold for this pool (`vdev::Arena::new`).
-    pub fn payload_chunk_gauge(&self) -> Arc<AtomicU64> {
-        self.payload_chunks.clone()
+        self.held_bytes().max(self.zil.pinned_bytes())
     }
 
     /// What writes may hold in memory before they wait for a sync.
