@@ -52,6 +52,13 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 /// writes then wait at the dirty limit instead (mean 2.0-2.3 ms against 1.2-1.4), and ran at
 /// 98.9-114.3k writes/s (median 101.4k) against 105.3-111.6k (105.9k). A short flush tail
 /// was worth that: a database waits on its flushes, not on each write.
+///
+/// At 1G it is again close to full there: at 115k writes/s, 3.30G of the three reserves'
+/// 3.42G were in use after 20 s (two to three txgs' records, a txg syncing in about 2.5 s),
+/// and a build that ran the same load a few percent faster waited for log space 11-18
+/// times a run, its flush p99 tripling (32-88 ms against 30-40). Faster short sync writes
+/// there need txgs that sync faster, or a larger reserve.
+///
 /// The reserve is an on-disk choice made at create, so it does not grow with a process's
 /// limit; a log device holds more (the README's intent-log section has the figures).
 pub fn log_reserve_for(asize: u64, shift: u32) -> u64 {
