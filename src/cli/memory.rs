@@ -147,7 +147,10 @@ pub enum Allocators {
 /// the pool's throttle). From the heap, it ran 8K writes into 16K blocks with a flush every
 /// 5th at 59.2k and 58.5k writes/s against 69.3k and 68.8k, 16K into 128K blocks at 35.4k
 /// and 38.3k against 42.9k and 43.4k, and 4K into 16K blocks with a flush every 20th level
-/// (112.8k, 111.3k against 112.2k, 113.8k); only 4K into 128K blocks gained (+8 %). Chunks
+/// (112.8k, 111.3k against 112.2k, 113.8k); only 4K into 128K blocks gained (+8 %). Where
+/// pieces soon make a whole block (two 8K writes into a 16K block), the block is a buffer of
+/// its own and the pieces' room stays taken until the rest of their chunk goes: a chunk is
+/// freed whole or not at all, so such writes hold their bytes twice until the sync. Chunks
 /// mapped apart (`mmap` with `MAP_POPULATE`) ran 4K writes 12 % faster but held the
 /// process's memory-map lock for every chunk mapped or unmapped, and 32K writes' p99 rose
 /// from 11 ms to 100 ms behind it.
