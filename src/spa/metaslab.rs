@@ -54,10 +54,12 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 /// was worth that: a database waits on its flushes, not on each write.
 ///
 /// At 1G it is again close to full there: at 115k writes/s, 3.30G of the three reserves'
-/// 3.42G were in use after 20 s (two to three txgs' records, a txg syncing in about 2.5 s),
-/// and a build that ran the same load a few percent faster waited for log space 11-18
-/// times a run, its flush p99 tripling (32-88 ms against 30-40). Faster short sync writes
-/// there need txgs that sync faster, or a larger reserve.
+/// 3.42G were in use after 20 s (two to three txgs' records, a txg syncing in about 2.5 s).
+/// The payload arena tried for that path (`cli::memory::tune_allocator`) waited for log
+/// space 6-18 times a run under the same load, none without it, and its flush p99 was
+/// 82-274 ms against 30-53. So a change there has to be checked for these waits too
+/// (`space_waits` in `zeta pool iostat --json`); writes faster at this point need txgs
+/// that sync faster, or a larger reserve.
 ///
 /// The reserve is an on-disk choice made at create, so it does not grow with a process's
 /// limit; a log device holds more (the README's intent-log section has the figures).
