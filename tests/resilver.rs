@@ -42,6 +42,10 @@ fn offline_write_online(layout: Layout, leaves: &[usize], others: &[usize]) {
     vol.write(4 * MB, &data[4 * MB as usize..4 * MB as usize + new_bytes])
         .unwrap();
     vol.flush().unwrap();
+    // The flush made the data durable in the intent log; its txg must also commit while
+    // they are away, or a txg synced after they return writes it to them directly and the
+    // resilver finds less than their share to give them (a flake under a loaded machine).
+    pool.sync_now().unwrap();
     assert!(read_volume(&pool) == data, "{ctx}: degraded read");
     let before: Vec<u64> = leaves.iter().map(|&l| repaired_on(&pool, l)).collect();
 
