@@ -245,3 +245,62 @@ fn a_bad_checksum_kernel_override_refuses_to_open_pools() {
     ok(&with("ZETA_FLETCHER2_IMPL", "reference"));
     ok(&with("ZETA_FLETCHER2_IMPL", "unrolled"));
 }
+
+/// Sparse files may be promised more than their file system has: `pool create` warns (and
+/// succeeds), naming the ENOSPC that filling it would bring; a pool that fits is not warned of.
+#[test]
+fn a_pool_larger_than_its_file_system_is_warned_of() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    let out = zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", "size=64M", "small", "s"],
+    );
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+
+    let free = zeta::cli::room::free_bytes(d).expect("statvfs");
+    let size = format!("size={}M", (free >> 20) + 1024);
+    let out = zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", &size, "big", "b1", "b2"],
+    );
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: pool 'big': 2 sparse files") && err.contains("ENOSPC"),
+        "{err}"
+    );
+}
+
+/// `pool status`: a mirror's leaves are indented under it, and their STATE column still lines
+/// up with the header's and the mirror's.
+#[test]
+fn status_columns_line_up_under_a_mirror() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", "size=64M", "p", "mirror", "a", "b"],
+    ));
+    let out = ok(&zeta(&home, d, &["pool", "status", "p"]));
+    let end_of = |line: &str, word: &str| {
+        let l = out.lines().find(|l| l.contains(line)).unwrap_or_else(|| {
+            panic!("no line with {line} in {out}");
+        });
+        l.find(word).expect(word) + word.len()
+    };
+    let header = end_of("NAME", "STATE");
+    assert_eq!(end_of("mirror-0", "ONLINE"), header, "{out}");
+    let leaves: Vec<usize> = out
+        .lines()
+        .filter(|l| l.contains(&d.display().to_string()))
+        .map(|l| l.find("ONLINE").expect("leaf state") + "ONLINE".len())
+        .collect();
+    assert_eq!(leaves, [header, header], "{out}");
+    assert!(out.find("config:") < out.find("STATE"), "{out}");
+}

@@ -12,7 +12,7 @@ use common::*;
 use zeta::dsl::Pool;
 use zeta::nbd::proto::*;
 use zeta::nbd::{PoolExports, Server, ServerConfig};
-use zeta::vdev::mem::{MemDevice, PowerCut};
+use zeta::vdev::mem::{Faults, MemDevice, PowerCut};
 
 const VOL: &str = "tank/v";
 const VOLSIZE: u64 = 8 * MB;
@@ -492,6 +492,52 @@ fn flush_and_fua_are_durable_across_connections() {
     let mut buf = vec![0u8; 4096];
     v.read(1 << 20, &mut buf).unwrap();
     assert_eq!(buf, dfua, "FUA write");
+    p.close().unwrap();
+}
+
+/// A full file system under the pool's devices (simulated: every write gets ENOSPC, as a
+/// sparse file's unwritten blocks do there): a FUA write, a FLUSH and later writes are
+/// answered ENOSPC, not EIO, so a client such as qemu pauses its guest (`werror=enospc`)
+/// instead of failing its I/O; reads go on; and once room is made an import finds every
+/// write acknowledged durable before.
+#[test]
+fn a_full_file_system_is_answered_enospc_and_loses_nothing_flushed() {
+    let rig = Rig::default();
+    let mut c = Client::open(rig.addr(), VOL);
+    let kept = pattern(65536, 21);
+    assert_eq!(c.write(0, &kept), 0);
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    for d in &rig.devs {
+        d.set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+    }
+    let fua = c.call(CMD_WRITE, CMD_FLAG_FUA, 1 << 20, 4096, &pattern(4096, 22));
+    assert_eq!(fua.error, ENOSPC, "FUA write onto full devices");
+    assert_eq!(
+        c.write(2 << 20, &pattern(4096, 23)),
+        ENOSPC,
+        "a write after"
+    );
+    assert_eq!(
+        c.call(CMD_FLUSH, 0, 0, 0, &[]).error,
+        ENOSPC,
+        "a flush after"
+    );
+    assert_eq!(c.read(0, 65536).unwrap(), kept, "reads go on");
+    assert!(rig.pool.suspension().is_some_and(|s| s.out_of_space));
+
+    for d in &rig.devs {
+        d.set_faults(Faults::default());
+    }
+    let survived = power_cut(&rig.devs, PowerCut::DropUnflushed);
+    let p = import(&survived);
+    let v = zeta::zvol::Volume::open(&p, "v").unwrap();
+    let mut buf = vec![0u8; 65536];
+    v.read(0, &mut buf).unwrap();
+    assert_eq!(buf, kept, "flushed before the file system filled");
+    drop(v);
     p.close().unwrap();
 }
 

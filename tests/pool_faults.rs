@@ -490,6 +490,86 @@ fn a_vdev_that_lost_every_leaf_suspends_the_pool() {
     ));
 }
 
+/// A full file system under every device (simulated: each write gets ENOSPC, as a sparse
+/// file's unwritten blocks do there) suspends the pool with that cause, on a mirror and on a
+/// raidz (whose lost columns are gathered into one error): writes are refused, reads go on,
+/// `pool status` says SUSPENDED, and once room is made an import finds what was committed.
+#[test]
+fn a_full_file_system_suspends_the_pool_as_out_of_space_and_keeps_what_it_had() {
+    for layout in [Layout::Mirror, Layout::Raidz2] {
+        let ctx = format!("{layout:?}");
+        let devs = mem_devs(devs_for(layout), 64 * MB);
+        let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
+        pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+        let vol = Volume::open(&pool, "v").unwrap();
+        let kept = pattern(31, MB as usize);
+        vol.write(0, &kept).unwrap();
+        pool.sync_now().unwrap();
+        assert!(pool.suspension().is_none(), "{ctx}");
+        let status = zeta::cli::pool_cmd::status_json(&pool);
+        assert_eq!(status["state"], "ONLINE", "{ctx}: {status}");
+
+        for d in &devs {
+            d.set_faults(Faults {
+                full: true,
+                ..Faults::default()
+            });
+        }
+        vol.write(2 * MB, &pattern(32, MB as usize)).unwrap();
+        let err = pool.sync_now().expect_err("a sync onto full devices fails");
+        assert!(matches!(err, PoolError::Suspended { .. }), "{ctx}: {err}");
+        assert!(err.out_of_space(), "{ctx}: {err}");
+        assert!(err.to_string().contains("No space left"), "{ctx}: {err}");
+        let s = pool.suspension().expect("suspended");
+        assert!(s.out_of_space, "{ctx}: {s:?}");
+        let refused = vol.write(4 * MB, &[1u8; 4096]).expect_err("writes refused");
+        assert!(refused.out_of_space(), "{ctx}: {refused}");
+        assert_eq!(read(&vol, 0, MB as usize), kept, "{ctx}: reads go on");
+        let status = zeta::cli::pool_cmd::status_json(&pool);
+        assert_eq!(status["state"], "SUSPENDED", "{ctx}: {status}");
+        assert_eq!(status["suspended"]["out_of_space"], true, "{ctx}: {status}");
+        drop(vol);
+        assert!(
+            pool.close().is_err(),
+            "{ctx}: a suspended pool cannot close clean"
+        );
+
+        // Room made: the devices take writes again, and an import starts from the last
+        // committed txg.
+        for d in &devs {
+            d.set_faults(Faults::default());
+        }
+        let pool = import(&devs);
+        assert!(pool.suspension().is_none(), "{ctx}");
+        let vol = Volume::open(&pool, "v").unwrap();
+        assert_eq!(read(&vol, 0, MB as usize), kept, "{ctx}: after import");
+        vol.write(4 * MB, &[7u8; 4096]).unwrap();
+        pool.sync_now().unwrap();
+        drop(vol);
+        pool.verify().unwrap();
+        pool.close().unwrap();
+    }
+}
+
+/// A device fault is not a lack of room: the suspension says so, and the client is told EIO.
+#[test]
+fn a_failed_device_suspends_the_pool_as_a_fault_not_as_out_of_space() {
+    let devs = mem_devs(2, 64 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    for d in &devs {
+        d.set_faults(Faults {
+            fail_writes: true,
+            ..Faults::default()
+        });
+    }
+    vol.write(0, &pattern(33, MB as usize)).unwrap();
+    let err = pool.sync_now().expect_err("sync must fail");
+    assert!(!err.out_of_space(), "{err}");
+    assert!(!pool.suspension().expect("suspended").out_of_space);
+}
+
 /// The uberblocks on a device's labels, newest first.
 fn uberblocks(dev: &Arc<MemDevice>) -> Vec<Uberblock> {
     read_labels(&Leaf::new(dev.clone() as Arc<dyn BlockDevice>, 0))

@@ -48,6 +48,7 @@ pub enum Command {
                             finds and repairs what the redundancy allows.\n\nExamples:\n  \
                             zeta inject tank /var/zeta/b --corrupt 100\n  \
                             zeta inject tank /var/zeta/b --fail-reads 0.5\n  \
+                            zeta inject tank /var/zeta/b --full\n  \
                             zeta inject tank /var/zeta/b --vanish\n  \
                             zeta inject tank /var/zeta/b --clear"
     )]
@@ -58,7 +59,7 @@ pub enum Command {
 }
 
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("fault").required(true).args(["corrupt", "fail_reads", "fail_writes", "vanish", "clear"])))]
+#[command(group(clap::ArgGroup::new("fault").required(true).args(["corrupt", "fail_reads", "fail_writes", "full", "vanish", "clear"])))]
 pub struct InjectArgs {
     pub pool: String,
     /// The device's path as `zeta pool status` shows it.
@@ -72,6 +73,10 @@ pub struct InjectArgs {
     /// Make data writes fail with probability P (0 to 1).
     #[arg(long, value_name = "P")]
     pub fail_writes: Option<f64>,
+    /// Make data writes fail with ENOSPC, as when the file system under a file device has
+    /// filled: once no copy of a txg can be written the pool suspends, and clients get ENOSPC.
+    #[arg(long)]
+    pub full: bool,
     /// Make every I/O to the device fail, labels and flushes included, as if it were pulled.
     #[arg(long)]
     pub vanish: bool,

@@ -13,7 +13,7 @@
 //! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
 //! - `{"op": "offline", "device": path, "offline": bool}` takes a device offline or brings
 //!   it back (which starts a resilver) → `{"ok": true}`
-//! - `{"op": "inject", "device", "fail_reads", "fail_writes", "vanished"}` sets injected
+//! - `{"op": "inject", "device", "fail_reads", "fail_writes", "full", "vanished"}` sets injected
 //!   faults; `{"op": "corrupt", "device", "count", "seed"}` corrupts allocated sectors →
 //!   `{"ok": true, "value": sectors}`
 //! - `{"op": "replace", "old": path, "new": path, "force": bool}` replaces a device in place
@@ -142,7 +142,7 @@ pub fn remote_inject(
     f: &crate::vdev::Injection,
 ) -> Result<()> {
     let req = json!({"op": "inject", "device": device, "fail_reads": f.fail_reads,
-                     "fail_writes": f.fail_writes, "vanished": f.vanished});
+                     "fail_writes": f.fail_writes, "full": f.full, "vanished": f.vanished});
     call(s, req, pool).map(|_| ())
 }
 
@@ -367,6 +367,7 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
             let faults = crate::vdev::Injection {
                 fail_reads: req["fail_reads"].as_f64().unwrap_or(0.0),
                 fail_writes: req["fail_writes"].as_f64().unwrap_or(0.0),
+                full: req["full"] == json!(true),
                 vanished: req["vanished"] == json!(true),
             };
             pool.inject(dev, faults)?;

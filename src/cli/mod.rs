@@ -15,9 +15,11 @@ pub mod fmt;
 pub mod memory;
 pub mod nbd_load;
 pub mod pool_cmd;
+pub mod room;
 pub mod serve_cmd;
 pub mod state;
 pub mod vol_cmd;
+pub mod watch;
 
 use clap::Parser;
 

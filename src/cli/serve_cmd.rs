@@ -145,9 +145,12 @@ fn run(
 ) -> Result<()> {
     for p in &pools {
         limits.apply(p);
+        super::room::warn(&p.name, &super::state::device_paths(p));
     }
     // The request buffers in flight are memory configured apart from the pools'.
     memory::govern(&pools, cfg.inflight_bytes);
+    // A suspended pool or a failing device is told on stderr when it happens.
+    super::watch::start(&pools);
     // Acknowledged writes from before a crash come back before any client connects.
     for p in &pools {
         if let Err(e) = crate::zvol::replay_logs(p) {
@@ -215,18 +218,25 @@ fn run(
     );
     control.shutdown();
     server.shutdown();
-    let mut failed = None;
+    let mut failed = Vec::new();
     for p in &pools {
         if let Err(e) = p.close() {
             eprintln!("zeta: closing pool '{}': {e}", p.name);
-            failed = Some(e);
+            failed.push(p.name.clone());
         }
     }
-    match failed {
-        Some(e) => Err(e.into()),
-        None => {
-            let _ = writeln!(std::io::stdout(), "zeta serve: pools synced and closed");
-            Ok(())
-        }
+    if failed.is_empty() {
+        let _ = writeln!(std::io::stdout(), "zeta serve: pools synced and closed");
+        return Ok(());
     }
+    // Each failure was told above; the exit status and this line sum them up.
+    Err(usage(format!(
+        "could not sync and close {}: the next import replays from their intent logs every \
+         write that was acknowledged durable",
+        failed
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
 }

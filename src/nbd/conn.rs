@@ -406,6 +406,9 @@ fn admit(sh: &Shared, req: &Request) -> Admit {
     Admit::Run
 }
 
+/// ENOSPC where the pool or its devices are out of room (a full pool, or a full file
+/// system under its files): a client such as qemu then pauses its guest (`werror=enospc`,
+/// its default) instead of handing it an I/O error, and can resume once room is made.
 fn error_code(e: &VolError) -> u32 {
     match e {
         VolError::OutOfRange { .. } => EINVAL,
@@ -413,6 +416,7 @@ fn error_code(e: &VolError) -> u32 {
             source: PoolError::NoSpace(_),
             ..
         } => ENOSPC,
+        e if e.out_of_space() => ENOSPC,
         VolError::Pool { .. } | VolError::Unreadable { .. } => EIO,
     }
 }
@@ -604,7 +608,14 @@ fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
     Box::new(move |r| {
         match r {
             Ok(()) => sh.reply_ok(&req),
-            Err(e) => sh.reply_err(&req, EIO, &e.to_string()),
+            Err(e) => {
+                let code = if sh.volume().devices_full() {
+                    ENOSPC
+                } else {
+                    EIO
+                };
+                sh.reply_err(&req, code, &e.to_string())
+            }
         }
         drop(grant);
         sh.finish_one();

@@ -29,6 +29,18 @@ pub enum VdevError {
     /// More columns of a raidz stripe are lost than its parity can rebuild.
     #[error("{0}")]
     Damaged(String),
+    /// A raidz write lost more columns than its parity covers; `out_of_space` if every
+    /// column that failed did so because its device had no room (`VdevError::out_of_space`).
+    #[error("raidz{nparity} write lost {lost} of {of} {parts}: {detail}")]
+    WriteLost {
+        nparity: usize,
+        lost: usize,
+        of: usize,
+        /// What was lost: "columns" of a stripe or "children" of the vdev.
+        parts: &'static str,
+        detail: String,
+        out_of_space: bool,
+    },
 }
 
 impl VdevError {
@@ -38,6 +50,49 @@ impl VdevError {
             source,
         }
     }
+
+    /// A raidz write that lost `failed` of `of` parts, more than its `nparity` covers.
+    pub fn write_lost<'a>(
+        nparity: usize,
+        of: usize,
+        parts: &'static str,
+        failed: impl ExactSizeIterator<Item = &'a VdevError> + Clone,
+    ) -> Self {
+        VdevError::WriteLost {
+            nparity,
+            lost: failed.len(),
+            of,
+            parts,
+            detail: failed
+                .clone()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+            out_of_space: failed.clone().all(VdevError::out_of_space),
+        }
+    }
+
+    /// Whether the device refused the write for want of room, not for a fault of its own:
+    /// the file system under a file device is full (`ENOSPC`) or the file's owner is over
+    /// quota (`EDQUOT`). Sparse files (`zeta pool create` makes them) take their blocks on
+    /// first write, so a pool of files can meet this long after it was created; freeing
+    /// room there is the cure, not replacing the device.
+    pub fn out_of_space(&self) -> bool {
+        match self {
+            VdevError::Io { source, .. } => io_out_of_space(source),
+            VdevError::WriteLost { out_of_space, .. } => *out_of_space,
+            _ => false,
+        }
+    }
+}
+
+/// `ENOSPC` or `EDQUOT`: the error a write gets when its file system has no room for it.
+pub fn io_out_of_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || matches!(
+            e.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        )
 }
 
 /// One leaf device: a file, a block device, or the in-memory simulator.

@@ -23,6 +23,22 @@ pub struct Faults {
     pub fail_reads: bool,
     pub fail_writes: bool,
     pub fail_flush: bool,
+    /// Writes fail with `ENOSPC`, as on a file whose file system has filled: a sparse file
+    /// cannot take its unwritten blocks (overwrites fail too here, which a copy-on-write pool
+    /// hardly does anyway). Flushes and reads go on.
+    pub full: bool,
+}
+
+impl Faults {
+    fn check_room(&self, name: &str) -> Result<(), VdevError> {
+        if self.full {
+            return Err(VdevError::io(
+                name,
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        Ok(())
+    }
 }
 
 struct State {
@@ -157,6 +173,7 @@ impl BlockDevice for MemDevice {
                 what: "write",
             });
         }
+        st.faults.check_room(&self.name)?;
         let off = offset_bytes as usize;
         st.current[off..off + buf.len()].copy_from_slice(buf);
         st.pending.push((offset_bytes, buf.to_vec()));
@@ -176,6 +193,7 @@ impl BlockDevice for MemDevice {
                 what: "write",
             });
         }
+        st.faults.check_room(&self.name)?;
         let (start, end) = (offset_bytes as usize, offset_bytes as usize + buf.len());
         st.current[start..end].copy_from_slice(buf);
         st.durable[start..end].copy_from_slice(buf);
@@ -278,6 +296,7 @@ mod tests {
             fail_reads: true,
             fail_writes: true,
             fail_flush: true,
+            ..Faults::default()
         });
         let mut buf = [0u8; 512];
         assert!(matches!(
@@ -289,5 +308,34 @@ mod tests {
             Err(VdevError::Injected { .. })
         ));
         assert!(matches!(dev.flush(), Err(VdevError::Injected { .. })));
+    }
+
+    /// A full device refuses writes as a full file system does (ENOSPC, told apart from a
+    /// fault by `out_of_space`), and still reads and flushes.
+    #[test]
+    fn a_full_device_refuses_writes_with_enospc() {
+        let dev = MemDevice::new("m", 1 << 16);
+        dev.write_at(&[5u8; 512], 0).unwrap();
+        dev.set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+        for r in [
+            dev.write_at(&[1u8; 512], 512),
+            dev.write_durable(&[1u8; 512], 512),
+        ] {
+            let e = r.expect_err("a full device takes no write");
+            assert!(e.out_of_space(), "{e}");
+            assert!(e.to_string().contains("No space left on device"), "{e}");
+        }
+        let mut buf = [0u8; 512];
+        dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [5u8; 512]);
+        dev.flush().unwrap();
+        let fault = VdevError::Injected {
+            path: "m".into(),
+            what: "write",
+        };
+        assert!(!fault.out_of_space());
     }
 }

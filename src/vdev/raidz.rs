@@ -367,17 +367,12 @@ impl Raidz {
         let results = super::top::waiting_in_parallel(&cols, |&c| write(c));
         let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
         if failed.len() > map.nparity {
-            return Err(VdevError::Damaged(format!(
-                "raidz{} write lost {} of {} columns: {}",
+            return Err(VdevError::write_lost(
                 map.nparity,
-                failed.len(),
                 map.cols.len(),
-                failed
-                    .iter()
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
+                "columns",
+                failed.iter(),
+            ));
         }
         Ok(())
     }
@@ -426,17 +421,12 @@ impl Raidz {
             }
         }
         if failed.len() > self.nparity() {
-            return Err(VdevError::Damaged(format!(
-                "raidz{} write lost {} of {} children: {}",
+            return Err(VdevError::write_lost(
                 self.nparity(),
-                failed.len(),
                 self.slots.len(),
-                failed
-                    .iter()
-                    .map(|(_, e)| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
+                "children",
+                failed.iter().map(|(_, e)| e),
+            ));
         }
         Ok(())
     }

@@ -69,6 +69,8 @@ pub struct Injection {
     pub fail_reads: f64,
     /// Probability (0..=1) that a data write fails.
     pub fail_writes: f64,
+    /// Data writes fail with ENOSPC, as when the file system under a file device fills.
+    pub full: bool,
     pub vanished: bool,
 }
 
@@ -179,6 +181,12 @@ impl Leaf {
     /// Fails this I/O if an injected fault says so.
     fn injected(&self, kind: IoKind) -> Result<(), VdevError> {
         let f = *self.inject.lock();
+        if f.full && kind == IoKind::Write && !f.vanished {
+            return Err(VdevError::io(
+                &self.name(),
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
         let what = if f.vanished {
             Some("vanished device")
         } else {

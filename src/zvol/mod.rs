@@ -102,6 +102,18 @@ pub enum VolError {
     },
 }
 
+impl VolError {
+    /// The pool's devices had no room for the write (`PoolError::out_of_space`).
+    pub fn out_of_space(&self) -> bool {
+        match self {
+            VolError::Pool { source, .. } | VolError::Unreadable { source, .. } => {
+                source.out_of_space()
+            }
+            VolError::OutOfRange { .. } => false,
+        }
+    }
+}
+
 /// A run of a volume that is all data or all hole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
@@ -206,6 +218,13 @@ impl Volume {
 
     pub fn size(&self) -> u64 {
         self.ds.volsize()
+    }
+
+    /// Whether the pool stopped taking writes because its devices had no room: what a
+    /// failed FLUSH or FUA write is answered with then (its error comes through the log as
+    /// words, but the pool's suspension says why).
+    pub fn devices_full(&self) -> bool {
+        self.pool.suspension().is_some_and(|s| s.out_of_space)
     }
 
     pub fn block_size(&self) -> u64 {

@@ -222,7 +222,9 @@ pub fn create_pool(
     })();
     match result {
         Ok(pool) => {
-            home.remember(&pool, device_paths(&pool))?;
+            let paths = device_paths(&pool);
+            home.remember(&pool, paths.clone())?;
+            crate::cli::room::warn(name, &paths);
             Ok(pool)
         }
         Err(e) => {

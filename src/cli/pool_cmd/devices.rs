@@ -32,6 +32,7 @@ pub fn inject(home: &Home, a: InjectArgs) -> Result<()> {
     let faults = crate::vdev::Injection {
         fail_reads: a.fail_reads.unwrap_or(0.0),
         fail_writes: a.fail_writes.unwrap_or(0.0),
+        full: a.full,
         vanished: a.vanish,
     };
     let Some(conn) = served else {

@@ -248,6 +248,19 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// What `pool status` says of a suspended pool: why, and what to do.
+fn suspension_advice(why: &str, out_of_space: bool) -> String {
+    let cure = if out_of_space {
+        "the file system under its devices is full: free room there"
+    } else {
+        "bring its devices back or replace them"
+    };
+    format!(
+        "suspended: writes fail, reads go on ({why})\naction: {cure}, then restart the server \
+         (or import the pool again): the intent log replays every acknowledged write"
+    )
+}
+
 pub fn status_json(p: &Pool) -> serde_json::Value {
     let cfg = p.config();
     let s = p.space();
@@ -257,7 +270,13 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
         .map(|t| serde_json::to_value(&t).expect("status serializes"))
         .collect();
     let degraded = tops.iter().any(|t| t["state"] != "ONLINE");
-    json!({"name": p.name, "guid": p.guid, "state": if degraded { "DEGRADED" } else { "ONLINE" },
+    let suspended = p.suspension();
+    let state = match (&suspended, degraded) {
+        (Some(_), _) => "SUSPENDED",
+        (None, true) => "DEGRADED",
+        (None, false) => "ONLINE",
+    };
+    json!({"name": p.name, "guid": p.guid, "state": state, "suspended": suspended,
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
            "volumes": p.datasets().len(), "scan": p.scan_status(),
@@ -283,7 +302,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
     }
     for st in all {
         println!(
-            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free\nconfig:",
+            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free",
             st["name"].as_str().unwrap(),
             st["state"].as_str().unwrap(),
             st["txg"],
@@ -291,6 +310,12 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["alloc"].as_u64().unwrap()),
             human(st["free"].as_u64().unwrap())
         );
+        if let Some(why) = st["suspended"]["why"].as_str() {
+            println!(
+                "status: {}",
+                suspension_advice(why, st["suspended"]["out_of_space"] == true)
+            );
+        }
         let scan = &st["scan"];
         if scan["state"] != "none" {
             let n = |k: &str| scan[k].as_u64().unwrap_or(0);
@@ -305,6 +330,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             );
             print_damaged(scan, false);
         }
+        println!("config:");
         println!(
             "    {:<40} {:>8} {:>6} {:>6} {:>6}",
             "NAME", "STATE", "READ", "WRITE", "CKSUM"
@@ -325,10 +351,12 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             } else {
                 "    "
             };
+            // The name column narrows by the indent, so the states line up.
+            let w = 44 - indent.len();
             for l in t["leaves"].as_array().unwrap() {
                 let n = |k: &str| l[k].as_u64().unwrap_or(0);
                 println!(
-                    "{indent}{:<40} {:>8} {:>6} {:>6} {:>6}",
+                    "{indent}{:<w$} {:>8} {:>6} {:>6} {:>6}",
                     l["path"].as_str().unwrap(),
                     l["state"].as_str().unwrap(),
                     n("read_errors"),

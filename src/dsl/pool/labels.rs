@@ -19,9 +19,25 @@ pub(super) struct LabelUpdate<'a> {
     required: usize,
     what: String,
     /// Per top-level vdev and leaf: why the leaf dropped out, or None while it takes part.
-    dropped: Vec<Vec<Option<String>>>,
+    dropped: Vec<Vec<Option<Dropped>>>,
     /// Per top-level vdev and leaf: its write-error count when the update began.
     write_errors_at_start: Vec<Vec<u64>>,
+}
+
+/// Why a leaf dropped out of a label update.
+struct Dropped {
+    why: String,
+    /// Its device had no room for the write (`VdevError::out_of_space`).
+    out_of_space: bool,
+}
+
+impl Dropped {
+    fn fault(why: String) -> Self {
+        Dropped {
+            why,
+            out_of_space: false,
+        }
+    }
 }
 
 impl<'a> LabelUpdate<'a> {
@@ -32,7 +48,10 @@ impl<'a> LabelUpdate<'a> {
             .map(|t| {
                 t.children
                     .iter()
-                    .map(|l| l.is_offline().then(|| format!("{}: offline", l.name())))
+                    .map(|l| {
+                        l.is_offline()
+                            .then(|| Dropped::fault(format!("{}: offline", l.name())))
+                    })
                     .collect()
             })
             .collect();
@@ -62,7 +81,8 @@ impl<'a> LabelUpdate<'a> {
             for (l, leaf) in top.children.iter().enumerate() {
                 let now = leaf.counters.write_errors.load(Ordering::Relaxed);
                 if now > self.write_errors_at_start[t][l] && self.dropped[t][l].is_none() {
-                    self.dropped[t][l] = Some(format!("{}: missed a write", leaf.name()));
+                    self.dropped[t][l] =
+                        Some(Dropped::fault(format!("{}: missed a write", leaf.name())));
                 }
             }
         }
@@ -103,7 +123,10 @@ impl<'a> LabelUpdate<'a> {
         for (&(t, l), r) in live.iter().zip(results) {
             if let Err(e) = r {
                 self.tops[t].children[l].count_write_error();
-                self.dropped[t][l] = Some(e.to_string());
+                self.dropped[t][l] = Some(Dropped {
+                    why: e.to_string(),
+                    out_of_space: e.out_of_space(),
+                });
             }
         }
         self.check()
@@ -126,11 +149,12 @@ impl<'a> LabelUpdate<'a> {
         let data = &self.tops[..self.required];
         for (top, leaves) in data.iter().zip(&self.dropped) {
             if leaves.iter().all(Option::is_some) {
-                let why: Vec<&str> = leaves.iter().flatten().map(String::as_str).collect();
+                let why: Vec<&str> = leaves.iter().flatten().map(|d| d.why.as_str()).collect();
                 return Err(PoolError::VdevLost {
                     vdev: top.id,
                     what: self.what.clone(),
                     why: why.join("; "),
+                    out_of_space: leaves.iter().flatten().all(|d| d.out_of_space),
                 });
             }
         }

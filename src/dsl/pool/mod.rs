@@ -85,13 +85,34 @@ pub enum PoolError {
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
     #[error("pool '{pool}' is suspended after an I/O failure and accepts no more writes: {why}")]
-    Suspended { pool: String, why: String },
+    Suspended {
+        pool: String,
+        why: String,
+        /// The failure was the devices' lack of room (`PoolError::out_of_space`).
+        out_of_space: bool,
+    },
     #[error("vdev {vdev}: no device took {what}: {why}")]
     VdevLost {
         vdev: u32,
         what: String,
         why: String,
+        /// Every leaf that failed had no room for the write.
+        out_of_space: bool,
     },
+}
+
+impl PoolError {
+    /// Whether this failure is a device's lack of room (a full file system under file
+    /// devices: `VdevError::out_of_space`), which freeing room there cures, as opposed to
+    /// a pool with no free space of its own (`NoSpace`) or a device fault.
+    pub fn out_of_space(&self) -> bool {
+        match self {
+            PoolError::Vdev(e) | PoolError::Zio(ZioError::Write(e)) => e.out_of_space(),
+            PoolError::Suspended { out_of_space, .. }
+            | PoolError::VdevLost { out_of_space, .. } => *out_of_space,
+            _ => false,
+        }
+    }
 }
 
 impl From<AllocError> for PoolError {
@@ -266,7 +287,35 @@ struct SyncState {
     request_seq: u64,
     completed_seq: u64,
     shutdown: bool,
-    error: Option<String>,
+    error: Option<Suspension>,
+}
+
+/// Why a pool stopped taking writes: the failure of the txg it could not commit. Reads go
+/// on; writes and syncs fail with `PoolError::Suspended` until the pool is imported again
+/// (the intent log then replays every acknowledged write the txg did not commit).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Suspension {
+    pub why: String,
+    /// The devices had no room (`PoolError::out_of_space`): freeing room on their file
+    /// system, then importing again, is the cure.
+    pub out_of_space: bool,
+}
+
+impl Suspension {
+    fn of(e: &PoolError) -> Self {
+        Suspension {
+            why: e.to_string(),
+            out_of_space: e.out_of_space(),
+        }
+    }
+
+    fn error(&self, pool: &str) -> PoolError {
+        PoolError::Suspended {
+            pool: pool.to_string(),
+            why: self.why.clone(),
+            out_of_space: self.out_of_space,
+        }
+    }
 }
 
 /// One device found at import: the device, its path, its config generation and config, and
@@ -863,12 +912,14 @@ impl Pool {
 
     fn check_healthy(&self) -> Result<(), PoolError> {
         match &self.sync.lock().error {
-            Some(why) => Err(PoolError::Suspended {
-                pool: self.name.clone(),
-                why: why.clone(),
-            }),
+            Some(s) => Err(s.error(&self.name)),
             None => Ok(()),
         }
+    }
+
+    /// Why the pool takes no more writes, if it is suspended.
+    pub fn suspension(&self) -> Option<Suspension> {
+        self.sync.lock().error.clone()
     }
 
     // ----- volumes ------------------------------------------------------------------------

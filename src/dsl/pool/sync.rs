@@ -21,7 +21,7 @@ use crate::zil::TxgHooks;
 
 use super::labels::LabelUpdate;
 use super::mos::{append_object, meta_props, rewrite_object, write_object_bytes};
-use super::{invalid, Dataset, Pool, PoolError, SyncState};
+use super::{invalid, Dataset, Pool, PoolError, Suspension, SyncState};
 
 /// The txg machinery as the log sees it.
 pub(super) struct PoolHooks(pub(super) Weak<Pool>);
@@ -92,7 +92,7 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
                 st.completed_seq = st.completed_seq.max(seq);
             }
             Ok(None) => st.completed_seq = st.completed_seq.max(seq),
-            Err(e) => st.error = Some(e.to_string()),
+            Err(e) => st.error = Some(Suspension::of(&e)),
         }
         p.sync_cv.notify_all();
         if shutting_down && (idle || st.error.is_some()) {
@@ -173,11 +173,8 @@ impl Pool {
         done: impl Fn(&SyncState) -> bool,
     ) -> Result<u64, PoolError> {
         loop {
-            if let Some(why) = &st.error {
-                return Err(PoolError::Suspended {
-                    pool: self.name.clone(),
-                    why: why.clone(),
-                });
+            if let Some(s) = &st.error {
+                return Err(s.error(&self.name));
             }
             if done(&st) {
                 return Ok(st.synced_txg);

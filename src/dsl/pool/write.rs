@@ -343,11 +343,8 @@ impl Pool {
         }
         let mut st = self.sync.lock();
         while self.memory_held() >= self.dirty_max() {
-            if let Some(why) = &st.error {
-                return Err(PoolError::Suspended {
-                    pool: self.name.clone(),
-                    why: why.clone(),
-                });
+            if let Some(s) = &st.error {
+                return Err(s.error(&self.name));
             }
             // Ask for a sync only if none is pending: every waiter shares the condvar, and
             // waking them all to ask again turned each txg into a storm of futex wakeups.

@@ -1,0 +1,164 @@
+//! `zeta serve`'s watch on its pools' health: a line on stderr when a pool is suspended or a
+//! device changes state, at the moment it happens, so whoever reads the server's log learns
+//! of a full file system or a failing disk without running `zeta pool status`.
+//!
+//! The engine does not print; this thread looks every `INTERVAL` and says what changed.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::dsl::{Pool, Suspension};
+
+const INTERVAL: Duration = Duration::from_millis(500);
+
+/// What the watch last saw of one pool.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Health {
+    pub suspended: Option<Suspension>,
+    /// Each leaf's path and state (ONLINE, OFFLINE, FAULTED, UNAVAIL), with its write and
+    /// read error counts for the message.
+    pub leaves: BTreeMap<String, (String, u64, u64)>,
+}
+
+impl Health {
+    pub fn of(pool: &Pool) -> Health {
+        let leaves = pool
+            .vdev_status()
+            .into_iter()
+            .flat_map(|t| t.leaves)
+            .map(|l| (l.path, (l.state.to_string(), l.write_errors, l.read_errors)))
+            .collect();
+        Health {
+            suspended: pool.suspension(),
+            leaves,
+        }
+    }
+}
+
+/// The lines that say how pool `name` went from `before` to `now`.
+pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, (state, werr, rerr)) in &now.leaves {
+        let was = before.leaves.get(path).map(|(s, _, _)| s.as_str());
+        if was.is_some_and(|w| w != state) {
+            out.push(format!(
+                "pool '{name}': {path} is {state} (was {}; {werr} write and {rerr} read errors)",
+                was.unwrap_or("?")
+            ));
+        }
+    }
+    if let (None, Some(s)) = (&before.suspended, &now.suspended) {
+        let (answer, cure) = if s.out_of_space {
+            ("ENOSPC", "free room on the file system under its devices")
+        } else {
+            ("EIO", "bring its devices back or replace them")
+        };
+        out.push(format!(
+            "pool '{name}' is SUSPENDED: {}. Writes and flushes now fail ({answer}); reads go \
+             on. To resume: {cure}, then restart the server; the intent log replays every \
+             acknowledged write.",
+            s.why
+        ));
+    }
+    out
+}
+
+/// Starts the watch over `pools`; it ends when the last of them is dropped.
+pub fn start(pools: &[Arc<Pool>]) {
+    let pools: Vec<(String, Weak<Pool>)> = pools
+        .iter()
+        .map(|p| (p.name.clone(), Arc::downgrade(p)))
+        .collect();
+    let _ = std::thread::Builder::new()
+        .name("health".into())
+        .spawn(move || {
+            let mut seen: Vec<Option<Health>> = vec![None; pools.len()];
+            loop {
+                let mut live = 0;
+                for ((name, weak), last) in pools.iter().zip(seen.iter_mut()) {
+                    let Some(pool) = weak.upgrade() else { continue };
+                    live += 1;
+                    let now = Health::of(&pool);
+                    if let Some(before) = last {
+                        for line in changes(name, before, &now) {
+                            // Written, not printed: stderr may be closed, and this thread
+                            // must not panic over it.
+                            let _ = writeln!(std::io::stderr(), "zeta serve: {line}");
+                        }
+                    }
+                    *last = Some(now);
+                }
+                if live == 0 {
+                    return;
+                }
+                std::thread::sleep(INTERVAL);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(leaves: &[(&str, &str)], suspended: Option<(&str, bool)>) -> Health {
+        Health {
+            suspended: suspended.map(|(why, out_of_space)| Suspension {
+                why: why.into(),
+                out_of_space,
+            }),
+            leaves: leaves
+                .iter()
+                .map(|(p, s)| (p.to_string(), (s.to_string(), 3, 0)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn nothing_changed_says_nothing() {
+        let h = health(&[("/a", "ONLINE"), ("/b", "ONLINE")], None);
+        assert!(changes("tank", &h, &h).is_empty());
+    }
+
+    #[test]
+    fn a_leaf_that_changes_state_is_named_with_its_errors() {
+        let before = health(&[("/a", "ONLINE"), ("/b", "ONLINE")], None);
+        let now = health(&[("/a", "ONLINE"), ("/b", "FAULTED")], None);
+        assert_eq!(
+            changes("tank", &before, &now),
+            ["pool 'tank': /b is FAULTED (was ONLINE; 3 write and 0 read errors)"]
+        );
+        // A device added since the last look is no change of state.
+        let grown = health(
+            &[("/a", "ONLINE"), ("/b", "FAULTED"), ("/c", "ONLINE")],
+            None,
+        );
+        assert!(changes("tank", &now, &grown).is_empty());
+    }
+
+    #[test]
+    fn a_suspension_is_told_once_with_its_cure() {
+        let before = health(&[("/a", "ONLINE")], None);
+        let full = health(
+            &[("/a", "ONLINE")],
+            Some(("/a: No space left on device", true)),
+        );
+        let lines = changes("tank", &before, &full);
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].contains("'tank' is SUSPENDED"), "{}", lines[0]);
+        assert!(lines[0].contains("No space left"), "{}", lines[0]);
+        assert!(lines[0].contains("(ENOSPC)"), "{}", lines[0]);
+        assert!(
+            lines[0].contains("free room on the file system"),
+            "{}",
+            lines[0]
+        );
+        assert!(changes("tank", &full, &full).is_empty());
+
+        let broken = health(&[("/a", "ONLINE")], Some(("/a: Input/output error", false)));
+        let lines = changes("tank", &before, &broken);
+        assert!(lines[0].contains("(EIO)"), "{}", lines[0]);
+        assert!(lines[0].contains("replace them"), "{}", lines[0]);
+    }
+}
