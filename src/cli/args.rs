@@ -61,6 +61,7 @@ pub enum Command {
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("fault").required(true).args(["corrupt", "fail_reads", "fail_writes", "full", "vanish", "clear"])))]
 pub struct InjectArgs {
+    /// The served pool.
     pub pool: String,
     /// The device's path as `zeta pool status` shows it.
     pub device: String,
@@ -119,15 +120,19 @@ pub enum PoolCmd {
         /// Property KEY=VALUE (size=, checksum=, raidz2-code=, zil.commit=, zil.placement=).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
+        /// The new pool's name.
         pool: String,
+        /// The devices and their layout (see above).
         #[arg(required = true, num_args = 1.., value_name = "VDEV")]
         vdevs: Vec<String>,
     },
     /// Import a pool from the devices in DIR (repeatable); without POOL, list what is there
     /// or import the only pool found.
     Import {
+        /// A directory to look for devices in (default /dev); repeatable.
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// The pool to import (its name as the listing shows it).
         pool: Option<String>,
         /// Print as JSON (when listing).
         #[arg(long)]
@@ -138,26 +143,37 @@ pub enum PoolCmd {
         discard_log: bool,
     },
     /// Sync a pool, mark it exported and forget it.
-    Export { pool: String },
+    Export {
+        /// The pool's name.
+        pool: String,
+    },
     /// List imported pools with their space.
     List {
+        /// Print as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Show the health and layout of pools.
     Status {
+        /// One pool (default: every imported pool).
         pool: Option<String>,
+        /// Print as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Commit a transaction group now: everything written so far goes into the pool's
     /// block tree (not only into the intent log), as `zpool sync` does.
-    Sync { pool: String },
+    Sync {
+        /// The pool's name.
+        pool: String,
+    },
     /// Show the intent log's counters since the pool was opened: log blocks and bytes per
     /// vdev, sync requests, records per commit batch and per block, mean batch latency,
     /// device flushes and fallbacks to a txg sync.
     Iostat {
+        /// The pool's name.
         pool: String,
+        /// Print as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
@@ -178,17 +194,20 @@ pub enum PoolCmd {
         /// Cancel the running scrub.
         #[arg(long, conflicts_with = "wait")]
         stop: bool,
+        /// The pool's name.
         pool: String,
     },
     /// Take a device offline: no I/O reaches it, and the transaction groups it misses are
     /// recorded. Refused where its vdev would lose more devices than its redundancy allows.
     Offline {
+        /// The pool's name.
         pool: String,
         /// The device's path as `zeta pool status` shows it.
         device: String,
     },
     /// Bring an offline device back: it is resilvered with exactly what it missed.
     Online {
+        /// The pool's name.
         pool: String,
         /// The device's path as `zeta pool status` shows it.
         device: String,
@@ -205,9 +224,11 @@ pub enum PoolCmd {
         /// Use NEW even if it belongs to another pool.
         #[arg(short, long)]
         force: bool,
+        /// The pool's name.
         pool: String,
         /// The device to replace, its path as `zeta pool status` shows it.
         old: String,
+        /// The new device: a file (created if missing) or a block device.
         new: PathBuf,
     },
     /// Add separate log devices to a pool, while it runs: `log PATH...` (each device a log
@@ -225,6 +246,7 @@ pub enum PoolCmd {
         /// Create missing files of this size (e.g. 512M, 1G).
         #[arg(long, value_name = "SIZE")]
         size: Option<String>,
+        /// The pool's name.
         pool: String,
         /// `log` followed by the devices (see above).
         #[arg(required = true, num_args = 1.., value_name = "VDEV")]
@@ -234,14 +256,25 @@ pub enum PoolCmd {
     /// status` shows it; a log mirror goes as a whole). The volumes' logs move to the other
     /// log devices, or to the data devices' log reserve; nothing they hold is lost. Data
     /// devices cannot be removed.
-    Remove { pool: String, device: String },
-    /// Zero the READ/WRITE/CKSUM error counters of every device of a pool.
-    Clear { pool: String },
+    Remove {
+        /// The pool's name.
+        pool: String,
+        /// The log device, its path as `zeta pool status` shows it.
+        device: String,
+    },
+    /// Zero the READ/WRITE/CKSUM error counters of every device of a pool, and return
+    /// FAULTED devices to service (each is resilvered with what it missed). A SUSPENDED
+    /// pool is not resumed by this: restart the server once the cause is gone.
+    Clear {
+        /// The pool's name.
+        pool: String,
+    },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.
     Destroy {
         /// Required: destroying a pool cannot be undone.
         #[arg(short, long)]
         force: bool,
+        /// The pool's name.
         pool: String,
     },
 }
@@ -258,27 +291,46 @@ pub enum VolCmd {
         props: Vec<String>,
         /// POOL/VOL
         name: String,
+        /// Its size (suffixes K, M, G, T).
         size: String,
     },
     /// List volumes.
     List {
+        /// One pool's volumes (default: every imported pool's).
         pool: Option<String>,
+        /// Print as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Destroy a volume and free its space.
-    Destroy { name: String },
+    Destroy {
+        /// POOL/VOL
+        name: String,
+    },
     /// Change a volume's size (shrinking discards data past the new end).
-    Resize { name: String, size: String },
+    Resize {
+        /// POOL/VOL
+        name: String,
+        /// The new size (suffixes K, M, G, T).
+        size: String,
+    },
     /// Copy FILE into the volume starting at byte 0 (or --offset).
     Put {
+        /// POOL/VOL
         name: String,
+        /// The file to copy in.
         file: PathBuf,
+        /// Where in the volume the copy starts (suffixes K, M, G, T).
         #[arg(long, default_value = "0")]
         offset: String,
     },
     /// Copy the volume's whole contents into FILE.
-    Get { name: String, file: PathBuf },
+    Get {
+        /// POOL/VOL
+        name: String,
+        /// The file to copy out to (created or overwritten).
+        file: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -483,16 +535,20 @@ pub struct BenchScrubArgs {
     /// Directory for the vdev files (on the disk to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
+    /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct BenchChecksumArgs {
+    /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,
     /// A tiny time budget per measurement (a smoke test, not a measurement).
@@ -511,8 +567,10 @@ pub struct BenchRaidzArgs {
     /// Directory for the vdev files (on the disk to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
+    /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,
 }
@@ -528,11 +586,13 @@ pub struct BenchVolArgs {
     /// Random operations per random workload.
     #[arg(long, default_value_t = 20000)]
     pub random_ops: u64,
+    /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Run only these workloads (comma-separated, e.g. `seqread,randwrite`); all by default.
     #[arg(long, value_delimiter = ',', value_parser = ["seqwrite", "seqread", "randwrite", "randread"])]
     pub only: Vec<String>,
+    /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -541,8 +601,10 @@ pub struct BenchVolArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchParityArgs {
+    /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,
     /// Only 4 KiB columns and a tiny time budget (a smoke test, not a measurement).
@@ -551,4 +613,35 @@ pub struct BenchParityArgs {
     /// Measure only these geometries (4+1, 4+2, 8+2, 16+2, 8+3; repeatable).
     #[arg(long, value_name = "K+P")]
     pub geometry: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand and every argument of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_command_and_argument_is_explained() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let p = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(p.clone());
+                }
+                walk(sub, &p, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "zeta", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
 }
