@@ -36,7 +36,7 @@ pub enum Command {
     #[command(after_help = "Each volume is exported as POOL/VOL, e.g.\n  \
                             nbdinfo nbd://127.0.0.1:10809/tank/vm0\n  \
                             qemu-img info nbd://127.0.0.1:10809/tank/vm0\n\n\
-                            SIGINT or SIGTERM stops the server cleanly: in-flight requests \
+                            SIGINT, SIGTERM or SIGHUP stops the server cleanly: in-flight requests \
                             finish and reply, the pools sync and close.")]
     Serve(ServeArgs),
     /// Inject faults into a device of a pool, to test or rehearse a failure: silent

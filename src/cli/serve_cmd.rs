@@ -1,11 +1,11 @@
-//! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT/SIGTERM.
+//! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT, SIGTERM or SIGHUP.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use super::args::{NetArgs, ServeArgs, UpArgs};
@@ -164,8 +164,10 @@ fn run(
             eprintln!("zeta serve: {e}");
         }
     }
-    // Register for the signals before serving, so an early SIGTERM is not lost.
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::Io {
+    // Register for the signals before serving, so an early SIGTERM is not lost. SIGHUP (the
+    // terminal that ran `zeta up` closed) stops as cleanly: its default would end the
+    // process with the open txg unsynced and the pool left for a replay.
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(|e| CliError::Io {
         path: "signal handler".into(),
         source: e,
     })?;
@@ -213,6 +215,7 @@ fn run(
         "zeta serve: {} received, finishing in-flight requests",
         match sig {
             Some(SIGINT) => "SIGINT",
+            Some(SIGHUP) => "SIGHUP",
             _ => "SIGTERM",
         }
     );
