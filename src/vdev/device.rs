@@ -87,7 +87,7 @@ impl VdevError {
 }
 
 /// `ENOSPC` or `EDQUOT`: the error a write gets when its file system has no room for it.
-pub fn io_out_of_space(e: &io::Error) -> bool {
+fn io_out_of_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
         || matches!(
             e.kind(),

@@ -177,6 +177,8 @@ pub fn create(
     let space = pool.space();
     pool.close()?;
     println!("created pool '{name}' ({} usable)", human(space.size));
+    // `serve` and `up` warn again at each start (`serve_cmd::run`).
+    crate::cli::room::warn(name, &device_paths(&pool));
     Ok(())
 }
 
@@ -222,9 +224,7 @@ pub fn create_pool(
     })();
     match result {
         Ok(pool) => {
-            let paths = device_paths(&pool);
-            home.remember(&pool, paths.clone())?;
-            crate::cli::room::warn(name, &paths);
+            home.remember(&pool, device_paths(&pool))?;
             Ok(pool)
         }
         Err(e) => {
