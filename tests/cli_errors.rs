@@ -276,6 +276,82 @@ fn a_pool_larger_than_its_file_system_is_warned_of() {
     );
 }
 
+/// `-o prealloc=on` allocates every block of the files it creates (no warning then, and the
+/// file system cannot fill under the pool); where the room is not there it fails at once,
+/// clearly, and leaves no file behind.
+#[test]
+fn prealloc_allocates_the_files_or_fails_at_once() {
+    use std::os::unix::fs::MetadataExt as _;
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    let out = zeta(
+        &home,
+        d,
+        &[
+            "pool",
+            "create",
+            "-o",
+            "size=64M",
+            "-o",
+            "prealloc=on",
+            "p",
+            "a",
+            "b",
+        ],
+    );
+    ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+    for f in ["a", "b"] {
+        let m = std::fs::metadata(d.join(f)).unwrap();
+        assert_eq!(m.len(), 64 << 20);
+        assert!(m.blocks() * 512 >= m.len(), "{f}: {} blocks", m.blocks());
+    }
+    // Sparse by default.
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "create", "-o", "size=64M", "q", "c"],
+    ));
+    let m = std::fs::metadata(d.join("c")).unwrap();
+    assert!(
+        m.blocks() * 512 < m.len() / 2,
+        "sparse: {} blocks",
+        m.blocks()
+    );
+
+    let free = zeta::cli::room::free_bytes(d).expect("statvfs");
+    let size = format!("size={}M", (free >> 20) + 1024);
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &["pool", "create", "-o", &size, "-o", "prealloc=on", "r", "e"],
+        ),
+        "preallocating",
+    );
+    assert!(
+        !d.join("e").exists(),
+        "a failed create must not leave files"
+    );
+    fails_with(
+        &zeta(
+            &home,
+            d,
+            &[
+                "pool",
+                "create",
+                "-o",
+                "size=64M",
+                "-o",
+                "prealloc=yes",
+                "s",
+                "f",
+            ],
+        ),
+        "prealloc 'yes' is not one of on, off",
+    );
+}
+
 /// `pool status`: a mirror's leaves are indented under it, and their STATE column still lines
 /// up with the header's and the mirror's.
 #[test]

@@ -102,7 +102,9 @@ pub enum PoolCmd {
                             After `log`, every device is a separate log device (or `log mirror \
                             PATH PATH...`): the intent log writes there instead of the data \
                             devices' log reserve. \
-                            Properties (-o): size=SIZE creates missing file vdevs of that size; \
+                            Properties (-o): size=SIZE creates missing file vdevs of that size, \
+                            sparse unless prealloc=on, which allocates their blocks at once so \
+                            the file system cannot fill under the pool later; \
                             checksum=fletcher2|fletcher4|sha256|blake3 (default fletcher4); \
                             raidz2-code=rs|rdp: the double-parity code of raidz2 vdevs, \
                             Reed-Solomon P+Q or row-diagonal parity (default rs); \
@@ -117,7 +119,8 @@ pub enum PoolCmd {
         /// Use devices even if they belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Property KEY=VALUE (size=, checksum=, raidz2-code=, zil.commit=, zil.placement=).
+        /// Property KEY=VALUE (size=, prealloc=, checksum=, raidz2-code=, zil.commit=,
+        /// zil.placement=).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
         /// The new pool's name.

@@ -30,7 +30,7 @@ impl Shortfall {
         format!(
             "pool '{pool}': {} sparse file{} on the file system of {} may take {} more, but \
              it has {} free; if it fills, writes fail (ENOSPC) and the pool suspends until \
-             room is made",
+             room is made (`pool create -o prealloc=on` allocates the files at once)",
             self.files,
             if self.files == 1 { "" } else { "s" },
             self.example.display(),

@@ -75,6 +75,19 @@ impl FileDevice {
     /// Creates a new sparse file of `len_bytes` (refusing to overwrite an existing path) and
     /// opens it.
     pub fn create(path: &Path, len_bytes: u64) -> Result<FileDevice, VdevError> {
+        Self::create_with(path, len_bytes, false)
+    }
+
+    /// `create`, with every block of the file allocated at once if `prealloc`: the file
+    /// system then cannot run out of room under the pool later (a sparse file takes its
+    /// blocks on first write, and a full file system suspends the pool). Fails with
+    /// `ENOSPC` if the room is not there now, and where the file system cannot allocate
+    /// without writing (`fallocate` unsupported) rather than write the whole file.
+    pub fn create_with(
+        path: &Path,
+        len_bytes: u64,
+        prealloc: bool,
+    ) -> Result<FileDevice, VdevError> {
         let name = path.display().to_string();
         let file = OpenOptions::new()
             .read(true)
@@ -84,6 +97,20 @@ impl FileDevice {
             .map_err(|e| VdevError::io(&name, e))?;
         file.set_len(len_bytes)
             .map_err(|e| VdevError::io(&name, e))?;
+        if prealloc && len_bytes > 0 {
+            // SAFETY: fallocate takes the descriptor of a file we hold open and integers.
+            let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_bytes as libc::off_t) };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                // The file is ours (create_new): a failed create leaves nothing behind.
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                return Err(VdevError::io(
+                    &format!("{name}: preallocating {len_bytes} bytes"),
+                    e,
+                ));
+            }
+        }
         drop(file);
         Self::open(path)
     }

@@ -21,6 +21,8 @@ pub struct CreateProps {
     pub raidz2_rdp: bool,
     pub zil_commit: CommitPolicy,
     pub zil_placement: Placement,
+    /// Files created (`size`) get every block allocated at once.
+    pub prealloc: bool,
 }
 
 pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
@@ -30,6 +32,7 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
         raidz2_rdp: false,
         zil_commit: CommitPolicy::default(),
         zil_placement: Placement::default(),
+        prealloc: false,
     };
     for p in props {
         let (k, v) = p
@@ -37,6 +40,13 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
             .ok_or_else(|| usage(format!("property '{p}' is not KEY=VALUE")))?;
         match k {
             "size" => out.size = Some(parse_size(v)?),
+            "prealloc" => {
+                out.prealloc = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(usage(format!("prealloc '{v}' is not one of on, off"))),
+                }
+            }
             "checksum" => {
                 out.checksum = ChecksumKind::parse(v).ok_or_else(|| {
                     usage(format!(
@@ -212,7 +222,13 @@ pub fn create_pool(
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let result = (|| -> Result<Arc<Pool>> {
-        let spec = open_groups(&groups, props.size, props.raidz2_rdp, &mut created)?;
+        let spec = open_groups(
+            &groups,
+            props.size,
+            props.prealloc,
+            props.raidz2_rdp,
+            &mut created,
+        )?;
         let opts = PoolOptions {
             checksum: props.checksum,
             force,
@@ -237,10 +253,11 @@ pub fn create_pool(
 }
 
 /// Opens (or creates, at `size`, the missing files among) the devices of parsed vdev groups;
-/// records the files it created in `created`.
+/// records the files it created in `created`. `prealloc` allocates the created files' blocks.
 fn open_groups(
     groups: &[VdevGroup],
     size: Option<u64>,
+    prealloc: bool,
     raidz2_rdp: bool,
     created: &mut Vec<PathBuf>,
 ) -> Result<Vec<TopSpec>> {
@@ -251,7 +268,7 @@ fn open_groups(
             let dev = match (p.exists(), size) {
                 (true, _) => FileDevice::open(p)?,
                 (false, Some(size)) => {
-                    let dev = FileDevice::create(p, size)?;
+                    let dev = FileDevice::create_with(p, size, prealloc)?;
                     created.push(p.clone());
                     dev
                 }
@@ -344,7 +361,7 @@ pub fn add_log_in(
     }
     let mut created = Vec::new();
     let r = (|| -> Result<Vec<u32>> {
-        let spec = open_groups(&groups, size, false, &mut created)?;
+        let spec = open_groups(&groups, size, false, false, &mut created)?;
         let mut ids = Vec::new();
         for top in spec {
             ids.push(p.add_log(top, force)?);
