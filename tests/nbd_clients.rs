@@ -959,10 +959,11 @@ fn a_full_file_system_suspends_with_enospc_and_a_restart_resumes() {
 
     for m in ["m0", "m1"] {
         let path = dir.path().join(m).canonicalize().unwrap();
-        run(
+        let said = run(
             zeta(&home).args(["inject", "tank", path.to_str().unwrap(), "--full"]),
             "inject --full",
         );
+        assert!(said.contains("data writes fail with ENOSPC"), "{said}");
     }
     let io = qemu_io(&uri, &["write -P 0x7e 2M 64k", "flush"]);
     assert!(io.contains("No space left on device"), "{io}");

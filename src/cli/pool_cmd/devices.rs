@@ -45,9 +45,33 @@ pub fn inject(home: &Home, a: InjectArgs) -> Result<()> {
     if a.clear {
         println!("cleared the injected faults of {dev} in '{pool}'");
     } else {
-        println!("injected into {dev} in '{pool}': {faults:?}");
+        println!("injected into {dev} in '{pool}': {}", describe(&faults));
     }
     Ok(())
+}
+
+/// The injected faults in words, for the command's answer.
+fn describe(f: &crate::vdev::Injection) -> String {
+    let mut what = Vec::new();
+    if f.vanished {
+        what.push("every I/O fails, as if the device were pulled".to_string());
+    }
+    if f.fail_reads > 0.0 {
+        what.push(format!("data reads fail with probability {}", f.fail_reads));
+    }
+    if f.fail_writes > 0.0 {
+        what.push(format!(
+            "data writes fail with probability {}",
+            f.fail_writes
+        ));
+    }
+    if f.full {
+        what.push("data writes fail with ENOSPC, as on a full file system".to_string());
+    }
+    if what.is_empty() {
+        what.push("nothing fails".to_string());
+    }
+    what.join("; ")
 }
 
 pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
