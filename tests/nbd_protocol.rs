@@ -496,12 +496,13 @@ fn flush_and_fua_are_durable_across_connections() {
 }
 
 /// A full file system under the pool's devices (simulated: every write gets ENOSPC, as a
-/// sparse file's unwritten blocks do there): a FUA write, a FLUSH and later writes are
-/// answered ENOSPC, not EIO, so a client such as qemu pauses its guest (`werror=enospc`)
-/// instead of failing its I/O; reads go on; and once room is made an import finds every
-/// write acknowledged durable before.
+/// sparse file's unwritten blocks do there): a FUA write's commit waits for room, as its txg
+/// does, while other writes are answered ENOSPC at once, not EIO (so a client such as qemu
+/// pauses its guest, `werror=enospc`, instead of failing its I/O) and reads are served. Once
+/// room is made the pool resumes by itself: the FUA write is answered, and everything
+/// acknowledged is durable.
 #[test]
-fn a_full_file_system_is_answered_enospc_and_loses_nothing_flushed() {
+fn a_full_file_system_is_answered_enospc_and_resumes_when_room_is_made() {
     let rig = Rig::default();
     let mut c = Client::open(rig.addr(), VOL);
     let kept = pattern(65536, 21);
@@ -513,30 +514,55 @@ fn a_full_file_system_is_answered_enospc_and_loses_nothing_flushed() {
             ..Faults::default()
         });
     }
-    let fua = c.call(CMD_WRITE, CMD_FLAG_FUA, 1 << 20, 4096, &pattern(4096, 22));
-    assert_eq!(fua.error, ENOSPC, "FUA write onto full devices");
+    let fua = pattern(4096, 22);
+    c.send(CMD_WRITE, CMD_FLAG_FUA, 7, 1 << 20, 4096, &fua)
+        .unwrap();
+    let mut suspended = false;
+    for _ in 0..500 {
+        if rig
+            .pool
+            .suspension()
+            .is_some_and(|s| s.out_of_space && s.retrying)
+        {
+            suspended = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(suspended, "the FUA write's txg waits for room");
+    let mut other = Client::open(rig.addr(), VOL);
     assert_eq!(
-        c.write(2 << 20, &pattern(4096, 23)),
+        other.write(2 << 20, &pattern(4096, 23)),
         ENOSPC,
-        "a write after"
+        "a write meanwhile"
     );
-    assert_eq!(
-        c.call(CMD_FLUSH, 0, 0, 0, &[]).error,
-        ENOSPC,
-        "a flush after"
-    );
-    assert_eq!(c.read(0, 65536).unwrap(), kept, "reads go on");
-    assert!(rig.pool.suspension().is_some_and(|s| s.out_of_space));
+    assert_eq!(other.read(0, 65536).unwrap(), kept, "reads go on");
 
     for d in &rig.devs {
         d.set_faults(Faults::default());
     }
+    let r = c.recv().unwrap();
+    assert_eq!(
+        (r.cookie, r.error),
+        (7, 0),
+        "the FUA write, once room is made"
+    );
+    assert!(rig.pool.suspension().is_none());
+    assert_eq!(
+        other.write(2 << 20, &pattern(4096, 24)),
+        0,
+        "writes are taken again"
+    );
+
     let survived = power_cut(&rig.devs, PowerCut::DropUnflushed);
     let p = import(&survived);
     let v = zeta::zvol::Volume::open(&p, "v").unwrap();
     let mut buf = vec![0u8; 65536];
     v.read(0, &mut buf).unwrap();
     assert_eq!(buf, kept, "flushed before the file system filled");
+    let mut buf = vec![0u8; 4096];
+    v.read(1 << 20, &mut buf).unwrap();
+    assert_eq!(buf, fua, "the FUA write");
     drop(v);
     p.close().unwrap();
 }

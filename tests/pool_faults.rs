@@ -490,12 +490,25 @@ fn a_vdev_that_lost_every_leaf_suspends_the_pool() {
     ));
 }
 
+/// Waits until `pool` is suspended (or 10 s), and returns how.
+fn until_suspended(pool: &Pool) -> zeta::dsl::Suspension {
+    for _ in 0..1000 {
+        if let Some(s) = pool.suspension() {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the pool was not suspended");
+}
+
 /// A full file system under every device (simulated: each write gets ENOSPC, as a sparse
-/// file's unwritten blocks do there) suspends the pool with that cause, on a mirror and on a
-/// raidz (whose lost columns are gathered into one error): writes are refused, reads go on,
-/// `pool status` says SUSPENDED, and once room is made an import finds what was committed.
+/// file's unwritten blocks do there), on a mirror and on a raidz (whose lost columns are
+/// gathered into one error): the txg being committed waits for room, the pool is suspended
+/// meanwhile (writes refused as out of space, syncs waiting, reads served, `pool status`
+/// SUSPENDED), and once room is made it resumes by itself with nothing lost, not even the
+/// writes no flush covered, and no device faulted.
 #[test]
-fn a_full_file_system_suspends_the_pool_as_out_of_space_and_keeps_what_it_had() {
+fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
     for layout in [Layout::Mirror, Layout::Raidz2] {
         let ctx = format!("{layout:?}");
         let devs = mem_devs(devs_for(layout), 64 * MB);
@@ -515,40 +528,91 @@ fn a_full_file_system_suspends_the_pool_as_out_of_space_and_keeps_what_it_had() 
                 ..Faults::default()
             });
         }
-        vol.write(2 * MB, &pattern(32, MB as usize)).unwrap();
-        let err = pool.sync_now().expect_err("a sync onto full devices fails");
-        assert!(matches!(err, PoolError::Suspended { .. }), "{ctx}: {err}");
-        assert!(err.out_of_space(), "{ctx}: {err}");
-        assert!(err.to_string().contains("No space left"), "{ctx}: {err}");
-        let s = pool.suspension().expect("suspended");
-        assert!(s.out_of_space, "{ctx}: {s:?}");
+        let unflushed = pattern(32, MB as usize);
+        vol.write(2 * MB, &unflushed).unwrap();
+        let syncing = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.sync_now())
+        };
+        let s = until_suspended(&pool);
+        assert!(s.out_of_space && s.retrying, "{ctx}: {s:?}");
+        assert!(s.why.contains("No space left"), "{ctx}: {s:?}");
         let refused = vol.write(4 * MB, &[1u8; 4096]).expect_err("writes refused");
         assert!(refused.out_of_space(), "{ctx}: {refused}");
         assert_eq!(read(&vol, 0, MB as usize), kept, "{ctx}: reads go on");
+        assert_eq!(read(&vol, 2 * MB, MB as usize), unflushed, "{ctx}");
         let status = zeta::cli::pool_cmd::status_json(&pool);
         assert_eq!(status["state"], "SUSPENDED", "{ctx}: {status}");
-        assert_eq!(status["suspended"]["out_of_space"], true, "{ctx}: {status}");
-        drop(vol);
-        assert!(
-            pool.close().is_err(),
-            "{ctx}: a suspended pool cannot close clean"
-        );
+        assert_eq!(status["suspended"]["retrying"], true, "{ctx}: {status}");
+        assert!(!syncing.is_finished(), "{ctx}: the sync waits for room");
 
-        // Room made: the devices take writes again, and an import starts from the last
-        // committed txg.
+        // Room made: the waiting txg commits within a retry, and the pool goes on.
         for d in &devs {
             d.set_faults(Faults::default());
         }
-        let pool = import(&devs);
+        syncing.join().unwrap().expect("the sync resumes");
         assert!(pool.suspension().is_none(), "{ctx}");
-        let vol = Volume::open(&pool, "v").unwrap();
-        assert_eq!(read(&vol, 0, MB as usize), kept, "{ctx}: after import");
+        assert!(
+            pool.vdev_status()[0]
+                .leaves
+                .iter()
+                .all(|l| l.state == "ONLINE"),
+            "{ctx}: no device faulted for the file system's state"
+        );
         vol.write(4 * MB, &[7u8; 4096]).unwrap();
         pool.sync_now().unwrap();
         drop(vol);
         pool.verify().unwrap();
         pool.close().unwrap();
+        let pool = import(&power_cut(&devs, PowerCut::DropUnflushed));
+        let vol = Volume::open(&pool, "v").unwrap();
+        assert_eq!(read(&vol, 0, MB as usize), kept, "{ctx}: after import");
+        assert_eq!(read(&vol, 2 * MB, MB as usize), unflushed, "{ctx}");
+        drop(vol);
+        pool.close().unwrap();
     }
+}
+
+/// A pool closed while its txg waits for room does not wait on: the close fails, the pool is
+/// suspended for good, and an import once room is made starts from the last committed txg.
+#[test]
+fn a_pool_closed_while_waiting_for_room_fails_and_imports_at_its_last_txg() {
+    let devs = mem_devs(2, 64 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let kept = pattern(33, MB as usize);
+    vol.write(0, &kept).unwrap();
+    pool.sync_now().unwrap();
+    for d in &devs {
+        d.set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+    }
+    vol.write(0, &pattern(34, MB as usize)).unwrap();
+    let syncing = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.sync_now())
+    };
+    assert!(until_suspended(&pool).retrying);
+    drop(vol);
+    let err = pool
+        .close()
+        .expect_err("a pool out of room cannot close clean");
+    assert!(err.out_of_space(), "{err}");
+    let s = pool.suspension().expect("suspended for good");
+    assert!(s.out_of_space && !s.retrying, "{s:?}");
+    assert!(syncing.join().unwrap().is_err());
+    drop(pool);
+    for d in &devs {
+        d.set_faults(Faults::default());
+    }
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    assert_eq!(read(&vol, 0, MB as usize), kept);
+    drop(vol);
+    pool.close().unwrap();
 }
 
 /// A device fault is not a lack of room: the suspension says so, and the client is told EIO.

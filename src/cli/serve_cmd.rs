@@ -220,6 +220,11 @@ fn run(
         }
     );
     control.shutdown();
+    // In-flight requests end before the pools close; a flush waiting on a txg that waits
+    // for room would never end.
+    for p in &pools {
+        p.stop_waiting_for_room();
+    }
     server.shutdown();
     let mut failed = Vec::new();
     for p in &pools {

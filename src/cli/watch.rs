@@ -49,20 +49,40 @@ pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
             ));
         }
     }
-    if let (None, Some(s)) = (&before.suspended, &now.suspended) {
-        let (answer, cure) = if s.out_of_space {
-            ("ENOSPC", "free room on the file system under its devices")
-        } else {
-            ("EIO", "bring its devices back or replace them")
-        };
-        out.push(format!(
-            "pool '{name}' is SUSPENDED: {}. Writes and flushes now fail ({answer}); reads go \
-             on. To resume: {cure}, then restart the server; the intent log replays every \
-             acknowledged write.",
-            s.why
-        ));
+    match (&before.suspended, &now.suspended) {
+        (None, Some(s)) => out.push(suspended(name, s)),
+        // A wait for room that ended in a failure for good (the pool was closed meanwhile).
+        (Some(b), Some(s)) if b.retrying && !s.retrying => out.push(suspended(name, s)),
+        (Some(_), None) => out.push(format!(
+            "pool '{name}' RESUMED: room was made, the txg that waited for it has committed, \
+             and writes are taken again"
+        )),
+        _ => {}
     }
     out
+}
+
+/// The line that says pool `name` is suspended, what clients are told, and the cure.
+fn suspended(name: &str, s: &Suspension) -> String {
+    if s.retrying {
+        return format!(
+            "pool '{name}' is SUSPENDED: {}. Writes now fail (ENOSPC), flushes wait, reads go \
+             on. To resume: free room on the file system under its devices; the pool tries \
+             again every second and resumes by itself, losing nothing.",
+            s.why
+        );
+    }
+    let (answer, cure) = if s.out_of_space {
+        ("ENOSPC", "free room on the file system under its devices")
+    } else {
+        ("EIO", "bring its devices back or replace them")
+    };
+    format!(
+        "pool '{name}' is SUSPENDED: {}. Writes and flushes now fail ({answer}); reads go \
+         on. To resume: {cure}, then restart the server; the intent log replays every \
+         acknowledged write.",
+        s.why
+    )
 }
 
 /// Starts the watch over `pools`; it ends when the last of them is dropped.
@@ -107,6 +127,7 @@ mod tests {
             suspended: suspended.map(|(why, out_of_space)| Suspension {
                 why: why.into(),
                 out_of_space,
+                retrying: false,
             }),
             leaves: leaves
                 .iter()
@@ -155,6 +176,22 @@ mod tests {
             lines[0]
         );
         assert!(changes("tank", &full, &full).is_empty());
+
+        let mut waiting = full.clone();
+        waiting.suspended.as_mut().unwrap().retrying = true;
+        let lines = changes("tank", &before, &waiting);
+        assert!(lines[0].contains("flushes wait"), "{}", lines[0]);
+        assert!(lines[0].contains("resumes by itself"), "{}", lines[0]);
+        assert_eq!(
+            changes("tank", &waiting, &before),
+            [
+                "pool 'tank' RESUMED: room was made, the txg that waited for it has committed, \
+              and writes are taken again"
+            ]
+        );
+        // A wait that ends in a failure for good (the server stopping) is told too.
+        let lines = changes("tank", &waiting, &full);
+        assert!(lines[0].contains("restart the server"), "{lines:?}");
 
         let broken = health(&[("/a", "ONLINE")], Some(("/a: Input/output error", false)));
         let lines = changes("tank", &before, &broken);

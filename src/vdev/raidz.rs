@@ -406,26 +406,45 @@ impl Raidz {
         // Buffered: copies into page caches, cheaper on this thread than handed to the pool
         // (random 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k
         // here, one stripe at a time).
-        let mut failed: Vec<(usize, VdevError)> = Vec::new();
+        // Every error, and the children they came from (a child may fail several stretches).
+        let mut failures: Vec<(usize, VdevError)> = Vec::new();
         for s in &stretches {
             let r = match &self.slots[s.child] {
-                Some(leaf) => leaf
-                    .write_data_vectored(&s.bufs, s.offset)
-                    .inspect_err(|e| self.fail(leaf, e, &leaf.counters.write_errors)),
+                Some(leaf) => leaf.write_data_vectored(&s.bufs, s.offset),
                 None => Err(self.missing_error(s.child)),
             };
             if let Err(e) = r {
-                if !failed.iter().any(|&(c, _)| c == s.child) {
-                    failed.push((s.child, e));
-                }
+                failures.push((s.child, e));
             }
         }
-        if failed.len() > self.nparity() {
+        let mut children: Vec<usize> = failures.iter().map(|(c, _)| *c).collect();
+        children.sort_unstable();
+        children.dedup();
+        let lost = children.len() > self.nparity();
+        // Children out of room beyond the parity are the file system's state, not a fault of
+        // any device: none is charged with it (as `TopVdev::settle` says for a mirror).
+        let all_full = lost && failures.iter().all(|(_, e)| e.out_of_space());
+        for (child, e) in &failures {
+            if let (Some(leaf), false) = (&self.slots[*child], all_full) {
+                self.fail(leaf, e, &leaf.counters.write_errors);
+            }
+        }
+        if lost {
+            let mut seen = Vec::new();
+            let first = failures
+                .iter()
+                .filter(|(c, _)| {
+                    let new = !seen.contains(c);
+                    seen.push(*c);
+                    new
+                })
+                .map(|(_, e)| e)
+                .collect::<Vec<_>>();
             return Err(VdevError::write_lost(
                 self.nparity(),
                 self.slots.len(),
                 "children",
-                failed.iter().map(|(_, e)| e),
+                first.into_iter(),
             ));
         }
         Ok(())

@@ -683,11 +683,21 @@ impl TopVdev {
     ) -> Result<(), VdevError> {
         let mut first_err = None;
         let mut ok = 0;
+        // Every child out of room is the file system's state, not a fault of any device: no
+        // child is charged with it. The caller has the error; a txg waiting for room writes
+        // the same blocks again every second, and charging each try would fault all but one
+        // child and, once room is made and the write taken, drop them all from the txg's
+        // labels as leaves that missed a write (`LabelUpdate`).
+        let all_full = results
+            .iter()
+            .all(|r| r.as_ref().is_err_and(VdevError::out_of_space));
         for (child, r) in self.children.iter().zip(results) {
             match r {
                 Ok(()) => ok += 1,
                 Err(e) => {
-                    self.fail(child, &e, counter(child));
+                    if !all_full {
+                        self.fail(child, &e, counter(child));
+                    }
                     first_err.get_or_insert(e);
                 }
             }
@@ -960,5 +970,42 @@ mod tests {
             top.read_verified(0, &mut buf, &|_| false),
             Err(VdevError::AllCopiesFailed(_))
         ));
+    }
+
+    /// A mirror whose every child is out of room (a full file system) charges no child with
+    /// it, however often the write is tried again: the pool waits for room and resumes
+    /// whole. One child out of room while the other takes the write is that child's trouble,
+    /// counted and faulted after a run of failures as any error is.
+    #[test]
+    fn children_all_out_of_room_are_not_faulted_one_alone_is() {
+        let (top, devs) = mirror(2);
+        let full = Faults {
+            full: true,
+            ..Faults::default()
+        };
+        for d in &devs {
+            d.set_faults(full.clone());
+        }
+        for _ in 0..2 * FAULT_AFTER {
+            let e = top.write(0, &[1u8; 4096]).expect_err("no room anywhere");
+            assert!(e.out_of_space(), "{e}");
+        }
+        for c in &top.children {
+            assert!(!c.is_faulted());
+            assert_eq!(c.counters.write_errors.load(Ordering::Relaxed), 0);
+        }
+        devs[1].set_faults(Faults::default());
+        for _ in 0..FAULT_AFTER {
+            top.write(0, &[1u8; 4096]).unwrap();
+        }
+        assert!(top.children[0].is_faulted());
+        assert!(!top.children[1].is_faulted());
+        assert_eq!(
+            top.children[0]
+                .counters
+                .write_errors
+                .load(Ordering::Relaxed),
+            FAULT_AFTER as u64
+        );
     }
 }

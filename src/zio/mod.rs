@@ -171,7 +171,16 @@ pub struct Zio {
     /// `alloc`'s space counters, read without its lock.
     pub gauge: Arc<SpaceGauge>,
     pub stats: ZioStats,
+    /// Asked when a batch of txg `txg` found no room on its devices (`RoomWait`).
+    room_wait: std::sync::OnceLock<RoomWait>,
 }
+
+/// Whether a batch of blocks of txg `txg` whose write found no room on its devices
+/// (`VdevError::out_of_space`: the file system under file vdevs is full) waits a while and
+/// is written again (`true`), or fails (`false`). The pool waits with the txg it is
+/// committing: the same blocks go to the same places once room is made, and nothing of the
+/// txg has to be undone (`dsl::pool`'s `wait_for_room`).
+pub type RoomWait = Box<dyn Fn(u64, &VdevError) -> bool + Send + Sync>;
 
 impl Zio {
     pub fn new(tops: Vec<Arc<TopVdev>>, alloc: Allocator) -> Zio {
@@ -180,7 +189,13 @@ impl Zio {
             gauge: alloc.gauge(),
             alloc: Mutex::new(alloc),
             stats: ZioStats::default(),
+            room_wait: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what a write that found no room does (`RoomWait`); without it, it fails.
+    pub fn set_room_wait(&self, wait: RoomWait) {
+        let _ = self.room_wait.set(wait);
     }
 
     /// Writes one block copy-on-write to newly allocated space and returns its pointer, whose
@@ -334,13 +349,27 @@ impl Zio {
         // 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three volumes), those
         // yields were 8 % of the server's samples, and group commit ran 36.7-66.0k writes/s (median
         // 60.5k over six runs) against 57.8-66.1k (65.8k) without.
-        let written = runs.iter().try_for_each(|(v, (off, bufs))| {
-            if durable {
-                self.tops[*v].write_run_durable(*off, bufs)
-            } else {
-                self.tops[*v].write_run(*off, bufs)
+        let write_all = || {
+            runs.iter().try_for_each(|(v, (off, bufs))| {
+                if durable {
+                    self.tops[*v].write_run_durable(*off, bufs)
+                } else {
+                    self.tops[*v].write_run(*off, bufs)
+                }
+            })
+        };
+        let mut written = write_all();
+        // A txg's batch that found no room may wait for it (`RoomWait`) and go again, whole:
+        // rewriting what some devices took already puts the same bytes in the same places.
+        // Durable writes are a client's request, answered at once instead.
+        while let Err(e) = &written {
+            let waits =
+                !durable && e.out_of_space() && self.room_wait.get().is_some_and(|w| w(txg, e));
+            if !waits {
+                break;
             }
-        });
+            written = write_all();
+        }
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).

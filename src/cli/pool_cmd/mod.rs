@@ -249,7 +249,14 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
 }
 
 /// What `pool status` says of a suspended pool: why, and what to do.
-fn suspension_advice(why: &str, out_of_space: bool) -> String {
+fn suspension_advice(why: &str, out_of_space: bool, retrying: bool) -> String {
+    if retrying {
+        return format!(
+            "suspended: writes fail, flushes wait, reads go on ({why})\naction: the file \
+             system under its devices is full: free room there; the pool tries again every \
+             second and resumes by itself, losing nothing"
+        );
+    }
     let cure = if out_of_space {
         "the file system under its devices is full: free room there"
     } else {
@@ -313,7 +320,11 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
         if let Some(why) = st["suspended"]["why"].as_str() {
             println!(
                 "status: {}",
-                suspension_advice(why, st["suspended"]["out_of_space"] == true)
+                suspension_advice(
+                    why,
+                    st["suspended"]["out_of_space"] == true,
+                    st["suspended"]["retrying"] == true
+                )
             );
         }
         let scan = &st["scan"];

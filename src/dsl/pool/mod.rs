@@ -288,17 +288,32 @@ struct SyncState {
     completed_seq: u64,
     shutdown: bool,
     error: Option<Suspension>,
+    /// The txg being committed found no room on its devices and waits for it
+    /// (`wait_for_room`): new writes are refused meanwhile, syncs wait.
+    waiting: Option<Suspension>,
+    /// Set by `close`: a txg that finds no room fails instead of waiting.
+    no_waiting: bool,
 }
 
-/// Why a pool stopped taking writes: the failure of the txg it could not commit. Reads go
-/// on; writes and syncs fail with `PoolError::Suspended` until the pool is imported again
-/// (the intent log then replays every acknowledged write the txg did not commit).
+/// How long a txg that found no room waits before it tries its write again.
+pub const ROOM_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a pool stopped taking writes. Reads go on; writes fail with `PoolError::Suspended`.
+///
+/// Either the txg being committed found no room on its devices (a full file system under
+/// file vdevs) and waits for it, trying again every `ROOM_RETRY` (`retrying`): syncs and
+/// flushes wait meanwhile, and the pool resumes by itself once room is made, losing nothing.
+/// Or a txg failed for good (a device fault, or the pool closed while waiting): until the
+/// pool is imported again, when the intent log replays every acknowledged write the txg did
+/// not commit.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Suspension {
     pub why: String,
     /// The devices had no room (`PoolError::out_of_space`): freeing room on their file
-    /// system, then importing again, is the cure.
+    /// system is the cure.
     pub out_of_space: bool,
+    /// The pool waits for room and resumes by itself (else: import it again).
+    pub retrying: bool,
 }
 
 impl Suspension {
@@ -306,6 +321,7 @@ impl Suspension {
         Suspension {
             why: e.to_string(),
             out_of_space: e.out_of_space(),
+            retrying: false,
         }
     }
 
@@ -338,6 +354,9 @@ pub struct Pool {
     /// The open txg. Writers hold it shared while they dirty blocks; the sync thread takes it
     /// exclusively to close the txg.
     open_txg: RwLock<u64>,
+    /// The txg the sync thread is committing, 0 between syncs (read without a lock by
+    /// `wait_for_room`, whose callers may hold `open_txg`).
+    syncing_txg: AtomicU64,
     sync: Mutex<SyncState>,
     sync_cv: Condvar,
     /// Held for a whole sync, and by admin changes to the MOS.
@@ -496,12 +515,15 @@ impl Pool {
             io: ObjectIo { zio, cache },
             opts,
             open_txg: RwLock::new(synced_txg + 1),
+            syncing_txg: AtomicU64::new(0),
             sync: Mutex::new(SyncState {
                 synced_txg,
                 request_seq: 0,
                 completed_seq: 0,
                 shutdown: false,
                 error: None,
+                waiting: None,
+                no_waiting: false,
             }),
             sync_cv: Condvar::new(),
             mos: Mutex::new(mos),
@@ -524,6 +546,10 @@ impl Pool {
         });
         pool.zil
             .set_hooks(Box::new(PoolHooks(Arc::downgrade(&pool))));
+        let weak = Arc::downgrade(&pool);
+        pool.io.zio.set_room_wait(Box::new(move |txg, e| {
+            weak.upgrade().is_some_and(|p| p.wait_for_room(txg, e))
+        }));
         let weak = Arc::downgrade(&pool);
         let handle = std::thread::Builder::new()
             .name(format!("txg-sync-{}", pool.name))
@@ -910,16 +936,55 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))
     }
 
+    /// Refuses writes while the pool is suspended, waiting for room or for good.
     fn check_healthy(&self) -> Result<(), PoolError> {
-        match &self.sync.lock().error {
+        let st = self.sync.lock();
+        match st.error.as_ref().or(st.waiting.as_ref()) {
             Some(s) => Err(s.error(&self.name)),
             None => Ok(()),
         }
     }
 
-    /// Why the pool takes no more writes, if it is suspended.
+    /// From now on a txg that finds no room fails instead of waiting for it, and one waiting
+    /// now fails within moments: the pool is then suspended for good, and its next import
+    /// replays what the log holds. For a pool about to close (`close` calls it), and for a
+    /// server stopping, whose requests waiting on that txg must end before it closes.
+    pub fn stop_waiting_for_room(&self) {
+        let mut st = self.sync.lock();
+        st.no_waiting = true;
+        self.sync_cv.notify_all();
+    }
+
+    /// Why the pool takes no writes now, if it is suspended (`Suspension`).
     pub fn suspension(&self) -> Option<Suspension> {
-        self.sync.lock().error.clone()
+        let st = self.sync.lock();
+        st.error.clone().or_else(|| st.waiting.clone())
+    }
+
+    /// `RoomWait` for this pool: a write of the txg being committed that found no room
+    /// suspends the pool and waits `ROOM_RETRY`, then has the write tried again; writes of
+    /// the open txg (written ahead by clients' requests, which hold `open_txg`) fail at once,
+    /// as does everything once `close` has begun. Called with the MOS lock held by the sync:
+    /// takes only the sync state's lock, which nothing holds while taking the MOS lock.
+    fn wait_for_room(&self, txg: u64, e: &VdevError) -> bool {
+        if txg != self.syncing_txg.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut st = self.sync.lock();
+        if st.shutdown || st.no_waiting || st.error.is_some() {
+            return false;
+        }
+        if st.waiting.is_none() {
+            st.waiting = Some(Suspension {
+                why: format!("write failed: {e}"),
+                out_of_space: true,
+                retrying: true,
+            });
+            // Writers throttled on the dirty limit see it and give up.
+            self.sync_cv.notify_all();
+        }
+        self.sync_cv.wait_for(&mut st, ROOM_RETRY);
+        !(st.shutdown || st.no_waiting)
     }
 
     // ----- volumes ------------------------------------------------------------------------
@@ -1034,6 +1099,7 @@ impl Pool {
             s.pause();
         }
         let scrubbing = self.scan.lock().state == ScanPhase::Scanning;
+        self.stop_waiting_for_room();
         self.sync_now()?;
         self.shutdown();
         self.check_healthy()?;

@@ -21,7 +21,7 @@ use crate::zil::TxgHooks;
 
 use super::labels::LabelUpdate;
 use super::mos::{append_object, meta_props, rewrite_object, write_object_bytes};
-use super::{invalid, Dataset, Pool, PoolError, Suspension, SyncState};
+use super::{invalid, Dataset, Mos, Pool, PoolError, Suspension, SyncState};
 
 /// The txg machinery as the log sees it.
 pub(super) struct PoolHooks(pub(super) Weak<Pool>);
@@ -90,9 +90,14 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             Ok(Some(txg)) => {
                 st.synced_txg = txg;
                 st.completed_seq = st.completed_seq.max(seq);
+                // Room was made: the txg that waited for it has committed.
+                st.waiting = None;
             }
             Ok(None) => st.completed_seq = st.completed_seq.max(seq),
-            Err(e) => st.error = Some(Suspension::of(&e)),
+            Err(e) => {
+                st.waiting = None;
+                st.error = Some(Suspension::of(&e));
+            }
         }
         p.sync_cv.notify_all();
         if shutting_down && (idle || st.error.is_some()) {
@@ -202,7 +207,7 @@ impl Pool {
 
     /// Syncs one txg if anything is dirty. Returns the txg committed, if any.
     fn sync_once(&self) -> Result<Option<u64>, PoolError> {
-        let mut mos = self.mos.lock();
+        let mos = self.mos.lock();
         let (txg, syncing_bytes, datasets) = {
             let mut open = self.open_txg.write();
             let datasets: Vec<Arc<Dataset>> = self.datasets.read().values().cloned().collect();
@@ -217,6 +222,20 @@ impl Pool {
             let bytes: SyncBytes = datasets.iter().map(|d| d.object.begin_sync()).sum();
             (txg, bytes, datasets)
         };
+        self.syncing_txg.store(txg, Ordering::Release);
+        let result = self.sync_txg(mos, txg, syncing_bytes, &datasets);
+        self.syncing_txg.store(0, Ordering::Release);
+        result.map(Some)
+    }
+
+    /// `sync_once`'s work on txg `txg`, closed already.
+    fn sync_txg(
+        &self,
+        mut mos: MutexGuard<'_, Mos>,
+        txg: u64,
+        syncing_bytes: SyncBytes,
+        datasets: &[Arc<Dataset>],
+    ) -> Result<u64, PoolError> {
         let io = &self.io;
         // Begun now so that it sees which leaves miss a write of this txg.
         let (label_tops, required) = self.label_tops();
@@ -224,7 +243,7 @@ impl Pool {
             LabelUpdate::new(&label_tops, required, format!("the uberblock of txg {txg}"));
 
         // 1. Volumes: data, indirect blocks, and a new objset block for each changed one.
-        for ds in &datasets {
+        for ds in datasets {
             let before = ds.object.dnode();
             let dn = ds.object.sync(io, txg)?;
             let mut os_bp = ds.objset_bp.lock();
@@ -261,7 +280,7 @@ impl Pool {
 
         // 2. The directory (MOS), with each volume's log header moved past the log blocks
         // this txg makes obsolete.
-        for ds in &datasets {
+        for ds in datasets {
             if ds.log.prepare_sync(txg).1 {
                 mos.dir_dirty = true;
             }
@@ -363,12 +382,12 @@ impl Pool {
             .fetch_sub(syncing_bytes.held as i64, Ordering::AcqRel);
         drop(mos);
         // The log blocks this txg covers are free; sync requests it covers are answered.
-        for ds in &datasets {
+        for ds in datasets {
             ds.log.txg_committed(&self.zil, txg);
         }
         for ds in &destroyed {
             ds.log.discard(&self.zil);
         }
-        Ok(Some(txg))
+        Ok(txg)
     }
 }
