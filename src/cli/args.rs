@@ -75,7 +75,8 @@ pub struct InjectArgs {
     #[arg(long, value_name = "P")]
     pub fail_writes: Option<f64>,
     /// Make data writes fail with ENOSPC, as when the file system under a file device has
-    /// filled: once no copy of a txg can be written the pool suspends, and clients get ENOSPC.
+    /// filled: once no copy of a txg can be written the pool suspends (writes get ENOSPC,
+    /// flushes wait) and waits for room; --clear makes room, and it resumes by itself.
     #[arg(long)]
     pub full: bool,
     /// Make every I/O to the device fail, labels and flushes included, as if it were pulled.
@@ -266,8 +267,9 @@ pub enum PoolCmd {
         device: String,
     },
     /// Zero the READ/WRITE/CKSUM error counters of every device of a pool, and return
-    /// FAULTED devices to service (each is resilvered with what it missed). A SUSPENDED
-    /// pool is not resumed by this: restart the server once the cause is gone.
+    /// FAULTED devices to service (each is resilvered with what it missed). It does not
+    /// resume a SUSPENDED pool: one waiting for room resumes by itself once room is made,
+    /// one suspended by a device failure when the server is restarted.
     Clear {
         /// The pool's name.
         pool: String,
