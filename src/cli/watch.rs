@@ -64,25 +64,39 @@ pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
 
 /// The line that says pool `name` is suspended, what clients are told, and the cure.
 fn suspended(name: &str, s: &Suspension) -> String {
-    if s.retrying {
-        return format!(
-            "pool '{name}' is SUSPENDED: {}. Writes now fail (ENOSPC), flushes wait, reads go \
-             on. To resume: free room on the file system under its devices; the pool tries \
-             again every second and resumes by itself, losing nothing.",
-            s.why
-        );
-    }
-    let (answer, cure) = if s.out_of_space {
-        ("ENOSPC", "free room on the file system under its devices")
-    } else {
-        ("EIO", "bring its devices back or replace them")
-    };
     format!(
-        "pool '{name}' is SUSPENDED: {}. Writes and flushes now fail ({answer}); reads go \
-         on. To resume: {cure}, then restart the server; the intent log replays every \
-         acknowledged write.",
-        s.why
+        "pool '{name}' is SUSPENDED: {}. {}. To resume: {}.",
+        s.why,
+        effect(s),
+        cure(s)
     )
+}
+
+/// What clients meet while pool is suspended `s`, for the server's log and `pool status`.
+pub fn effect(s: &Suspension) -> &'static str {
+    match (s.retrying, s.out_of_space) {
+        (true, _) => "Writes now fail (ENOSPC), flushes wait, reads go on",
+        (false, true) => "Writes and flushes now fail (ENOSPC); reads go on",
+        (false, false) => "Writes and flushes now fail (EIO); reads go on",
+    }
+}
+
+/// What resumes a pool suspended `s`, for the server's log and `pool status`.
+pub fn cure(s: &Suspension) -> &'static str {
+    match (s.retrying, s.out_of_space) {
+        (true, _) => {
+            "free room on the file system under its devices; the pool tries again every \
+             second and resumes by itself, losing nothing"
+        }
+        (false, true) => {
+            "free room on the file system under its devices, then restart the server; the \
+             intent log replays every acknowledged write"
+        }
+        (false, false) => {
+            "bring its devices back or replace them, then restart the server; the intent log \
+             replays every acknowledged write"
+        }
+    }
 }
 
 /// Starts the watch over `pools`; it ends when the last of them is dropped.

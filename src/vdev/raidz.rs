@@ -417,34 +417,28 @@ impl Raidz {
                 failures.push((s.child, e));
             }
         }
-        let mut children: Vec<usize> = failures.iter().map(|(c, _)| *c).collect();
-        children.sort_unstable();
-        children.dedup();
-        let lost = children.len() > self.nparity();
+        // The first error of each child that failed: what the vdev lost.
+        let mut seen = vec![false; self.slots.len()];
+        let lost: Vec<&VdevError> = failures
+            .iter()
+            .filter(|(c, _)| !std::mem::replace(&mut seen[*c], true))
+            .map(|(_, e)| e)
+            .collect();
         // Children out of room beyond the parity are the file system's state, not a fault of
         // any device: none is charged with it (as `TopVdev::settle` says for a mirror).
-        let all_full = lost && failures.iter().all(|(_, e)| e.out_of_space());
+        let too_many = lost.len() > self.nparity();
+        let all_full = too_many && failures.iter().all(|(_, e)| e.out_of_space());
         for (child, e) in &failures {
             if let (Some(leaf), false) = (&self.slots[*child], all_full) {
                 self.fail(leaf, e, &leaf.counters.write_errors);
             }
         }
-        if lost {
-            let mut seen = Vec::new();
-            let first = failures
-                .iter()
-                .filter(|(c, _)| {
-                    let new = !seen.contains(c);
-                    seen.push(*c);
-                    new
-                })
-                .map(|(_, e)| e)
-                .collect::<Vec<_>>();
+        if too_many {
             return Err(VdevError::write_lost(
                 self.nparity(),
                 self.slots.len(),
                 "children",
-                first.into_iter(),
+                lost.into_iter(),
             ));
         }
         Ok(())

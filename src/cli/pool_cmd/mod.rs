@@ -6,7 +6,7 @@ use super::args::PoolCmd;
 use super::fmt::human;
 use super::state::Home;
 use super::{usage, Result};
-use crate::dsl::Pool;
+use crate::dsl::{Pool, Suspension};
 
 mod create;
 mod devices;
@@ -248,26 +248,6 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// What `pool status` says of a suspended pool: why, and what to do.
-fn suspension_advice(why: &str, out_of_space: bool, retrying: bool) -> String {
-    if retrying {
-        return format!(
-            "suspended: writes fail, flushes wait, reads go on ({why})\naction: the file \
-             system under its devices is full: free room there; the pool tries again every \
-             second and resumes by itself, losing nothing"
-        );
-    }
-    let cure = if out_of_space {
-        "the file system under its devices is full: free room there"
-    } else {
-        "bring its devices back or replace them"
-    };
-    format!(
-        "suspended: writes fail, reads go on ({why})\naction: {cure}, then restart the server \
-         (or import the pool again): the intent log replays every acknowledged write"
-    )
-}
-
 pub fn status_json(p: &Pool) -> serde_json::Value {
     let cfg = p.config();
     let s = p.space();
@@ -317,14 +297,13 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["alloc"].as_u64().unwrap()),
             human(st["free"].as_u64().unwrap())
         );
-        if let Some(why) = st["suspended"]["why"].as_str() {
+        if let Ok(s) = serde_json::from_value::<Suspension>(st["suspended"].clone()) {
+            use crate::cli::watch::{cure, effect};
             println!(
-                "status: {}",
-                suspension_advice(
-                    why,
-                    st["suspended"]["out_of_space"] == true,
-                    st["suspended"]["retrying"] == true
-                )
+                "status: SUSPENDED. {} ({})\naction: {}",
+                effect(&s),
+                s.why,
+                cure(&s)
             );
         }
         let scan = &st["scan"];

@@ -295,8 +295,15 @@ struct SyncState {
     no_waiting: bool,
 }
 
+impl SyncState {
+    /// Why writes are refused now: a failure for good, or a wait for room.
+    fn suspension(&self) -> Option<&Suspension> {
+        self.error.as_ref().or(self.waiting.as_ref())
+    }
+}
+
 /// How long a txg that found no room waits before it tries its write again.
-pub const ROOM_RETRY: Duration = Duration::from_secs(1);
+const ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a pool stopped taking writes. Reads go on; writes fail with `PoolError::Suspended`.
 ///
@@ -306,7 +313,7 @@ pub const ROOM_RETRY: Duration = Duration::from_secs(1);
 /// Or a txg failed for good (a device fault, or the pool closed while waiting): until the
 /// pool is imported again, when the intent log replays every acknowledged write the txg did
 /// not commit.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Suspension {
     pub why: String,
     /// The devices had no room (`PoolError::out_of_space`): freeing room on their file
@@ -938,8 +945,7 @@ impl Pool {
 
     /// Refuses writes while the pool is suspended, waiting for room or for good.
     fn check_healthy(&self) -> Result<(), PoolError> {
-        let st = self.sync.lock();
-        match st.error.as_ref().or(st.waiting.as_ref()) {
+        match self.sync.lock().suspension() {
             Some(s) => Err(s.error(&self.name)),
             None => Ok(()),
         }
@@ -957,8 +963,7 @@ impl Pool {
 
     /// Why the pool takes no writes now, if it is suspended (`Suspension`).
     pub fn suspension(&self) -> Option<Suspension> {
-        let st = self.sync.lock();
-        st.error.clone().or_else(|| st.waiting.clone())
+        self.sync.lock().suspension().cloned()
     }
 
     /// `RoomWait` for this pool: a write of the txg being committed that found no room

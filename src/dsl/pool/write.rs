@@ -344,7 +344,7 @@ impl Pool {
         let mut st = self.sync.lock();
         while self.memory_held() >= self.dirty_max() {
             // Waiting for room too: the dirty data will not shrink before room is made.
-            if let Some(s) = st.error.as_ref().or(st.waiting.as_ref()) {
+            if let Some(s) = st.suspension() {
                 return Err(s.error(&self.name));
             }
             // Ask for a sync only if none is pending: every waiter shares the condvar, and
