@@ -23,6 +23,11 @@ fn fails_with(out: &Output, needle: &str) {
     assert!(!err.contains("panicked"), "panic: {err}");
 }
 
+/// The words of a command line, split at spaces.
+fn words(line: &str) -> Vec<&str> {
+    line.split(' ').collect()
+}
+
 fn ok(out: &Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "failed: {err}");
@@ -287,17 +292,7 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
     let out = zeta(
         &home,
         d,
-        &[
-            "pool",
-            "create",
-            "-o",
-            "size=64M",
-            "-o",
-            "prealloc=on",
-            "p",
-            "a",
-            "b",
-        ],
+        &words("pool create -o size=64M -o prealloc=on p a b"),
     );
     ok(&out);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
@@ -307,11 +302,7 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
         assert!(m.blocks() * 512 >= m.len(), "{f}: {} blocks", m.blocks());
     }
     // Sparse by default.
-    ok(&zeta(
-        &home,
-        d,
-        &["pool", "create", "-o", "size=64M", "q", "c"],
-    ));
+    ok(&zeta(&home, d, &words("pool create -o size=64M q c")));
     let m = std::fs::metadata(d.join("c")).unwrap();
     assert!(
         m.blocks() * 512 < m.len() / 2,
@@ -337,16 +328,7 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
         &zeta(
             &home,
             d,
-            &[
-                "pool",
-                "create",
-                "-o",
-                "size=64M",
-                "-o",
-                "prealloc=yes",
-                "s",
-                "f",
-            ],
+            &words("pool create -o size=64M -o prealloc=yes s f"),
         ),
         "prealloc 'yes' is not one of on, off",
     );

@@ -29,9 +29,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 fn power_cut_keeps_last_flushed_txg_whatever_happens_to_unflushed_writes() {
     for seed in 0..24u64 {
         let devs = mem_devs(2, 96 * MB);
-        let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-        pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-        let vol = Volume::open(&pool, "v").unwrap();
+        let (pool, vol) = pool_with_volume(Layout::Mirror, &devs);
         let flushed = pattern(seed as u8, 3 * MB as usize);
         vol.write(0, &flushed).unwrap();
         vol.flush().unwrap();
@@ -420,9 +418,7 @@ fn assert_volume(pool: &Arc<Pool>, want: &[u8], what: &str) {
 #[test]
 fn a_mirror_keeps_committing_with_one_failed_leaf() {
     let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
+    let (pool, vol) = pool_with_volume(Layout::Mirror, &devs);
     let mut want = pattern(1, 8 * MB as usize);
     vol.write(0, &want).unwrap();
     vol.flush().unwrap();
@@ -462,19 +458,33 @@ fn a_mirror_keeps_committing_with_one_failed_leaf() {
     assert_volume(&pool, &want, "both leaves");
 }
 
+/// A pool named tank on `devs` in `layout`, with an 8 MiB volume `v` of 16K blocks.
+fn pool_with_volume(layout: Layout, devs: &[Arc<MemDevice>]) -> (Arc<Pool>, Volume) {
+    let pool = Pool::create("tank", spec(layout, devs), opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    (pool, vol)
+}
+
+/// Gives every device of `devs` the faults `f`.
+fn fault_all(devs: &[Arc<MemDevice>], f: Faults) {
+    for d in devs {
+        d.set_faults(f.clone());
+    }
+}
+
 #[test]
 fn a_vdev_that_lost_every_leaf_suspends_the_pool() {
     let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
+    let (pool, vol) = pool_with_volume(Layout::Mirror, &devs);
     // Data writes still land, but no leaf can flush, so no leaf can take the uberblock.
-    for d in &devs {
-        d.set_faults(Faults {
+    fault_all(
+        &devs,
+        Faults {
             fail_flush: true,
             ..Faults::default()
-        });
-    }
+        },
+    );
     vol.write(0, &pattern(4, MB as usize)).unwrap();
     let err = pool.sync_now().expect_err("sync must fail");
     assert!(matches!(err, PoolError::Suspended { .. }), "{err}");
@@ -512,9 +522,7 @@ fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
     for layout in [Layout::Mirror, Layout::Raidz2] {
         let ctx = format!("{layout:?}");
         let devs = mem_devs(devs_for(layout), 64 * MB);
-        let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
-        pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-        let vol = Volume::open(&pool, "v").unwrap();
+        let (pool, vol) = pool_with_volume(layout, &devs);
         let kept = pattern(31, MB as usize);
         vol.write(0, &kept).unwrap();
         pool.sync_now().unwrap();
@@ -522,12 +530,13 @@ fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
         let status = zeta::cli::pool_cmd::status_json(&pool);
         assert_eq!(status["state"], "ONLINE", "{ctx}: {status}");
 
-        for d in &devs {
-            d.set_faults(Faults {
+        fault_all(
+            &devs,
+            Faults {
                 full: true,
                 ..Faults::default()
-            });
-        }
+            },
+        );
         let unflushed = pattern(32, MB as usize);
         vol.write(2 * MB, &unflushed).unwrap();
         let syncing = {
@@ -547,9 +556,7 @@ fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
         assert!(!syncing.is_finished(), "{ctx}: the sync waits for room");
 
         // Room made: the waiting txg commits within a retry, and the pool goes on.
-        for d in &devs {
-            d.set_faults(Faults::default());
-        }
+        fault_all(&devs, Faults::default());
         syncing.join().unwrap().expect("the sync resumes");
         assert!(pool.suspension().is_none(), "{ctx}");
         assert!(
@@ -578,18 +585,17 @@ fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
 #[test]
 fn a_pool_closed_while_waiting_for_room_fails_and_imports_at_its_last_txg() {
     let devs = mem_devs(2, 64 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
+    let (pool, vol) = pool_with_volume(Layout::Mirror, &devs);
     let kept = pattern(33, MB as usize);
     vol.write(0, &kept).unwrap();
     pool.sync_now().unwrap();
-    for d in &devs {
-        d.set_faults(Faults {
+    fault_all(
+        &devs,
+        Faults {
             full: true,
             ..Faults::default()
-        });
-    }
+        },
+    );
     vol.write(0, &pattern(34, MB as usize)).unwrap();
     let syncing = {
         let pool = pool.clone();
@@ -605,9 +611,7 @@ fn a_pool_closed_while_waiting_for_room_fails_and_imports_at_its_last_txg() {
     assert!(s.out_of_space && !s.retrying, "{s:?}");
     assert!(syncing.join().unwrap().is_err());
     drop(pool);
-    for d in &devs {
-        d.set_faults(Faults::default());
-    }
+    fault_all(&devs, Faults::default());
     let pool = import(&devs);
     let vol = Volume::open(&pool, "v").unwrap();
     assert_eq!(read(&vol, 0, MB as usize), kept);
@@ -619,15 +623,14 @@ fn a_pool_closed_while_waiting_for_room_fails_and_imports_at_its_last_txg() {
 #[test]
 fn a_failed_device_suspends_the_pool_as_a_fault_not_as_out_of_space() {
     let devs = mem_devs(2, 64 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
-    for d in &devs {
-        d.set_faults(Faults {
+    let (pool, vol) = pool_with_volume(Layout::Mirror, &devs);
+    fault_all(
+        &devs,
+        Faults {
             fail_writes: true,
             ..Faults::default()
-        });
-    }
+        },
+    );
     vol.write(0, &pattern(33, MB as usize)).unwrap();
     let err = pool.sync_now().expect_err("sync must fail");
     assert!(!err.out_of_space(), "{err}");
