@@ -915,8 +915,10 @@ fn qemu_io(uri: &str, cmds: &[&str]) -> String {
     )
 }
 
-/// The file system under a pool's files fills (rehearsed with `zeta inject --full` on both
-/// devices of a mirror; a real full file system needs a mount a test cannot make): the txg
+/// The file system under a pool's files fills (rehearsed with `zeta inject --full`; a real
+/// full file system needs a mount a test cannot make). Under one device of a mirror: the
+/// other takes the writes, and the server and `pool status` say that one is NOSPACE, with
+/// its cure. Under both devices: the txg
 /// waits for room, qemu-io's flush waits with it while another write gets ENOSPC (on which
 /// qemu pauses a guest), the server says on stderr, when it
 /// happens, that the pool is suspended and that it resumes by itself, `pool status` says
@@ -966,17 +968,6 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
                 .to_string()
         })
         .collect();
-    for d in &devices {
-        let said = run(zeta(&home).args(["inject", "tank", d, "--full"]), "inject");
-        assert!(said.contains("data writes fail with ENOSPC"), "{said}");
-    }
-    let waiting = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "write -P 0x7e 2M 4k", "-c", "flush"])
-        .arg(&uri)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     let said_within = |what: &str| {
         let mut said = String::new();
         for _ in 0..100 {
@@ -988,6 +979,44 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
         }
         said
     };
+    let said = run(
+        zeta(&home).args(["inject", "tank", &devices[0], "--full"]),
+        "inject",
+    );
+    assert!(said.contains("data writes fail with ENOSPC"), "{said}");
+    let io = qemu_io(&uri, &["write -P 0x21 4M 1M", "flush"]);
+    assert!(
+        !io.to_lowercase().contains("fail"),
+        "the other copy takes it: {io}"
+    );
+    let said = said_within("NOSPACE");
+    let m0 = &devices[0];
+    assert!(
+        said.contains(&format!("{m0} is NOSPACE (was ONLINE"))
+            && said.contains("less redundancy")
+            && said.contains("resilvered by itself"),
+        "{said}"
+    );
+    let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
+    assert!(status.contains("state: DEGRADED"), "{status}");
+    assert!(
+        status.contains(&format!("status: {m0} cannot take writes")),
+        "{status}"
+    );
+    assert!(status.contains("action: free room"), "{status}");
+
+    let said = run(
+        zeta(&home).args(["inject", "tank", &devices[1], "--full"]),
+        "inject",
+    );
+    assert!(said.contains("data writes fail with ENOSPC"), "{said}");
+    let waiting = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x7e 2M 4k", "-c", "flush"])
+        .arg(&uri)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let said = said_within("SUSPENDED");
     assert!(
         said.contains("pool 'tank' is SUSPENDED")
@@ -1028,9 +1057,21 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
     );
     let said = said_within("RESUMED");
     assert!(said.contains("pool 'tank' RESUMED"), "{said}");
+    let said = said_within("was NOSPACE");
+    assert!(
+        said.contains(&format!("{m0} is ONLINE (was NOSPACE")),
+        "{said}"
+    );
     let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
     assert!(status.contains("state: ONLINE"), "{status}");
-    let io = qemu_io(&uri, &["read -P 0x7e 2M 4k", "read -P 0x3c 0 1M"]);
+    let io = qemu_io(
+        &uri,
+        &[
+            "read -P 0x7e 2M 4k",
+            "read -P 0x3c 0 1M",
+            "read -P 0x21 4M 1M",
+        ],
+    );
     assert!(!io.contains("Pattern verification failed"), "{io}");
     assert!(!io.to_lowercase().contains("fail"), "{io}");
     sigterm(child.id());

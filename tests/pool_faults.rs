@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use zeta::dmu::object::walk;
 use zeta::dsl::{Pool, PoolError, PoolOptions};
 use zeta::spa::label::{read_labels, Uberblock, CONFIG_AREA, UB_SLOT, UB_SLOTS};
+use zeta::spa::scan_state::{ScanFunc, ScanPhase};
 use zeta::vdev::layout::label_offset;
 use zeta::vdev::mem::{Faults, MemDevice, PowerCut};
 use zeta::vdev::{BlockDevice, Leaf, LABEL_COUNT, RESERVE_BYTES};
@@ -617,6 +618,90 @@ fn a_pool_closed_while_waiting_for_room_fails_and_imports_at_its_last_txg() {
     assert_eq!(read(&vol, 0, MB as usize), kept);
     drop(vol);
     pool.close().unwrap();
+}
+
+/// One child of a mirror or raidz out of room (its file system filled, the others' not): the
+/// writes land on the other children, and the pool goes on, DEGRADED, the child NOSPACE but
+/// not faulted, however many writes it fails. Once room is made and a txg is taken whole
+/// again, the child is resilvered by itself with what it missed, without `pool clear`, and
+/// counts no checksum errors for it: the pool is redundant again, and holds everything
+/// without the first child.
+#[test]
+fn a_child_that_missed_part_of_a_txg_is_resilvered_once_it_takes_writes_again() {
+    for layout in [Layout::Mirror, Layout::Raidz1] {
+        let devs = mem_devs(devs_for(layout), 64 * MB);
+        let (pool, vol) = pool_with_volume(layout, &devs);
+        let mut want = pattern(35, MB as usize);
+        vol.write(0, &want).unwrap();
+        pool.sync_now().unwrap();
+
+        devs[1].set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+        for round in 0..3u64 {
+            let missed = pattern(36 + round as u8, 64 * 1024);
+            let at = MB / 4 * round;
+            vol.write(at, &missed).unwrap();
+            want[at as usize..][..missed.len()].copy_from_slice(&missed);
+            pool.sync_now().unwrap();
+        }
+        assert!(pool.suspension().is_none(), "the other child took the txg");
+        let status = pool.vdev_status();
+        assert!(
+            status[0].leaves[1].write_errors > 0,
+            "{layout:?}: {status:?}"
+        );
+        assert_eq!(
+            status[0].leaves[1].state, "NOSPACE",
+            "{layout:?}: {status:?}"
+        );
+        assert_eq!(status[0].state, "DEGRADED", "{layout:?}: {status:?}");
+        assert_ne!(
+            pool.scan_status().func,
+            ScanFunc::Resilver,
+            "nothing to resilver from yet"
+        );
+
+        // Room made: the next txg reaches both children, and the resilver starts by itself.
+        devs[1].set_faults(Faults::default());
+        vol.write(MB - 4096, &[9u8; 4096]).unwrap();
+        want[MB as usize - 4096..].fill(9);
+        pool.sync_now().unwrap();
+        assert_eq!(pool.vdev_status()[0].leaves[1].state, "ONLINE");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let scan = pool.scan_status();
+            if scan.func == ScanFunc::Resilver && scan.state == ScanPhase::Finished {
+                assert_eq!(scan.errors, 0, "{scan:?}");
+                assert!(scan.repaired_bytes > 0, "{layout:?}: {scan:?}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no resilver: {scan:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // The copies it never got are no fault of the device: no checksum errors for them.
+        let leaf = &pool.vdev_status()[0].leaves[1];
+        assert!(
+            leaf.repaired_bytes > 0 && leaf.cksum_errors == 0,
+            "{layout:?}: {leaf:?}"
+        );
+        drop(vol);
+        pool.close().unwrap();
+        drop(pool);
+
+        // The child that missed the write now holds it: it alone serves the volume.
+        let pool = import(&devs[1..]);
+        assert_volume(
+            &pool,
+            &want,
+            &format!("{layout:?}: the resilvered child with the rest"),
+        );
+        pool.close().unwrap();
+    }
 }
 
 /// A device fault is not a lack of room: the suspension says so, and the client is told EIO.

@@ -75,8 +75,9 @@ pub struct InjectArgs {
     #[arg(long, value_name = "P")]
     pub fail_writes: Option<f64>,
     /// Make data writes fail with ENOSPC, as when the file system under a file device has
-    /// filled: once no copy of a txg can be written the pool suspends (writes get ENOSPC,
-    /// flushes wait) and waits for room; --clear makes room, and it resumes by itself.
+    /// filled: the device is NOSPACE while other copies take the writes; once no copy of a
+    /// txg can be written the pool suspends (writes get ENOSPC, flushes wait) and waits for
+    /// room. --clear makes room: the pool resumes by itself and the device is resilvered.
     #[arg(long)]
     pub full: bool,
     /// Make every I/O to the device fail, labels and flushes included, as if it were pulled.

@@ -43,10 +43,18 @@ pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
     for (path, (state, werr, rerr)) in &now.leaves {
         let was = before.leaves.get(path).map(|(s, _, _)| s.as_str());
         if was.is_some_and(|w| w != state) {
-            out.push(format!(
+            let mut line = format!(
                 "pool '{name}': {path} is {state} (was {}; {werr} write and {rerr} read errors)",
                 was.unwrap_or("?")
-            ));
+            );
+            match (was, state.as_str()) {
+                (_, "NOSPACE") => line += &format!(": {NO_ROOM_EFFECT}. To cure: {NO_ROOM_CURE}"),
+                (Some("NOSPACE"), "ONLINE") => {
+                    line += ": it takes writes again, and what it missed is resilvered"
+                }
+                _ => {}
+            }
+            out.push(line);
         }
     }
     match (&before.suspended, &now.suspended) {
@@ -71,6 +79,13 @@ fn suspended(name: &str, s: &Suspension) -> String {
         cure(s)
     )
 }
+
+/// What a device out of room (NOSPACE) means, and what cures it, for the server's log and
+/// `pool status`.
+pub const NO_ROOM_EFFECT: &str = "the file system under it is full, so it misses the writes \
+     it cannot take; the pool goes on with the other copies, with less redundancy";
+pub const NO_ROOM_CURE: &str = "free room on that file system; the device then takes writes \
+     again and is resilvered by itself with what it missed";
 
 /// What clients meet while pool is suspended `s`, for the server's log and `pool status`.
 pub fn effect(s: &Suspension) -> &'static str {
@@ -170,6 +185,25 @@ mod tests {
             None,
         );
         assert!(changes("tank", &now, &grown).is_empty());
+    }
+
+    #[test]
+    fn a_leaf_out_of_room_is_told_with_its_cure_and_its_return() {
+        let before = health(&[("/a", "ONLINE"), ("/b", "ONLINE")], None);
+        let full = health(&[("/a", "ONLINE"), ("/b", "NOSPACE")], None);
+        let lines = changes("tank", &before, &full);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("pool 'tank': /b is NOSPACE (was ONLINE; 3 write"),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("less redundancy"), "{lines:?}");
+        assert!(lines[0].contains("resilvered by itself"), "{lines:?}");
+        let lines = changes("tank", &full, &before);
+        assert!(
+            lines[0].ends_with("what it missed is resilvered"),
+            "{lines:?}"
+        );
     }
 
     #[test]

@@ -31,6 +31,32 @@ const CHUNK_BLOCKS: u64 = 256;
 /// Damaged ranges remembered (more are counted in `errors`).
 const MAX_DAMAGED: usize = 100;
 
+/// The scanner's place in the pool: the thread running a scrub or resilver, if any, and
+/// whether the pool is closing, after which none starts (`close` pauses the running one
+/// first, and a resilver started behind it would run on a pool whose sync has stopped).
+#[derive(Default)]
+pub(super) struct ScanSlot {
+    running: Option<Scanner>,
+    closed: bool,
+}
+
+impl ScanSlot {
+    /// Marks the pool closing and pauses the scan that runs, if one does.
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+        if let Some(s) = self.running.take() {
+            s.pause();
+        }
+    }
+
+    /// Whether a scan thread is still at work (a finished one is only waiting to be joined).
+    fn busy(&self) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|s| !s.thread.is_finished())
+    }
+}
+
 /// The thread running a scrub, and how to stop it.
 pub(super) struct Scanner {
     stop: Arc<AtomicBool>,
@@ -56,22 +82,28 @@ impl Pool {
     /// Starts a scrub in the background (or resumes a paused one where it stopped).
     pub fn start_scrub(self: &Arc<Self>) -> Result<(), super::PoolError> {
         let mut slot = self.scanner.lock();
+        if slot.closed {
+            return Err(super::PoolError::Invalid(format!(
+                "pool '{}' is closing",
+                self.name
+            )));
+        }
         // A scanner whose scan is no longer `scanning` is only saving its end (`finish`):
         // a client that saw the scan end and asks for another must not be refused for
         // that, so wait for it (it takes no lock this one holds).
         if self.scan.lock().state != ScanPhase::Scanning {
-            if let Some(s) = slot.take() {
+            if let Some(s) = slot.running.take() {
                 let _ = s.thread.join();
             }
         }
-        if slot.as_ref().is_some_and(|s| !s.thread.is_finished()) {
+        if slot.busy() {
             return Err(super::PoolError::Invalid(format!(
                 "pool '{}' is already being scrubbed (stop it with --stop)",
                 self.name
             )));
         }
         self.begin_scrub();
-        *slot = Some(self.spawn_scanner());
+        slot.running = Some(self.spawn_scanner());
         Ok(())
     }
 
@@ -103,8 +135,9 @@ impl Pool {
 
     /// Resumes a scrub the config says was running (at import).
     pub(super) fn resume_scrub(self: &Arc<Self>) {
-        if self.scan.lock().state == ScanPhase::Scanning {
-            *self.scanner.lock() = Some(self.spawn_scanner());
+        let mut slot = self.scanner.lock();
+        if !slot.closed && self.scan.lock().state == ScanPhase::Scanning {
+            slot.running = Some(self.spawn_scanner());
         }
     }
 
@@ -121,6 +154,39 @@ impl Pool {
     /// Starts a resilver of every txg some present, online leaf missed (pausing a scrub),
     /// unless there is none or one already runs. Returns whether one runs now.
     pub fn start_resilver(self: &Arc<Self>) -> bool {
+        let mut slot = self.scanner.lock();
+        self.start_resilver_in(&mut slot)
+    }
+
+    /// After a txg every data leaf took whole, so that all are in service and taking writes
+    /// again: a leaf that still owes txgs gets its resilver now, not at the next `pool
+    /// clear` or import. That is a leaf that missed part of a txg while the pool waited for
+    /// room (one child of a mirror found room, the other not), or whose write failed once
+    /// without its being faulted. Called by the sync thread, so it never waits: it does
+    /// nothing while a scan runs (a scrub is left to finish; the next txg after it starts
+    /// the resilver), nor after the administrator stopped a resilver (`pool clear`, `pool
+    /// online` or the next import start it again).
+    pub(super) fn resilver_owed(self: &Arc<Self>) {
+        let Some(mut slot) = self.scanner.try_lock() else {
+            return;
+        };
+        if slot.busy() {
+            return;
+        }
+        {
+            let st = self.scan.lock();
+            let stopped = st.func == ScanFunc::Resilver && st.state == ScanPhase::Canceled;
+            if stopped || st.state == ScanPhase::Scanning {
+                return;
+            }
+        }
+        self.start_resilver_in(&mut slot);
+    }
+
+    fn start_resilver_in(self: &Arc<Self>, slot: &mut ScanSlot) -> bool {
+        if slot.closed {
+            return false;
+        }
         let mut owed = TxgRanges::default();
         let mut leaves = Vec::new();
         for top in &self.io.zio.tops {
@@ -138,8 +204,7 @@ impl Pool {
         if owed.is_empty() {
             return false;
         }
-        let mut slot = self.scanner.lock();
-        if let Some(s) = slot.take() {
+        if let Some(s) = slot.running.take() {
             s.pause();
         }
         {
@@ -162,7 +227,7 @@ impl Pool {
                 };
             }
         }
-        *slot = Some(self.spawn_scanner());
+        slot.running = Some(self.spawn_scanner());
         true
     }
 
@@ -171,6 +236,7 @@ impl Pool {
         let running = self
             .scanner
             .lock()
+            .running
             .take()
             .filter(|s| !s.thread.is_finished());
         let Some(s) = running else {
@@ -194,7 +260,7 @@ impl Pool {
 
     /// Waits until no scrub runs (finished, canceled, or the pool closing).
     pub fn wait_scrub(&self) {
-        let running = self.scanner.lock().take();
+        let running = self.scanner.lock().running.take();
         if let Some(s) = running {
             let _ = s.thread.join();
         }

@@ -201,6 +201,12 @@ pub struct Raidz {
     pub slots: Vec<Option<Arc<Leaf>>>,
 }
 
+/// A block's columns as they were read, before any rebuild.
+struct AsRead {
+    data: Vec<u8>,
+    parity: Vec<Vec<u8>>,
+}
+
 /// How the columns of one read fared.
 struct ColumnRead {
     /// Columns that could not be read (device missing or I/O error).
@@ -550,18 +556,20 @@ impl Raidz {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, false)
+        self.read(offset, buf, verify, None)
     }
 
-    /// As `read_verified`, but a scrub's read: parity is read and checked against the data
-    /// even when the data verifies, and wrong parity is rewritten and counted.
+    /// As `read_verified`, but a scrub's read of a block born in txg `birth`: parity is read
+    /// and checked against the data even when the data verifies, and wrong parity is
+    /// rewritten and counted (not counted on a leaf that missed `birth`).
     pub fn scrub(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
+        birth: u64,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, true)
+        self.read(offset, buf, verify, Some(birth))
     }
 
     fn read(
@@ -569,7 +577,8 @@ impl Raidz {
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
-        check_parity: bool,
+        // Some for a scrub: the block's birth txg.
+        scrub_birth: Option<u64>,
     ) -> Result<ReadReport, VdevError> {
         let map = self.geom.map(offset, buf.len() as u64);
         let np = map.nparity;
@@ -587,7 +596,7 @@ impl Raidz {
             self.read_columns(&map, &which, &mut bufs, &mut reads);
         }
         let data_ok = reads.failed.is_empty() && verify(buf);
-        if data_ok && !check_parity {
+        if data_ok && scrub_birth.is_none() {
             return Ok(ReadReport::default());
         }
         // The slow path: bring in parity and rebuild.
@@ -615,11 +624,13 @@ impl Raidz {
         }
         // What the columns held as read, to restore between attempts and to find which ones
         // were wrong once the block verifies.
-        let orig_data = buf.to_vec();
-        let orig_parity = parity.clone();
+        let orig = AsRead {
+            data: buf.to_vec(),
+            parity: parity.clone(),
+        };
         if data_ok && reads.failed.is_empty() {
             // A scrub of a good block: only the parity can be wrong.
-            self.repair(&map, buf, &orig_data, &orig_parity, &[], &mut report);
+            self.repair(&map, buf, &orig, &[], scrub_birth, &mut report);
             return Ok(report);
         }
         let known: Vec<usize> = reads.failed.clone();
@@ -641,8 +652,8 @@ impl Raidz {
             if verify(buf) {
                 return true;
             }
-            buf.copy_from_slice(&orig_data);
-            for (p, o) in parity.iter_mut().zip(&orig_parity) {
+            buf.copy_from_slice(&orig.data);
+            for (p, o) in parity.iter_mut().zip(&orig.parity) {
                 p.copy_from_slice(o);
             }
             false
@@ -669,20 +680,21 @@ impl Raidz {
                 }
             )));
         }
-        self.repair(&map, buf, &orig_data, &orig_parity, &known, &mut report);
+        self.repair(&map, buf, &orig, &known, scrub_birth, &mut report);
         Ok(report)
     }
 
     /// After a block verified: recomputes its parity, compares every column with what was
     /// read, and rewrites the ones that differ or failed (a column that read fine but held
-    /// the wrong bytes counts a checksum error against its leaf).
+    /// the wrong bytes counts a checksum error against its leaf, unless that leaf missed the
+    /// block's `birth`).
     fn repair(
         &self,
         map: &StripeMap,
         good: &[u8],
-        orig_data: &[u8],
-        orig_parity: &[Vec<u8>],
+        orig: &AsRead,
         failed: &[usize],
+        birth: Option<u64>,
         report: &mut ReadReport,
     ) {
         let np = map.nparity;
@@ -697,10 +709,11 @@ impl Raidz {
             .map(|p| &p[..])
             .chain(split_lens(good, &lens))
             .collect();
-        let read_cols: Vec<&[u8]> = orig_parity
+        let read_cols: Vec<&[u8]> = orig
+            .parity
             .iter()
             .map(|p| &p[..])
-            .chain(split_lens(orig_data, &lens))
+            .chain(split_lens(&orig.data, &lens))
             .collect();
         for (i, c) in map.cols.iter().enumerate() {
             let io_failed = failed.contains(&i);
@@ -710,8 +723,7 @@ impl Raidz {
             let Some(leaf) = &self.slots[c.child] else {
                 continue;
             };
-            if !io_failed {
-                leaf.counters.cksum_errors.fetch_add(1, Ordering::Relaxed);
+            if !io_failed && leaf.count_mismatch(birth) {
                 report.cksum_errors += 1;
             }
             match leaf.write_data(good_cols[i], c.offset) {

@@ -51,6 +51,11 @@ pub struct Leaf {
     /// Taken out of service after `FAULT_AFTER` failed I/Os in a row, where its vdev could
     /// spare it; like offline until `zeta pool clear`.
     faulted: AtomicBool,
+    /// Its last data write failed for lack of room on the file system under it, while its
+    /// siblings took the blocks: it stays in service, misses what it cannot take (`missed`)
+    /// and is never faulted for it, since freeing room is the cure, not a new device. Its
+    /// first write that succeeds ends this; the txg it takes whole resilvers it.
+    no_room: AtomicBool,
     /// Failed reads since the last read that succeeded, and the same for writes: a device
     /// that takes writes but returns no reads (or the reverse) is failing all the same.
     streak: [std::sync::atomic::AtomicU32; 2],
@@ -172,6 +177,7 @@ impl Leaf {
             counters: LeafCounters::default(),
             offline: AtomicBool::new(false),
             faulted: AtomicBool::new(false),
+            no_room: AtomicBool::new(false),
             streak: Default::default(),
             missed: parking_lot::Mutex::new(TxgRanges::default()),
             inject: parking_lot::Mutex::new(Injection::default()),
@@ -247,6 +253,14 @@ impl Leaf {
         if self.streak[write].load(Ordering::Relaxed) != 0 {
             self.streak[write].store(0, Ordering::Relaxed);
         }
+        if write == 1 && self.no_room.load(Ordering::Relaxed) {
+            self.no_room.store(false, Ordering::Release);
+        }
+    }
+
+    /// Its writes fail for lack of room while its siblings take them (`no_room`).
+    pub fn is_out_of_room(&self) -> bool {
+        self.no_room.load(Ordering::Acquire)
     }
 
     pub fn set_offline(&self, offline: bool) {
@@ -265,13 +279,18 @@ impl Leaf {
     }
 
     /// Counts a failed I/O against this leaf, unless it failed only because the leaf is
-    /// offline (that is no fault of the device).
+    /// offline (that is no fault of the device). A write that found no room is counted but
+    /// does not bring the leaf nearer a fault: it marks the leaf out of room (`no_room`).
     /// Returns whether the leaf has now failed `FAULT_AFTER` I/Os in a row.
     pub fn count_failure(&self, e: &VdevError, counter: &AtomicU64) -> bool {
         if matches!(e, VdevError::Offline { .. }) {
             return false;
         }
         counter.fetch_add(1, Ordering::Relaxed);
+        if e.out_of_space() {
+            self.no_room.store(true, Ordering::Release);
+            return false;
+        }
         let write = usize::from(!std::ptr::eq(counter, &self.counters.read_errors));
         self.streak[write].fetch_add(1, Ordering::Relaxed) + 1 >= FAULT_AFTER
     }
@@ -420,6 +439,17 @@ impl Leaf {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a copy on this leaf that read back wrong, a checksum error, unless the leaf
+    /// missed the txg the block was born in (`birth`, where the caller knows it): that copy
+    /// was never written, and a resilver rewriting it has found no fault of the device.
+    pub(super) fn count_mismatch(&self, birth: Option<u64>) -> bool {
+        if birth.is_some_and(|b| self.missed.lock().contains(b)) {
+            return false;
+        }
+        self.count(&self.counters.cksum_errors);
+        true
+    }
+
     /// Counts a failed write or flush that the caller tolerated (a label update that went on
     /// without this leaf), as `TopVdev::write` counts a failed mirror child.
     pub fn count_write_error(&self) {
@@ -440,8 +470,8 @@ pub enum TopKind {
 enum MirrorRead {
     /// Until one copy verifies.
     FirstGood,
-    /// Every copy, checked (a scrub).
-    EveryCopy,
+    /// Every copy, checked (a scrub), of a block born in the given txg.
+    EveryCopy { birth: u64 },
     /// Until one verifies; wrong bytes count as checksum errors only once some copy did (the
     /// end of an intent-log chain is expected not to verify).
     MaybeAbsent,
@@ -708,18 +738,22 @@ impl TopVdev {
         }
     }
 
-    /// A scrub's read: every copy (every mirror child, every raidz column including parity)
-    /// is read and checked, not only the first good one; bad ones are rewritten from a good
-    /// one and counted.
+    /// A scrub's read of a block born in txg `birth`: every copy (every mirror child, every
+    /// raidz column including parity) is read and checked, not only the first good one; bad
+    /// ones are rewritten from a good one and counted, except on leaves that missed `birth`.
     pub fn scrub(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
+        birth: u64,
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
-            Some(rz) => rz.scrub(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::EveryCopy, None),
+            Some(rz) => rz.scrub(offset, buf, verify, birth),
+            None => {
+                let how = MirrorRead::EveryCopy { birth };
+                self.mirror_read(offset, buf, verify, how, None)
+            }
         }
     }
 
@@ -780,7 +814,10 @@ impl TopVdev {
         first: Option<usize>,
     ) -> Result<ReadReport, VdevError> {
         let n = self.children.len();
-        let every_copy = how == MirrorRead::EveryCopy;
+        let (every_copy, birth) = match how {
+            MirrorRead::EveryCopy { birth } => (true, Some(birth)),
+            _ => (false, None),
+        };
         let start = match first {
             Some(f) => f % n,
             None if n > 1 && !every_copy => self.rotor.fetch_add(1, Ordering::Relaxed) % n,
@@ -822,9 +859,9 @@ impl TopVdev {
         }
         if good || how != MirrorRead::MaybeAbsent {
             for &i in &mismatched {
-                let child = &self.children[i];
-                child.count(&child.counters.cksum_errors);
-                report.cksum_errors += 1;
+                if self.children[i].count_mismatch(birth) {
+                    report.cksum_errors += 1;
+                }
             }
         }
         if !good {
@@ -974,10 +1011,10 @@ mod tests {
 
     /// A mirror whose every child is out of room (a full file system) charges no child with
     /// it, however often the write is tried again: the pool waits for room and resumes
-    /// whole. One child out of room while the other takes the write is that child's trouble,
-    /// counted and faulted after a run of failures as any error is.
+    /// whole. One child out of room while the other takes the write is counted and marked
+    /// out of room, but never faulted for it; its first write that succeeds ends the mark.
     #[test]
-    fn children_all_out_of_room_are_not_faulted_one_alone_is() {
+    fn out_of_room_children_are_never_faulted_for_it() {
         let (top, devs) = mirror(2);
         let full = Faults {
             full: true,
@@ -995,17 +1032,29 @@ mod tests {
             assert_eq!(c.counters.write_errors.load(Ordering::Relaxed), 0);
         }
         devs[1].set_faults(Faults::default());
+        for _ in 0..2 * FAULT_AFTER {
+            top.write(0, &[1u8; 4096]).unwrap();
+        }
+        let c = &top.children;
+        assert!(!c[0].is_faulted() && c[0].is_out_of_room());
+        assert!(!c[1].is_out_of_room());
+        assert_eq!(
+            c[0].counters.write_errors.load(Ordering::Relaxed),
+            2 * FAULT_AFTER as u64
+        );
+        // Any other failure still counts towards a fault.
+        devs[0].set_faults(Faults {
+            fail_writes: true,
+            ..Faults::default()
+        });
         for _ in 0..FAULT_AFTER {
             top.write(0, &[1u8; 4096]).unwrap();
         }
-        assert!(top.children[0].is_faulted());
-        assert!(!top.children[1].is_faulted());
-        assert_eq!(
-            top.children[0]
-                .counters
-                .write_errors
-                .load(Ordering::Relaxed),
-            FAULT_AFTER as u64
-        );
+        assert!(c[0].is_faulted());
+        // Room made: the first write that lands ends the mark.
+        devs[0].set_faults(Faults::default());
+        c[0].set_faulted(false);
+        top.write(0, &[1u8; 4096]).unwrap();
+        assert!(!c[0].is_out_of_room());
     }
 }

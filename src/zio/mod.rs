@@ -564,7 +564,7 @@ impl Zio {
                 }
             };
             let mut buf = vec![0u8; psize];
-            match top.scrub(d.offset.get(), &mut buf, &verify) {
+            match top.scrub(d.offset.get(), &mut buf, &verify, bp.birth_txg.get()) {
                 Ok(r) => {
                     total.io_errors += r.io_errors;
                     total.cksum_errors += r.cksum_errors;

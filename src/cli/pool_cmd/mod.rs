@@ -306,6 +306,21 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
                 cure(&s)
             );
         }
+        let no_room: Vec<&str> = st["vdevs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["leaves"].as_array().unwrap())
+            .filter(|l| l["state"] == "NOSPACE")
+            .filter_map(|l| l["path"].as_str())
+            .collect();
+        if !no_room.is_empty() {
+            use crate::cli::watch::{NO_ROOM_CURE, NO_ROOM_EFFECT};
+            println!(
+                "status: {} cannot take writes: {NO_ROOM_EFFECT}.\naction: {NO_ROOM_CURE}.",
+                no_room.join(", ")
+            );
+        }
         let scan = &st["scan"];
         if scan["state"] != "none" {
             let n = |k: &str| scan[k].as_u64().unwrap_or(0);

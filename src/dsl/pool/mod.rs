@@ -29,7 +29,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::dmu::object::walk;
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind};
 use crate::dsl::dir::valid_volume_name;
-use crate::dsl::scan::Scanner;
+use crate::dsl::scan::ScanSlot;
 use crate::math::ChecksumKind;
 use crate::spa::label::{
     read_labels, write_config, LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
@@ -207,7 +207,9 @@ pub struct LeafStatus {
     pub write_errors: u64,
     pub cksum_errors: u64,
     pub repaired_bytes: u64,
-    /// ONLINE, or UNAVAIL for a device the config names but import did not find.
+    /// ONLINE; UNAVAIL for a device the config names but import did not find; REMOVED
+    /// (vanished, by `zeta inject`), FAULTED, OFFLINE; NOSPACE while its writes fail for lack
+    /// of room on the file system under it and its siblings take them.
     pub state: &'static str,
 }
 
@@ -220,7 +222,8 @@ pub struct TopStatus {
     pub name: String,
     /// A separate log device.
     pub log: bool,
-    /// ONLINE; DEGRADED when devices are missing but redundancy covers them.
+    /// ONLINE; DEGRADED when devices are missing, out of service or out of room but redundancy
+    /// covers them; UNAVAIL when every device is missing.
     pub state: &'static str,
     /// Leaves named in the config but not found at import.
     pub missing_devices: usize,
@@ -393,7 +396,7 @@ pub struct Pool {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The last scrub's state (saved in the config) and the thread running one.
     pub(super) scan: Mutex<ScanState>,
-    pub(super) scanner: Mutex<Option<Scanner>>,
+    pub(super) scanner: Mutex<ScanSlot>,
     /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
     last_io_nanos: AtomicU64,
     born: std::time::Instant,
@@ -545,7 +548,7 @@ impl Pool {
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
-            scanner: Mutex::new(None),
+            scanner: Mutex::new(ScanSlot::default()),
             last_io_nanos: AtomicU64::new(0),
             born: std::time::Instant::now(),
             zil,
@@ -874,7 +877,7 @@ impl Pool {
                 let offline = t
                     .children
                     .iter()
-                    .any(|l| l.is_offline() || l.inject.lock().vanished);
+                    .any(|l| l.is_offline() || l.is_out_of_room() || l.inject.lock().vanished);
                 TopStatus {
                     id: t.id,
                     kind: t.kind,
@@ -909,6 +912,7 @@ impl Pool {
                                     Some(l) if l.inject.lock().vanished => "REMOVED",
                                     Some(l) if l.is_faulted() => "FAULTED",
                                     Some(l) if l.is_offline() => "OFFLINE",
+                                    Some(l) if l.is_out_of_room() => "NOSPACE",
                                     Some(_) => "ONLINE",
                                 },
                             }
@@ -1100,9 +1104,7 @@ impl Pool {
     /// devices: what a command does when it is done with a pool it will open again.
     pub fn close(&self) -> Result<(), PoolError> {
         // A running scrub pauses; its bookmark is saved so the next import resumes it.
-        if let Some(s) = self.scanner.lock().take() {
-            s.pause();
-        }
+        self.scanner.lock().close();
         let scrubbing = self.scan.lock().state == ScanPhase::Scanning;
         self.stop_waiting_for_room();
         self.sync_now()?;

@@ -84,10 +84,15 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             (st.request_seq, st.shutdown)
         };
         let result = p.sync_once();
+        if let Ok(Some(c)) = &result {
+            if c.whole {
+                p.resilver_owed();
+            }
+        }
         let mut st = p.sync.lock();
         let idle = matches!(result, Ok(None));
         match result {
-            Ok(Some(txg)) => {
+            Ok(Some(Committed { txg, .. })) => {
                 st.synced_txg = txg;
                 st.completed_seq = st.completed_seq.max(seq);
                 // Room was made: the txg that waited for it has committed.
@@ -206,7 +211,7 @@ impl Pool {
     }
 
     /// Syncs one txg if anything is dirty. Returns the txg committed, if any.
-    fn sync_once(&self) -> Result<Option<u64>, PoolError> {
+    fn sync_once(&self) -> Result<Option<Committed>, PoolError> {
         let mos = self.mos.lock();
         let (txg, syncing_bytes, datasets) = {
             let mut open = self.open_txg.write();
@@ -235,7 +240,7 @@ impl Pool {
         txg: u64,
         syncing_bytes: SyncBytes,
         datasets: &[Arc<Dataset>],
-    ) -> Result<u64, PoolError> {
+    ) -> Result<Committed, PoolError> {
         let io = &self.io;
         // Begun now so that it sees which leaves miss a write of this txg.
         let (label_tops, required) = self.label_tops();
@@ -359,8 +364,10 @@ impl Pool {
         commit.step(|leaf| write_uberblock(leaf, &ub))?;
         commit.step(|leaf| leaf.flush())?;
         // Leaves that missed part of this txg owe it to a resilver.
+        let mut whole = true;
         for leaf in commit.dropped_leaves() {
             leaf.missed.lock().add(txg);
+            whole = false;
         }
         let free = {
             let mut alloc = io.zio.alloc.lock();
@@ -388,6 +395,13 @@ impl Pool {
         for ds in &destroyed {
             ds.log.discard(&self.zil);
         }
-        Ok(txg)
+        Ok(Committed { txg, whole })
     }
+}
+
+/// A txg the sync committed.
+struct Committed {
+    txg: u64,
+    /// Every data leaf took all of it: none is offline, faulted or failing now.
+    whole: bool,
 }
