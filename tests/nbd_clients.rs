@@ -918,12 +918,12 @@ fn qemu_io(uri: &str, cmds: &[&str]) -> String {
 /// The file system under a pool's files fills (rehearsed with `zeta inject --full`; a real
 /// full file system needs a mount a test cannot make). Under one device of a mirror: the
 /// other takes the writes, and the server and `pool status` say that one is NOSPACE, with
-/// its cure. Under both devices: the txg
-/// waits for room, qemu-io's flush waits with it while another write gets ENOSPC (on which
-/// qemu pauses a guest), the server says on stderr, when it
-/// happens, that the pool is suspended and that it resumes by itself, `pool status` says
-/// SUSPENDED and why, and reads go on. Once room is made (`inject --clear`), the pool
-/// resumes without a restart: the flush completes, the server says so, and the data is there.
+/// its cure. Under both devices: the txg waits for room; qemu-io's FUA write and a raw
+/// client's write and FLUSH are answered ENOSPC at once (on which qemu pauses a guest), not left
+/// waiting; the server says on stderr, when it happens, that the pool is suspended and that
+/// it resumes by itself; `pool status` says SUSPENDED and why; reads go on. Once room is made
+/// (`inject --clear`), the pool resumes without a restart, the server says so, the device
+/// that missed a txg is resilvered, and every write is there, the refused one too.
 #[test]
 fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
     if !have("qemu-io") {
@@ -954,8 +954,29 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
         .stderr(std::fs::File::create(&log).unwrap());
     let (mut child, addr, _) = spawn_server(cmd);
     let uri = format!("nbd://{addr}/tank/a");
+    // The last committed txg, and a wait for a later one (a txg commits within 5 s).
+    let txg = || {
+        let out = run(
+            zeta(&home).args(["pool", "status", "tank", "--json"]),
+            "status",
+        );
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()[0]["txg"]
+            .as_u64()
+            .unwrap()
+    };
+    let committed_after = |t: u64| {
+        for _ in 0..200 {
+            if txg() > t {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("no txg committed after {t}");
+    };
+    let t = txg();
     let io = qemu_io(&uri, &["write -P 0x3c 0 1M", "flush"]);
     assert!(!io.to_lowercase().contains("fail"), "{io}");
+    committed_after(t);
 
     let devices: Vec<String> = ["m0", "m1"]
         .iter()
@@ -984,6 +1005,7 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
         "inject",
     );
     assert!(said.contains("data writes fail with ENOSPC"), "{said}");
+    let t = txg();
     let io = qemu_io(&uri, &["write -P 0x21 4M 1M", "flush"]);
     assert!(
         !io.to_lowercase().contains("fail"),
@@ -1004,57 +1026,42 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
         "{status}"
     );
     assert!(status.contains("action: free room"), "{status}");
+    // Its txg commits on the other device alone: nothing is left for the next txg.
+    committed_after(t);
 
     let said = run(
         zeta(&home).args(["inject", "tank", &devices[1], "--full"]),
         "inject",
     );
     assert!(said.contains("data writes fail with ENOSPC"), "{said}");
-    let waiting = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "write -P 0x7e 2M 4k", "-c", "flush"])
-        .arg(&uri)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // qemu-io writes through (FUA): the write lands in memory, but its commit finds no room
+    // for the log or the txg and is refused at once, not left waiting (qemu would pause its
+    // guest on it, and its pause, which drains and flushes, completes).
+    let io = qemu_io(&uri, &["write -P 0x7e 2M 4k"]);
+    assert!(io.contains("write failed: No space left on device"), "{io}");
     let said = said_within("SUSPENDED");
     assert!(
         said.contains("pool 'tank' is SUSPENDED")
             && said.contains("No space left on device")
-            && said.contains("Writes now fail (ENOSPC), flushes wait")
+            && said.contains("Writes and flushes now fail (ENOSPC)")
             && said.contains("resumes by itself"),
         "{said}"
     );
-    // A write meanwhile is refused at once. (From a raw client: qemu-io flushes as it exits,
-    // and that flush would wait with the others.)
+    // A write meanwhile is refused at once, and so is a FLUSH of what is in memory.
     let mut c = Client::open(addr, "tank/a");
     assert_eq!(c.write(3 << 20, &[0x55; 4096]), ENOSPC);
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).error, ENOSPC);
     drop(c);
     let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
     assert!(status.contains("state: SUSPENDED"), "{status}");
     assert!(status.contains("tries again every second"), "{status}");
-    // Read-only (-r): opened for writing, qemu-io flushes as it exits, and would wait.
-    let out = Command::new("qemu-io")
-        .args(["-r", "-f", "raw", "-c", "read -P 0x3c 0 1M"])
-        .arg(&uri)
-        .output()
-        .unwrap();
-    let io = String::from_utf8_lossy(&out.stdout);
+    // Reads go on (qemu-io's flush as it exits is refused, not waited for).
+    let io = qemu_io(&uri, &["read -P 0x3c 0 1M"]);
     assert!(io.contains("read 1048576/1048576"), "reads go on: {io}");
 
     for d in &devices {
         run(zeta(&home).args(["inject", "tank", d, "--clear"]), "clear");
     }
-    let out = waiting.wait_with_output().unwrap();
-    let io = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        !io.to_lowercase().contains("fail"),
-        "the flush completes: {io}"
-    );
     let said = said_within("RESUMED");
     assert!(said.contains("pool 'tank' RESUMED"), "{said}");
     let said = said_within("was NOSPACE");
@@ -1064,12 +1071,24 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
     );
     let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
     assert!(status.contains("state: ONLINE"), "{status}");
+    // m0, which missed a txg, is resilvered.
+    for _ in 0..100 {
+        let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
+        if status.contains("resilver finished") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = run(zeta(&home).args(["pool", "status", "tank"]), "status");
+    assert!(status.contains("resilver finished"), "{status}");
+    // Nothing was lost, not even the write that was refused (it was kept in memory).
     let io = qemu_io(
         &uri,
         &[
             "read -P 0x7e 2M 4k",
             "read -P 0x3c 0 1M",
             "read -P 0x21 4M 1M",
+            "flush",
         ],
     );
     assert!(!io.contains("Pattern verification failed"), "{io}");

@@ -496,11 +496,12 @@ fn flush_and_fua_are_durable_across_connections() {
 }
 
 /// A full file system under the pool's devices (simulated: every write gets ENOSPC, as a
-/// sparse file's unwritten blocks do there): a FUA write's commit waits for room, as its txg
-/// does, while other writes are answered ENOSPC at once, not EIO (so a client such as qemu
-/// pauses its guest, `werror=enospc`, instead of failing its I/O) and reads are served. Once
-/// room is made the pool resumes by itself: the FUA write is answered, and everything
-/// acknowledged is durable.
+/// sparse file's unwritten blocks do there): the txg waits for room, and meanwhile a FUA
+/// write whose commit waited with it, other writes and FLUSHes are answered ENOSPC at once,
+/// not EIO and not left waiting (so a client such as qemu pauses its guest, `werror=enospc`,
+/// and its pause, which drains and flushes, completes), and reads are served. Once room is
+/// made the pool resumes by itself: a FLUSH then succeeds, and covers the FUA write that
+/// was refused, whose data was kept.
 #[test]
 fn a_full_file_system_is_answered_enospc_and_resumes_when_room_is_made() {
     let rig = Rig::default();
@@ -530,6 +531,17 @@ fn a_full_file_system_is_answered_enospc_and_resumes_when_room_is_made() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert!(suspended, "the FUA write's txg waits for room");
+    let r = c.recv().unwrap();
+    assert_eq!(
+        (r.cookie, r.error),
+        (7, ENOSPC),
+        "the FUA write, not left waiting"
+    );
+    assert_eq!(
+        c.call(CMD_FLUSH, 0, 0, 0, &[]).error,
+        ENOSPC,
+        "a FLUSH meanwhile"
+    );
     let mut other = Client::open(rig.addr(), VOL);
     assert_eq!(
         other.write(2 << 20, &pattern(4096, 23)),
@@ -541,13 +553,18 @@ fn a_full_file_system_is_answered_enospc_and_resumes_when_room_is_made() {
     for d in &rig.devs {
         d.set_faults(Faults::default());
     }
-    let r = c.recv().unwrap();
+    for _ in 0..500 {
+        if rig.pool.suspension().is_none() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(rig.pool.suspension().is_none(), "resumed");
     assert_eq!(
-        (r.cookie, r.error),
-        (7, 0),
-        "the FUA write, once room is made"
+        c.call(CMD_FLUSH, 0, 0, 0, &[]).error,
+        0,
+        "a FLUSH, once room is made"
     );
-    assert!(rig.pool.suspension().is_none());
     assert_eq!(
         other.write(2 << 20, &pattern(4096, 24)),
         0,
@@ -562,7 +579,10 @@ fn a_full_file_system_is_answered_enospc_and_resumes_when_room_is_made() {
     assert_eq!(buf, kept, "flushed before the file system filled");
     let mut buf = vec![0u8; 4096];
     v.read(1 << 20, &mut buf).unwrap();
-    assert_eq!(buf, fua, "the FUA write");
+    assert_eq!(
+        buf, fua,
+        "the refused FUA write, kept and covered by the FLUSH after"
+    );
     drop(v);
     p.close().unwrap();
 }

@@ -515,9 +515,9 @@ fn until_suspended(pool: &Pool) -> zeta::dsl::Suspension {
 /// A full file system under every device (simulated: each write gets ENOSPC, as a sparse
 /// file's unwritten blocks do there), on a mirror and on a raidz (whose lost columns are
 /// gathered into one error): the txg being committed waits for room, the pool is suspended
-/// meanwhile (writes refused as out of space, syncs waiting, reads served, `pool status`
-/// SUSPENDED), and once room is made it resumes by itself with nothing lost, not even the
-/// writes no flush covered, and no device faulted.
+/// meanwhile (writes and the log's flushes refused as out of space, the pool's own syncs
+/// waiting, reads served, `pool status` SUSPENDED), and once room is made it resumes by
+/// itself with nothing lost, not even the writes no flush covered, and no device faulted.
 #[test]
 fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
     for layout in [Layout::Mirror, Layout::Raidz2] {
@@ -555,6 +555,9 @@ fn a_full_file_system_suspends_the_pool_until_room_is_made_and_loses_nothing() {
         assert_eq!(status["state"], "SUSPENDED", "{ctx}: {status}");
         assert_eq!(status["suspended"]["retrying"], true, "{ctx}: {status}");
         assert!(!syncing.is_finished(), "{ctx}: the sync waits for room");
+        // A flush of the volume is refused at once, not left waiting with the txg.
+        let refused = vol.flush().expect_err("the flush is refused");
+        assert!(refused.out_of_space(), "{ctx}: {refused}");
 
         // Room made: the waiting txg commits within a retry, and the pool goes on.
         fault_all(&devs, Faults::default());

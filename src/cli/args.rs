@@ -76,7 +76,7 @@ pub struct InjectArgs {
     pub fail_writes: Option<f64>,
     /// Make data writes fail with ENOSPC, as when the file system under a file device has
     /// filled: the device is NOSPACE while other copies take the writes; once no copy of a
-    /// txg can be written the pool suspends (writes get ENOSPC, flushes wait) and waits for
+    /// txg can be written the pool suspends (writes and flushes get ENOSPC) and waits for
     /// room. --clear makes room: the pool resumes by itself and the device is resilvered.
     #[arg(long)]
     pub full: bool,

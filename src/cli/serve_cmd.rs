@@ -220,8 +220,8 @@ fn run(
         }
     );
     control.shutdown();
-    // In-flight requests end before the pools close; a flush waiting on a txg that waits
-    // for room would never end.
+    // In-flight requests end before the pools close; one waiting on a txg that waits for
+    // room (a writer short of pool space) would never end.
     for p in &pools {
         p.stop_waiting_for_room();
     }

@@ -90,7 +90,9 @@ pub const NO_ROOM_CURE: &str = "free room on that file system; the device then t
 /// What clients meet while pool is suspended `s`, for the server's log and `pool status`.
 pub fn effect(s: &Suspension) -> &'static str {
     match (s.retrying, s.out_of_space) {
-        (true, _) => "Writes now fail (ENOSPC), flushes wait, reads go on",
+        (true, _) => {
+            "Writes and flushes now fail (ENOSPC), nothing written so far is lost, reads go on"
+        }
         (false, true) => "Writes and flushes now fail (ENOSPC); reads go on",
         (false, false) => "Writes and flushes now fail (EIO); reads go on",
     }
@@ -228,7 +230,11 @@ mod tests {
         let mut waiting = full.clone();
         waiting.suspended.as_mut().unwrap().retrying = true;
         let lines = changes("tank", &before, &waiting);
-        assert!(lines[0].contains("flushes wait"), "{}", lines[0]);
+        assert!(
+            lines[0].contains("nothing written so far is lost"),
+            "{}",
+            lines[0]
+        );
         assert!(lines[0].contains("resumes by itself"), "{}", lines[0]);
         assert_eq!(
             changes("tank", &waiting, &before),

@@ -609,7 +609,8 @@ fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
         match r {
             Ok(()) => sh.reply_ok(&req),
             Err(e) => {
-                let code = if sh.volume().devices_full() {
+                let out_of_room = matches!(e, crate::zil::LogError::OutOfRoom(_));
+                let code = if out_of_room || sh.volume().devices_full() {
                     ENOSPC
                 } else {
                     EIO

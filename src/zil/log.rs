@@ -80,6 +80,10 @@ impl Prewrite for ByValue {
 pub enum LogError {
     #[error("could not make the write durable: {0}")]
     Failed(String),
+    /// The pool waits for room on its devices' file systems (`Log::refuse`): not durable
+    /// now, though nothing is lost; a request once room is made succeeds.
+    #[error("could not make the write durable now: {0}")]
+    OutOfRoom(String),
 }
 
 /// Where a volume's log starts on disk; kept in its directory entry. `chain == 0`: no log.
@@ -167,6 +171,8 @@ struct State {
     recent: usize,
     /// A commit failed and its fallback txg sync too: the pool is suspended.
     failed: Option<String>,
+    /// The pool waits for room (`Log::refuse`): requests are answered `OutOfRoom` at once.
+    refusing: Option<String>,
 }
 
 impl State {
@@ -241,6 +247,7 @@ impl Log {
                 rotor: 0,
                 recent: 0,
                 failed: None,
+                refusing: None,
             }),
             appended: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -386,6 +393,8 @@ impl Log {
             Err(LogError::Failed(why.clone()))
         } else if st.frontier() >= st.next_id {
             Ok(())
+        } else if let Some(why) = &st.refusing {
+            Err(LogError::OutOfRoom(why.clone()))
         } else {
             return Some((st, done));
         };
@@ -393,6 +402,25 @@ impl Log {
         self.requests.fetch_add(1, Ordering::Relaxed);
         done(answer);
         None
+    }
+
+    /// While the pool waits for room (`Pool::wait_for_room`): takes every sync request waiting
+    /// now, for the caller to answer `OutOfRoom`, and answers every new one so at once, unless
+    /// all it covers is durable already. A client told so at once (ENOSPC) can act: qemu
+    /// pauses its guest and sends the requests again when resumed, where a request left
+    /// waiting kept qemu's pause (which drains and flushes) from completing until room was
+    /// made. Nothing is dropped: the records stay queued or in the committer's hands, and a
+    /// request answered Ok later covers them. A failed request promises nothing, so telling
+    /// it early is safe.
+    pub fn refuse(&self, why: &str) -> Vec<Done> {
+        let mut st = self.state.lock();
+        st.refusing = Some(why.to_string());
+        st.waiters.drain(..).map(|(_, d)| d).collect()
+    }
+
+    /// Room was made: sync requests wait for their records again.
+    pub fn accept_again(&self) {
+        self.state.lock().refusing = None;
     }
 
     /// Queues `done` behind every record queued so far and, if no committer is at work,
@@ -541,15 +569,37 @@ impl Log {
             st = self.state.lock();
             st.inflight_first = None;
             settle(zil, &mut st, plan.as_ref(), wrote);
-            if let Err(why) = result {
-                // Neither the log nor a txg took the records: nothing queued so far can be
-                // promised durable, now or later.
-                st.failed = Some(why.clone());
-                let all: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
-                st.committing = false;
-                drop(st);
-                wake_all(all, || Err(LogError::Failed(why.clone())));
-                return false;
+            match result {
+                Ok(()) => {}
+                Err(LogError::OutOfRoom(why)) => {
+                    // The pool waits for room, and its txg will commit these records once
+                    // room is made; until then no request can be promised them. They go
+                    // back to the head of the queue, so that whatever answers a later
+                    // request Ok (this log or a txg) covers them, and this thread is free:
+                    // it may be a connection's reader, whose next requests would otherwise
+                    // wait unread.
+                    for (id, rec) in batch.into_iter().rev() {
+                        zil.pin(&rec);
+                        st.queue.push_front((id, rec));
+                    }
+                    // (`refusing` is the pool's to set and clear, in order on its sync
+                    // thread: set here it could outlast the wait.)
+                    let all: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
+                    st.committing = false;
+                    drop(st);
+                    wake_all(all, || Err(LogError::OutOfRoom(why.clone())));
+                    return false;
+                }
+                Err(LogError::Failed(why)) => {
+                    // Neither the log nor a txg took the records: nothing queued so far can
+                    // be promised durable, now or later.
+                    st.failed = Some(why.clone());
+                    let all: Vec<Done> = st.waiters.drain(..).map(|(_, d)| d).collect();
+                    st.committing = false;
+                    drop(st);
+                    wake_all(all, || Err(LogError::Failed(why.clone())));
+                    return false;
+                }
             }
         }
     }

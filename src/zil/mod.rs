@@ -46,14 +46,19 @@ const PARALLEL_LOG_WRITES: usize = 4;
 /// What the log needs from the pool's txg machinery.
 pub trait TxgHooks: Send + Sync {
     /// Commits everything written so far as a txg (the fallback when a log write fails or
-    /// log space runs out).
-    fn sync_now(&self) -> Result<(), String>;
+    /// log space runs out). `LogError::OutOfRoom` at once if the pool waits for room: the
+    /// txg goes on and commits once room is made, but the log must not wait with it.
+    fn sync_now(&self) -> Result<(), LogError>;
     /// Asks for an early txg without waiting (log space is filling up).
     fn request_sync(&self);
     /// Returns once a txg commits: the one syncing now, or else one asked for now. Gives the
     /// last committed txg. (`sync_now` waits for a sync that starts after the call, which
-    /// can be the second to commit from now.)
-    fn wait_commit(&self) -> Result<u64, String>;
+    /// can be the second to commit from now.) Gives up as `sync_now` does.
+    fn wait_commit(&self) -> Result<u64, LogError>;
+}
+
+fn not_ready() -> LogError {
+    LogError::Failed("the pool is not ready for log commits".into())
 }
 
 /// The largest block size below `want`, in whole 4 KiB sectors, whose space on `top` fits
@@ -239,18 +244,18 @@ impl Zil {
         !self.space.vdevs().is_empty()
     }
 
-    fn sync_now(&self) -> Result<(), String> {
+    fn sync_now(&self) -> Result<(), LogError> {
         self.stats.fallback_syncs.fetch_add(1, Ordering::Relaxed);
         self.sync_txg()
     }
 
     /// Log space is full: waits for the next txg to commit (see `TxgHooks::wait_commit`),
     /// which frees the blocks it covers; returns the last committed txg.
-    fn wait_for_space(&self) -> Result<u64, String> {
+    fn wait_for_space(&self) -> Result<u64, LogError> {
         self.stats.space_waits.fetch_add(1, Ordering::Relaxed);
         match self.hooks.get() {
             Some(h) => h.wait_commit(),
-            None => Err("the pool is not ready for log commits".into()),
+            None => Err(not_ready()),
         }
     }
 
@@ -263,15 +268,15 @@ impl Zil {
     }
 
     /// Commits a batch too large to be worth logging by a txg sync.
-    fn bulk_sync(&self) -> Result<(), String> {
+    fn bulk_sync(&self) -> Result<(), LogError> {
         self.stats.bulk_syncs.fetch_add(1, Ordering::Relaxed);
         self.sync_txg()
     }
 
-    fn sync_txg(&self) -> Result<(), String> {
+    fn sync_txg(&self) -> Result<(), LogError> {
         match self.hooks.get() {
             Some(h) => h.sync_now(),
-            None => Err("the pool is not ready for log commits".into()),
+            None => Err(not_ready()),
         }
     }
 

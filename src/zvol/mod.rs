@@ -738,9 +738,16 @@ impl Volume {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), VolError> {
-        self.pool
-            .commit_log_wait(&self.ds)
-            .map_err(|e| self.err(PoolError::Invalid(e.to_string())))
+        self.pool.commit_log_wait(&self.ds).map_err(|e| {
+            self.err(match e {
+                crate::zil::LogError::OutOfRoom(why) => PoolError::Suspended {
+                    pool: self.pool.name.clone(),
+                    why,
+                    out_of_space: true,
+                },
+                e => PoolError::Invalid(e.to_string()),
+            })
+        })
     }
 
     /// Makes every write completed before this call durable, then calls `done` (possibly on

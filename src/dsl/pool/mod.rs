@@ -84,6 +84,10 @@ pub enum PoolError {
     NoSuchVolume(String),
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
+    /// A wait for a sync given up because the pool waits for room (the sync goes on, and
+    /// commits once room is made): for the intent log, whose sync requests must not wait.
+    #[error("pool '{pool}' waits for room on its devices' file systems: {why}")]
+    WaitingForRoom { pool: String, why: String },
     #[error("pool '{pool}' is suspended after an I/O failure and accepts no more writes: {why}")]
     Suspended {
         pool: String,
@@ -110,6 +114,7 @@ impl PoolError {
             PoolError::Vdev(e) | PoolError::Zio(ZioError::Write(e)) => e.out_of_space(),
             PoolError::Suspended { out_of_space, .. }
             | PoolError::VdevLost { out_of_space, .. } => *out_of_space,
+            PoolError::WaitingForRoom { .. } => true,
             _ => false,
         }
     }
@@ -311,8 +316,9 @@ const ROOM_RETRY: Duration = Duration::from_secs(1);
 /// Why a pool stopped taking writes. Reads go on; writes fail with `PoolError::Suspended`.
 ///
 /// Either the txg being committed found no room on its devices (a full file system under
-/// file vdevs) and waits for it, trying again every `ROOM_RETRY` (`retrying`): syncs and
-/// flushes wait meanwhile, and the pool resumes by itself once room is made, losing nothing.
+/// file vdevs) and waits for it, trying again every `ROOM_RETRY` (`retrying`): syncs wait
+/// meanwhile, the intent log's sync requests (FLUSH, FUA) are refused out of room, and the
+/// pool resumes by itself once room is made, losing nothing.
 /// Or a txg failed for good (a device fault, or the pool closed while waiting): until the
 /// pool is imported again, when the intent log replays every acknowledged write the txg did
 /// not commit.
@@ -984,16 +990,56 @@ impl Pool {
             return false;
         }
         if st.waiting.is_none() {
+            let why = format!("write failed: {e}");
             st.waiting = Some(Suspension {
-                why: format!("write failed: {e}"),
+                why: why.clone(),
                 out_of_space: true,
                 retrying: true,
             });
             // Writers throttled on the dirty limit see it and give up.
             self.sync_cv.notify_all();
+            drop(st);
+            self.refuse_log_requests(&why);
+            st = self.sync.lock();
         }
         self.sync_cv.wait_for(&mut st, ROOM_RETRY);
         !(st.shutdown || st.no_waiting)
+    }
+
+    /// As the pool begins to wait for room: sync requests (FLUSH, FUA) are answered out of
+    /// room instead of waiting with the txg, those waiting now and new ones alike, until
+    /// `accept_log_requests` (`Log::refuse`). The answers go out on a thread of their own:
+    /// this is the sync thread, and a reply to a client that does not read could block it.
+    fn refuse_log_requests(&self, why: &str) {
+        let dones: Vec<crate::zil::Done> = self
+            .datasets
+            .read()
+            .values()
+            .flat_map(|ds| ds.log.refuse(why))
+            .collect();
+        if dones.is_empty() {
+            return;
+        }
+        let answer = |dones: Vec<crate::zil::Done>, why: &str| {
+            crate::zil::wake::wake_all(dones, || {
+                Err(crate::zil::LogError::OutOfRoom(why.to_string()))
+            })
+        };
+        let held = Arc::new(Mutex::new(dones));
+        let (theirs, why_then) = (held.clone(), why.to_string());
+        let spawned = std::thread::Builder::new()
+            .name("room-answers".into())
+            .spawn(move || answer(std::mem::take(&mut *theirs.lock()), &why_then));
+        if spawned.is_err() {
+            answer(std::mem::take(&mut *held.lock()), why);
+        }
+    }
+
+    /// Room was made: sync requests wait for their records again.
+    pub(super) fn accept_log_requests(&self) {
+        for ds in self.datasets.read().values() {
+            ds.log.accept_again();
+        }
     }
 
     // ----- volumes ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ use crate::spa::label::{txg_above_skipped, write_uberblock, Uberblock};
 use crate::spa::space_map::encode_all;
 use crate::spa::{AllocClass, BlockKind};
 use crate::vdev::TopVdev;
-use crate::zil::TxgHooks;
+use crate::zil::{LogError, TxgHooks};
 
 use super::labels::LabelUpdate;
 use super::mos::{append_object, meta_props, rewrite_object, write_object_bytes};
@@ -26,12 +26,20 @@ use super::{invalid, Dataset, Mos, Pool, PoolError, Suspension, SyncState};
 /// The txg machinery as the log sees it.
 pub(super) struct PoolHooks(pub(super) Weak<Pool>);
 
+/// A sync the log asked for, as the log sees its failure: given up while the pool waits
+/// for room (records kept, to be committed later), or failed for good.
+fn for_log<T>(r: Option<Result<T, PoolError>>) -> Result<T, LogError> {
+    match r {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(PoolError::WaitingForRoom { why, .. })) => Err(LogError::OutOfRoom(why)),
+        Some(Err(e)) => Err(LogError::Failed(e.to_string())),
+        None => Err(LogError::Failed("the pool is closed".into())),
+    }
+}
+
 impl TxgHooks for PoolHooks {
-    fn sync_now(&self) -> Result<(), String> {
-        match self.0.upgrade() {
-            Some(p) => p.sync_now().map_err(|e| e.to_string()),
-            None => Err("the pool is closed".into()),
-        }
+    fn sync_now(&self) -> Result<(), LogError> {
+        for_log(self.0.upgrade().map(|p| p.sync_until(true)))
     }
 
     fn request_sync(&self) {
@@ -40,11 +48,8 @@ impl TxgHooks for PoolHooks {
         }
     }
 
-    fn wait_commit(&self) -> Result<u64, String> {
-        match self.0.upgrade() {
-            Some(p) => p.wait_commit().map_err(|e| e.to_string()),
-            None => Err("the pool is closed".into()),
-        }
+    fn wait_commit(&self) -> Result<u64, LogError> {
+        for_log(self.0.upgrade().map(|p| p.next_commit(true)))
     }
 }
 
@@ -85,6 +90,12 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
         };
         let result = p.sync_once();
         if let Ok(Some(c)) = &result {
+            // The txg that waited for room has committed: sync requests wait for their
+            // records again before writes are taken again, so that no FLUSH is refused
+            // out of room once the pool says it has resumed.
+            if p.sync.lock().waiting.is_some() {
+                p.accept_log_requests();
+            }
             if c.whole {
                 p.resilver_owed();
             }
@@ -152,11 +163,17 @@ impl Pool {
     /// Commits everything written so far: returns once every write that completed before the
     /// call is on stable storage.
     pub fn sync_now(&self) -> Result<(), PoolError> {
+        self.sync_until(false)
+    }
+
+    /// `sync_now`; if `give_up_on_room`, returns `PoolError::WaitingForRoom` as soon as the
+    /// pool waits for room instead of waiting with it.
+    fn sync_until(&self, give_up_on_room: bool) -> Result<(), PoolError> {
         let mut st = self.sync.lock();
         st.request_seq += 1;
         let mine = st.request_seq;
         self.sync_cv.notify_all();
-        self.wait_sync_until(st, |st| st.completed_seq >= mine)
+        self.wait_sync_until(st, give_up_on_room, |st| st.completed_seq >= mine)
             .map(|_| ())
     }
 
@@ -165,6 +182,11 @@ impl Pool {
     /// which waits for a sync that starts after the call, this does not wait past the sync
     /// in flight: for the log, whose blocks that sync frees as it commits.
     pub fn wait_commit(&self) -> Result<u64, PoolError> {
+        self.next_commit(false)
+    }
+
+    /// `wait_commit`, giving up as `sync_until` does.
+    fn next_commit(&self, give_up_on_room: bool) -> Result<u64, PoolError> {
         let mut st = self.sync.lock();
         let seen = st.synced_txg;
         if st.completed_seq >= st.request_seq {
@@ -172,14 +194,18 @@ impl Pool {
             self.sync_cv.notify_all();
         }
         let mine = st.request_seq;
-        self.wait_sync_until(st, |st| st.synced_txg > seen || st.completed_seq >= mine)
+        self.wait_sync_until(st, give_up_on_room, |st| {
+            st.synced_txg > seen || st.completed_seq >= mine
+        })
     }
 
     /// Waits on the sync thread until `done`, and returns the last committed txg; an error
-    /// if the pool is suspended meanwhile, or exported with its sync thread gone.
+    /// if the pool is suspended meanwhile (`give_up_on_room`: or waits for room), or
+    /// exported with its sync thread gone.
     fn wait_sync_until(
         &self,
         mut st: MutexGuard<'_, SyncState>,
+        give_up_on_room: bool,
         done: impl Fn(&SyncState) -> bool,
     ) -> Result<u64, PoolError> {
         loop {
@@ -188,6 +214,12 @@ impl Pool {
             }
             if done(&st) {
                 return Ok(st.synced_txg);
+            }
+            if let Some(w) = st.waiting.as_ref().filter(|_| give_up_on_room) {
+                return Err(PoolError::WaitingForRoom {
+                    pool: self.name.clone(),
+                    why: w.why.clone(),
+                });
             }
             if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
                 return Err(invalid(format!("pool '{}' is exported", self.name)));
