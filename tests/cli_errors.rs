@@ -362,3 +362,36 @@ fn status_columns_line_up_under_a_mirror() {
     assert_eq!(leaves, [header, header], "{out}");
     assert!(out.find("config:") < out.find("STATE"), "{out}");
 }
+
+/// Output cut short by its reader (`zeta pool status | head -3`) ends the command quietly, as
+/// it ends other Unix tools, not with a panic on stderr.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=64M tank mirror a b"),
+    ));
+    for args in ["pool status", "pool list", "vol list"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_zeta"))
+            .args(words(args))
+            .env("ZETA_HOME", &home)
+            .current_dir(d)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.is_empty(), "{args}: {err}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args}: {:?}",
+            out.status
+        );
+    }
+}

@@ -32,6 +32,12 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Vol(_)) => memory::Allocators::One,
         _ => memory::Allocators::Many,
     });
+    if matches!(
+        cli.command,
+        args::Command::Pool(_) | args::Command::Vol(_) | args::Command::Inject(_)
+    ) {
+        die_on_closed_pipe();
+    }
     let home = state::Home::resolve(cli.home.clone());
     let result = match cli.command {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
@@ -53,6 +59,18 @@ pub fn main() -> i32 {
             eprintln!("zeta: {e}");
             1
         }
+    }
+}
+
+/// Lets SIGPIPE end the process, as it ends other Unix tools, when a reader closes its
+/// output early (`zeta pool status | head -3`). Rust ignores SIGPIPE, so `println!` would
+/// panic on the broken pipe instead. Only for commands that print and exit: a server must
+/// outlive a client that hangs up, and its socket writes rely on getting EPIPE.
+fn die_on_closed_pipe() {
+    // SAFETY: sets the disposition of one signal to its default before any thread of ours
+    // starts; no handler of ours is replaced (the runtime only set SIGPIPE to ignore).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
