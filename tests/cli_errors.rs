@@ -292,7 +292,7 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
     let out = zeta(
         &home,
         d,
-        &words("pool create -o size=64M -o prealloc=on p a b"),
+        &words("pool create -o size=64M -o prealloc=on p mirror a b"),
     );
     ok(&out);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
@@ -302,13 +302,31 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
         assert!(m.blocks() * 512 >= m.len(), "{f}: {} blocks", m.blocks());
     }
     // Sparse by default.
-    ok(&zeta(&home, d, &words("pool create -o size=64M q c")));
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=64M q mirror c g"),
+    ));
     let m = std::fs::metadata(d.join("c")).unwrap();
     assert!(
         m.blocks() * 512 < m.len() / 2,
         "sparse: {} blocks",
         m.blocks()
     );
+    // A file made to replace a device is made as its siblings were.
+    for (pool, old, new, full) in [("p", "a", "a2", true), ("q", "c", "c2", false)] {
+        let old = d.join(old).display().to_string();
+        let new = d.join(new).display().to_string();
+        ok(&zeta(&home, d, &["pool", "replace", pool, &old, &new]));
+        let m = std::fs::metadata(&new).unwrap();
+        assert_eq!(m.len(), 64 << 20);
+        assert_eq!(
+            m.blocks() * 512 >= m.len(),
+            full,
+            "{new}: {} blocks",
+            m.blocks()
+        );
+    }
 
     let free = zeta::cli::room::free_bytes(d).expect("statvfs");
     let size = format!("size={}M", (free >> 20) + 1024);

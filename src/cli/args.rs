@@ -218,7 +218,8 @@ pub enum PoolCmd {
         device: String,
     },
     /// Replace a device (present or missing) by a new one, which is rebuilt in full from the
-    /// redundancy. NEW is created as a file of the size of its siblings if it does not exist.
+    /// redundancy. NEW is created as a file of the size of its siblings if it does not exist,
+    /// with its blocks allocated at once if theirs are (`pool create -o prealloc=on`).
     #[command(
         after_help = "On a served pool the server replaces the device in place and \
                             rebuilds it (a resilver) while it serves I/O; otherwise the \
@@ -248,7 +249,8 @@ pub enum PoolCmd {
         /// Use devices even if they belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Create missing files of this size (e.g. 512M, 1G).
+        /// Create missing files of this size (e.g. 512M, 1G), allocated at once if the
+        /// pool's files are (`pool create -o prealloc=on`).
         #[arg(long, value_name = "SIZE")]
         size: Option<String>,
         /// The pool's name.

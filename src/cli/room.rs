@@ -83,6 +83,18 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
 }
 
 /// Prints a warning on stderr for each shortfall of `pool`'s files.
+/// Whether the files among `paths` (regular files; others are skipped) have all their blocks
+/// allocated, as `-o prealloc=on` leaves them: a file made to join them (`pool replace`, `pool
+/// add`) is then allocated too, so it cannot be the one the file system fails to fill later.
+pub fn allocated(paths: &[PathBuf]) -> bool {
+    let files: Vec<std::fs::Metadata> = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .filter(|m| m.is_file())
+        .collect();
+    !files.is_empty() && files.iter().all(|m| m.blocks() * 512 >= m.len())
+}
+
 pub fn warn(pool: &str, paths: &[PathBuf]) {
     for s in shortfalls(paths) {
         eprintln!("zeta: warning: {}", s.message(pool));
@@ -117,5 +129,21 @@ mod tests {
         let msg = found[0].message("tank");
         assert!(msg.contains("pool 'tank': 2 sparse files"), "{msg}");
         assert!(msg.contains("ENOSPC"), "{msg}");
+    }
+
+    #[test]
+    fn files_allocated_in_full_are_told_from_sparse_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = dir.path().join("full");
+        std::fs::write(&full, vec![1u8; 1 << 20]).unwrap();
+        let sparse = dir.path().join("sparse");
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let absent = dir.path().join("absent");
+        assert!(allocated(&[full.clone(), absent.clone()]));
+        assert!(!allocated(&[full, sparse]));
+        assert!(!allocated(&[absent]), "no file to go by");
     }
 }

@@ -361,7 +361,9 @@ pub fn add_log_in(
     }
     let mut created = Vec::new();
     let r = (|| -> Result<Vec<u32>> {
-        let spec = open_groups(&groups, size, false, false, &mut created)?;
+        // New files are allocated at once where the pool's are (`-o prealloc=on`).
+        let prealloc = crate::cli::room::allocated(&crate::cli::state::device_paths(p));
+        let spec = open_groups(&groups, size, prealloc, false, &mut created)?;
         let mut ids = Vec::new();
         for top in spec {
             ids.push(p.add_log(top, force)?);

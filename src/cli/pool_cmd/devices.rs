@@ -124,18 +124,20 @@ pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Pat
     Ok(())
 }
 
-/// Opens (creating it at the size of the pool's largest device if needed) the new device
-/// and replaces `old` by it in `p`.
+/// Opens (creating it if needed, at the size of the pool's largest device, and allocated at
+/// once if the pool's files are: `room::allocated`) the new device and replaces `old` by it
+/// in `p`.
 pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Result<()> {
     let dev = if new_path.exists() {
         FileDevice::open(new_path)?
     } else {
-        let size = device_paths(p)
+        let paths = device_paths(p);
+        let size = paths
             .iter()
             .filter_map(|d| std::fs::metadata(d).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
-        FileDevice::create(new_path, size)?
+        FileDevice::create_with(new_path, size, crate::cli::room::allocated(&paths))?
     };
     p.replace(
         old,
