@@ -50,7 +50,8 @@ pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
             match (was, state.as_str()) {
                 (_, "NOSPACE") => line += &format!(": {NO_ROOM_EFFECT}. To cure: {NO_ROOM_CURE}"),
                 (Some("NOSPACE"), "ONLINE") => {
-                    line += ": it takes writes again, and what it missed is resilvered"
+                    line +=
+                        ": it takes writes again, and what it missed, if anything, is resilvered"
                 }
                 _ => {}
             }
@@ -203,7 +204,7 @@ mod tests {
         assert!(lines[0].contains("resilvered by itself"), "{lines:?}");
         let lines = changes("tank", &full, &before);
         assert!(
-            lines[0].ends_with("what it missed is resilvered"),
+            lines[0].ends_with("what it missed, if anything, is resilvered"),
             "{lines:?}"
         );
     }
