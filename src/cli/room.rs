@@ -6,10 +6,8 @@
 //! clients). `pool create` and `serve` say so up front, while room can still be made.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::fmt::human;
 
@@ -70,17 +68,7 @@ pub fn shortfalls(paths: &[PathBuf]) -> Vec<Shortfall> {
         .collect()
 }
 
-/// Free bytes of the file system holding `path`, as an unprivileged writer sees them.
-pub fn free_bytes(path: &Path) -> Option<u64> {
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: all-zero bytes are a valid `statvfs` (plain integers).
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a live, writable `statvfs`.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
-}
+pub use crate::vdev::file::free_bytes;
 
 /// Prints a warning on stderr for each shortfall of `pool`'s files.
 /// Whether the files among `paths` (regular files; others are skipped) have all their blocks

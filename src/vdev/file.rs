@@ -98,10 +98,21 @@ impl FileDevice {
         file.set_len(len_bytes)
             .map_err(|e| VdevError::io(&name, e))?;
         if prealloc && len_bytes > 0 {
-            // SAFETY: fallocate takes the descriptor of a file we hold open and integers.
-            let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_bytes as libc::off_t) };
+            // Checked first: a file system takes the blocks of a failing fallocate one extent
+            // at a time and gives them back only when the file goes, so for a moment it
+            // would be full for everyone else on it too.
+            let free = free_bytes(path);
+            let r = if free.is_some_and(|f| f < len_bytes) {
+                -1
+            } else {
+                // SAFETY: fallocate takes the descriptor of a file we hold open and integers.
+                unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_bytes as libc::off_t) }
+            };
             if r != 0 {
-                let e = std::io::Error::last_os_error();
+                let e = match free {
+                    Some(f) if f < len_bytes => std::io::Error::from_raw_os_error(libc::ENOSPC),
+                    _ => std::io::Error::last_os_error(),
+                };
                 // The file is ours (create_new): a failed create leaves nothing behind.
                 drop(file);
                 let _ = std::fs::remove_file(path);
@@ -114,6 +125,19 @@ impl FileDevice {
         drop(file);
         Self::open(path)
     }
+}
+
+/// Free bytes of the file system holding `path`, as an unprivileged writer sees them.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: all-zero bytes are a valid `statvfs` (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a live, writable `statvfs`.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// A copy of a buffer in memory aligned to the pool's `SECTOR`, as `O_DIRECT` requires (4K

@@ -24,6 +24,9 @@ pub(super) struct LabelUpdate<'a> {
     write_errors_at_start: Vec<Vec<u64>>,
 }
 
+/// What one leaf made of a step.
+type LeafResult = Result<(), VdevError>;
+
 /// Why a leaf dropped out of a label update.
 struct Dropped {
     why: String,
@@ -97,6 +100,42 @@ impl<'a> LabelUpdate<'a> {
         &mut self,
         op: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
     ) -> Result<(), PoolError> {
+        let (live, results) = self.run(&op);
+        self.settle(&live, results)
+    }
+
+    /// `step` for a write that may be tried again (an uberblock's, not a flush): while every
+    /// leaf left on some data vdev fails it for lack of room, none of them is charged with
+    /// it, and as long as `wait` (the pool's wait for room) says to go on, it is tried again
+    /// on the same leaves. Not for flushes: a flush that failed cannot vouch for the writes
+    /// before it, whatever it says the next time.
+    pub(super) fn write_step(
+        &mut self,
+        op: impl Fn(&Leaf) -> Result<(), VdevError> + Sync,
+        mut wait: impl FnMut(&VdevError) -> bool,
+    ) -> Result<(), PoolError> {
+        loop {
+            let (live, results) = self.run(&op);
+            let no_room = (0..self.required).find_map(|t| {
+                let mut on_top = live.iter().zip(&results).filter(|((lt, _), _)| *lt == t);
+                let first = on_top.clone().next()?.1.as_ref().err()?;
+                on_top
+                    .all(|(_, r)| r.as_ref().is_err_and(VdevError::out_of_space))
+                    .then_some(first)
+            });
+            match no_room {
+                Some(e) if wait(e) => continue,
+                _ => return self.settle(&live, results),
+            }
+        }
+    }
+
+    /// Runs `op` on every leaf still taking part, in parallel; gives the leaves (top, leaf)
+    /// and their results.
+    fn run(
+        &self,
+        op: &(impl Fn(&Leaf) -> Result<(), VdevError> + Sync),
+    ) -> (Vec<(usize, usize)>, Vec<LeafResult>) {
         use rayon::prelude::*;
         let live: Vec<(usize, usize)> = self
             .dropped
@@ -111,7 +150,7 @@ impl<'a> LabelUpdate<'a> {
             })
             .collect();
         // A lone leaf is served by this thread: rayon would hand it to a worker and wait.
-        let results: Vec<Result<(), VdevError>> = if live.len() == 1 {
+        let results: Vec<LeafResult> = if live.len() == 1 {
             live.iter()
                 .map(|&(t, l)| op(&self.tops[t].children[l]))
                 .collect()
@@ -120,6 +159,16 @@ impl<'a> LabelUpdate<'a> {
                 .map(|&(t, l)| op(&self.tops[t].children[l]))
                 .collect()
         };
+        (live, results)
+    }
+
+    /// Drops (and charges) the leaves whose `run` failed; fails once some top-level vdev
+    /// has no leaf left.
+    fn settle(
+        &mut self,
+        live: &[(usize, usize)],
+        results: Vec<LeafResult>,
+    ) -> Result<(), PoolError> {
         for (&(t, l), r) in live.iter().zip(results) {
             if let Err(e) = r {
                 self.tops[t].children[l].count_write_error();
@@ -179,6 +228,52 @@ mod tests {
             fail_flush: flush,
             ..Faults::default()
         }
+    }
+
+    /// A label write that finds no room on any leaf of a vdev waits for room (as long as the
+    /// pool's wait says so) and is tried again on the same leaves, none charged with it.
+    #[test]
+    fn a_label_write_without_room_anywhere_waits_and_is_tried_again() {
+        let (tops, devs) = mirror(2);
+        let full = Faults {
+            full: true,
+            ..Faults::default()
+        };
+        let write = |leaf: &Leaf| leaf.write_label(0, 0, &[7u8; 512]);
+        for d in &devs {
+            d.set_faults(full.clone());
+        }
+        let mut update = LabelUpdate::new(&tops, tops.len(), "test labels".into());
+        let mut waits = 0;
+        update
+            .write_step(write, |e| {
+                assert!(e.out_of_space(), "{e}");
+                waits += 1;
+                if waits == 3 {
+                    devs.iter().for_each(|d| d.set_faults(Faults::default()));
+                }
+                true
+            })
+            .unwrap();
+        assert_eq!(waits, 3);
+        assert_eq!(update.dropped_leaves().count(), 0);
+        for c in &tops[0].children {
+            assert_eq!(c.counters.write_errors.load(Ordering::Relaxed), 0);
+        }
+        // A wait given up (the pool closing) fails the update as out of space.
+        for d in &devs {
+            d.set_faults(full.clone());
+        }
+        let mut update = LabelUpdate::new(&tops, tops.len(), "test labels".into());
+        match update.write_step(write, |_| false) {
+            Err(PoolError::VdevLost { out_of_space, .. }) => assert!(out_of_space),
+            other => panic!("{:?}", other.err()),
+        }
+        // One leaf with room takes the write; the other drops out, charged, with no wait.
+        devs[0].set_faults(Faults::default());
+        let mut update = LabelUpdate::new(&tops, tops.len(), "test labels".into());
+        update.write_step(write, |_| panic!("no wait")).unwrap();
+        assert_eq!(update.dropped_leaves().count(), 1);
     }
 
     #[test]

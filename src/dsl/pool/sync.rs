@@ -89,13 +89,14 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             (st.request_seq, st.shutdown)
         };
         let result = p.sync_once();
+        // The txg that waited for room has committed, or failed for good: either way the
+        // wait is over, and sync requests are no longer refused as out of room. (Lifted
+        // before writes are taken again, so that no FLUSH is refused once the pool says it
+        // has resumed; and after a failure they fail as the pool does.)
+        if p.sync.lock().waiting.is_some() {
+            p.accept_log_requests();
+        }
         if let Ok(Some(c)) = &result {
-            // The txg that waited for room has committed: sync requests wait for their
-            // records again before writes are taken again, so that no FLUSH is refused
-            // out of room once the pool says it has resumed.
-            if p.sync.lock().waiting.is_some() {
-                p.accept_log_requests();
-            }
             if c.whole {
                 p.resilver_owed();
             }
@@ -393,7 +394,12 @@ impl Pool {
         let ub = Uberblock::new(txg, self.guid, root);
         commit.drop_leaves_that_missed_writes()?;
         commit.step(|leaf| leaf.flush())?;
-        commit.step(|leaf| write_uberblock(leaf, &ub))?;
+        // The uberblock waits for room as the txg's blocks do (a copy-on-write file system
+        // under the files needs room even to overwrite a label).
+        commit.write_step(
+            |leaf| write_uberblock(leaf, &ub),
+            |e| self.wait_for_room(txg, e),
+        )?;
         commit.step(|leaf| leaf.flush())?;
         // Leaves that missed part of this txg owe it to a resilver.
         let mut whole = true;
