@@ -609,13 +609,8 @@ fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
         match r {
             Ok(()) => sh.reply_ok(&req),
             Err(e) => {
-                let out_of_room = matches!(e, crate::zil::LogError::OutOfRoom(_));
-                let code = if out_of_room || sh.volume().devices_full() {
-                    ENOSPC
-                } else {
-                    EIO
-                };
-                sh.reply_err(&req, code, &e.to_string())
+                let e = sh.volume().log_error(e);
+                sh.reply_err(&req, error_code(&e), &e.to_string())
             }
         }
         drop(grant);

@@ -51,6 +51,12 @@ impl VdevError {
         }
     }
 
+    /// The `ENOSPC` a write to `path` gets when its file system is full, for the simulated
+    /// and injected full devices (`mem::Faults::full`, `Injection::full`).
+    pub fn no_room(path: &str) -> Self {
+        VdevError::io(path, io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+
     /// A raidz write that lost `failed` of `of` parts, more than its `nparity` covers.
     pub fn write_lost<'a>(
         nparity: usize,

@@ -32,10 +32,7 @@ pub struct Faults {
 impl Faults {
     fn check_room(&self, name: &str) -> Result<(), VdevError> {
         if self.full {
-            return Err(VdevError::io(
-                name,
-                std::io::Error::from_raw_os_error(libc::ENOSPC),
-            ));
+            return Err(VdevError::no_room(name));
         }
         Ok(())
     }

@@ -188,10 +188,7 @@ impl Leaf {
     fn injected(&self, kind: IoKind) -> Result<(), VdevError> {
         let f = *self.inject.lock();
         if f.full && kind == IoKind::Write && !f.vanished {
-            return Err(VdevError::io(
-                &self.name(),
-                std::io::Error::from_raw_os_error(libc::ENOSPC),
-            ));
+            return Err(VdevError::no_room(&self.name()));
         }
         let what = if f.vanished {
             Some("vanished device")
@@ -715,9 +712,9 @@ impl TopVdev {
         let mut ok = 0;
         // Every child out of room is the file system's state, not a fault of any device: no
         // child is charged with it. The caller has the error; a txg waiting for room writes
-        // the same blocks again every second, and charging each try would fault all but one
-        // child and, once room is made and the write taken, drop them all from the txg's
-        // labels as leaves that missed a write (`LabelUpdate`).
+        // the same blocks again every second, and charging each try would count errors on
+        // every child and mark each NOSPACE, and once room is made and the write taken,
+        // drop them all from the txg's labels as leaves that missed a write (`LabelUpdate`).
         let all_full = results
             .iter()
             .all(|r| r.as_ref().is_err_and(VdevError::out_of_space));

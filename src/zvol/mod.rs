@@ -220,11 +220,24 @@ impl Volume {
         self.ds.volsize()
     }
 
-    /// Whether the pool stopped taking writes because its devices had no room: what a
-    /// failed FLUSH or FUA write is answered with then (its error comes through the log as
-    /// words, but the pool's suspension says why).
-    pub fn devices_full(&self) -> bool {
-        self.pool.suspension().is_some_and(|s| s.out_of_space)
+    /// What a sync request the log could not make durable failed with, as `flush` returns
+    /// it and the NBD server answers it: out of room while the pool waits for room; the
+    /// pool's suspension, which says whether it was out of room, if it is suspended (the
+    /// log's error is only words); else the log's words.
+    pub fn log_error(&self, e: crate::zil::LogError) -> VolError {
+        use crate::zil::LogError;
+        let pool = self.pool.name.clone();
+        self.err(match e {
+            LogError::OutOfRoom(why) => PoolError::WaitingForRoom { pool, why },
+            LogError::Failed(why) => match self.pool.suspension() {
+                Some(s) => PoolError::Suspended {
+                    pool,
+                    why: s.why,
+                    out_of_space: s.out_of_space,
+                },
+                None => PoolError::Invalid(why),
+            },
+        })
     }
 
     pub fn block_size(&self) -> u64 {
@@ -738,16 +751,9 @@ impl Volume {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), VolError> {
-        self.pool.commit_log_wait(&self.ds).map_err(|e| {
-            self.err(match e {
-                crate::zil::LogError::OutOfRoom(why) => PoolError::Suspended {
-                    pool: self.pool.name.clone(),
-                    why,
-                    out_of_space: true,
-                },
-                e => PoolError::Invalid(e.to_string()),
-            })
-        })
+        self.pool
+            .commit_log_wait(&self.ds)
+            .map_err(|e| self.log_error(e))
     }
 
     /// Makes every write completed before this call durable, then calls `done` (possibly on

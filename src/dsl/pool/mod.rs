@@ -980,7 +980,9 @@ impl Pool {
     /// suspends the pool and waits `ROOM_RETRY`, then has the write tried again; writes of
     /// the open txg (written ahead by clients' requests, which hold `open_txg`) fail at once,
     /// as does everything once `close` has begun. Called with the MOS lock held by the sync:
-    /// takes only the sync state's lock, which nothing holds while taking the MOS lock.
+    /// takes the sync state's lock, which nothing holds while taking the MOS lock, and as the
+    /// wait begins each volume's log state (`refuse_log_requests`), which is taken under the
+    /// MOS lock elsewhere too (`Log::header` in the sync) and never the other way round.
     fn wait_for_room(&self, txg: u64, e: &VdevError) -> bool {
         if txg != self.syncing_txg.load(Ordering::Acquire) {
             return false;
