@@ -48,6 +48,9 @@ pub fn changes(name: &str, before: &Health, now: &Health) -> Vec<String> {
                 was.unwrap_or("?")
             );
             match (was, state.as_str()) {
+                // While the pool is suspended the pool's line tells the effect and the cure:
+                // "the pool goes on with the other copies" would be untrue.
+                (_, "NOSPACE") if now.suspended.is_some() => line += NO_ROOM_SUSPENDED,
                 (_, "NOSPACE") => line += &format!(": {NO_ROOM_EFFECT}. To cure: {NO_ROOM_CURE}"),
                 (Some("NOSPACE"), "ONLINE") => {
                     line +=
@@ -81,8 +84,12 @@ fn suspended(name: &str, s: &Suspension) -> String {
     )
 }
 
+/// What a device out of room (NOSPACE) is, said beside a suspension of its pool (whose own
+/// line says what follows and what cures it).
+pub const NO_ROOM_SUSPENDED: &str = ": the file system under it is full";
+
 /// What a device out of room (NOSPACE) means, and what cures it, for the server's log and
-/// `pool status`.
+/// `pool status`, while its pool goes on.
 pub const NO_ROOM_EFFECT: &str = "the file system under it is full, so it misses the writes \
      it cannot take; the pool goes on with the other copies, with less redundancy";
 pub const NO_ROOM_CURE: &str = "free room on that file system; the device then takes writes \
@@ -207,6 +214,26 @@ mod tests {
             lines[0].ends_with("what it missed, if anything, is resilvered"),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn a_leaf_out_of_room_in_a_suspended_pool_promises_no_other_copies() {
+        let before = health(&[("/a", "ONLINE"), ("/b", "ONLINE")], None);
+        let full = health(
+            &[("/a", "NOSPACE"), ("/b", "NOSPACE")],
+            Some(("/a: No space left on device", true)),
+        );
+        let lines = changes("tank", &before, &full);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[0].ends_with("errors): the file system under it is full"),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().all(|l| !l.contains("other copies")),
+            "{lines:?}"
+        );
+        assert!(lines[2].contains("'tank' is SUSPENDED"), "{lines:?}");
     }
 
     #[test]

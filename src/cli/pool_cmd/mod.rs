@@ -297,29 +297,8 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["alloc"].as_u64().unwrap()),
             human(st["free"].as_u64().unwrap())
         );
-        if let Ok(s) = serde_json::from_value::<Suspension>(st["suspended"].clone()) {
-            use crate::cli::watch::{cure, effect};
-            println!(
-                "status: SUSPENDED. {} ({})\naction: {}",
-                effect(&s),
-                s.why,
-                cure(&s)
-            );
-        }
-        let no_room: Vec<&str> = st["vdevs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|t| t["leaves"].as_array().unwrap())
-            .filter(|l| l["state"] == "NOSPACE")
-            .filter_map(|l| l["path"].as_str())
-            .collect();
-        if !no_room.is_empty() {
-            use crate::cli::watch::{NO_ROOM_CURE, NO_ROOM_EFFECT};
-            println!(
-                "status: {} cannot take writes: {NO_ROOM_EFFECT}.\naction: {NO_ROOM_CURE}.",
-                no_room.join(", ")
-            );
+        if let Some(lines) = status_lines(&st) {
+            println!("{lines}");
         }
         let scan = &st["scan"];
         if scan["state"] != "none" {
@@ -380,4 +359,76 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
         println!();
     }
     Ok(())
+}
+
+/// The `status:` and `action:` lines of `pool status` for pool status `st`, if its health
+/// needs any: a suspension, else devices out of room (NOSPACE). A suspended pool gets its own
+/// lines only: the NOSPACE lines' "the pool goes on with the other copies" would be untrue,
+/// and the suspension's cure (free room) is theirs too.
+fn status_lines(st: &serde_json::Value) -> Option<String> {
+    if let Ok(s) = serde_json::from_value::<Suspension>(st["suspended"].clone()) {
+        use crate::cli::watch::{cure, effect};
+        return Some(format!(
+            "status: SUSPENDED. {} ({})\naction: {}",
+            effect(&s),
+            s.why,
+            cure(&s)
+        ));
+    }
+    let no_room: Vec<&str> = st["vdevs"]
+        .as_array()?
+        .iter()
+        .flat_map(|t| t["leaves"].as_array().into_iter().flatten())
+        .filter(|l| l["state"] == "NOSPACE")
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    if no_room.is_empty() {
+        return None;
+    }
+    use crate::cli::watch::{NO_ROOM_CURE, NO_ROOM_EFFECT};
+    Some(format!(
+        "status: {} cannot take writes: {NO_ROOM_EFFECT}.\naction: {NO_ROOM_CURE}.",
+        no_room.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(states: &[&str], suspended: bool) -> serde_json::Value {
+        let leaves: Vec<_> = states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| json!({"path": format!("/d{i}"), "state": s}))
+            .collect();
+        let suspension = suspended.then(|| {
+            json!({"why": "/d0: No space left on device", "out_of_space": true, "retrying": true})
+        });
+        json!({"vdevs": [{"leaves": leaves}], "suspended": suspension})
+    }
+
+    #[test]
+    fn a_healthy_pool_has_no_status_line() {
+        assert_eq!(status_lines(&status(&["ONLINE", "ONLINE"], false)), None);
+    }
+
+    #[test]
+    fn devices_out_of_room_are_named_with_the_cure() {
+        let lines = status_lines(&status(&["ONLINE", "NOSPACE"], false)).unwrap();
+        assert!(
+            lines.starts_with("status: /d1 cannot take writes"),
+            "{lines}"
+        );
+        assert!(lines.contains("\naction: free room"), "{lines}");
+    }
+
+    #[test]
+    fn a_suspended_pool_says_so_alone() {
+        let lines = status_lines(&status(&["NOSPACE", "NOSPACE"], true)).unwrap();
+        assert!(lines.starts_with("status: SUSPENDED."), "{lines}");
+        assert!(!lines.contains("other copies"), "{lines}");
+        assert_eq!(lines.lines().count(), 2, "{lines}");
+    }
 }
