@@ -413,3 +413,61 @@ fn output_to_a_closed_pipe_ends_quietly() {
         );
     }
 }
+
+/// Every label holds the whole vdev tree, paths included: a tree too large for it is refused
+/// with the reason before anything is written (it used to panic), and a device whose path
+/// would make the tree too large cannot replace another.
+#[test]
+fn a_pool_too_large_for_its_labels_is_refused_and_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    let deep = d.join("x".repeat(200));
+    std::fs::create_dir(&deep).unwrap();
+    let files: Vec<String> = (0..200)
+        .map(|i| deep.join(format!("device-{i:03}")).display().to_string())
+        .collect();
+    let mut args = vec!["pool", "create", "-o", "size=64M", "big"];
+    args.extend(files.iter().map(|f| f.as_str()));
+    let out = zeta(&home, d, &args);
+    fails_with(&out, "more than the 32704 a label holds");
+    fails_with(&out, "use fewer devices, or shorter paths");
+    assert_eq!(
+        std::fs::read_dir(&deep).unwrap().count(),
+        0,
+        "files left behind"
+    );
+    ok(&zeta(&home, d, &words("pool list")));
+
+    // The widest mirror that fits, and a replacement whose longer path would take it over:
+    // one more device would not fit, and the new path is longer than a device takes.
+    let short = |i: usize| d.join(format!("s{i:03}")).display().to_string();
+    let create = |n: usize| {
+        let paths: Vec<String> = (0..n).map(short).collect();
+        let mut args = vec!["pool", "create", "-o", "size=64M", "wide", "mirror"];
+        args.extend(paths.iter().map(|p| p.as_str()));
+        zeta(&home, d, &args)
+    };
+    let (mut fits, mut too_many) = (2, 400);
+    while too_many - fits > 1 {
+        let n = (fits + too_many) / 2;
+        let out = create(n);
+        if out.status.success() {
+            ok(&zeta(&home, d, &words("pool destroy -f wide")));
+            fits = n;
+        } else {
+            fails_with(&out, "a label holds");
+            too_many = n;
+        }
+    }
+    assert!(fits >= 100, "only {fits} devices fit");
+    ok(&create(fits));
+    let long = d
+        .join("x".repeat(200))
+        .join("y".repeat(250))
+        .display()
+        .to_string();
+    let out = zeta(&home, d, &["pool", "replace", "wide", &short(0), &long]);
+    fails_with(&out, "a label holds");
+    assert!(!Path::new(&long).exists(), "{long} left behind");
+    ok(&zeta(&home, d, &words("pool status wide")));
+}

@@ -48,7 +48,7 @@ impl DirEntryPhys {
 /// Checks a volume name: 1-200 bytes of letters, digits, `-`, `_`, `.`, `:`.
 pub fn valid_volume_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 200
+        && name.len() <= crate::spa::label::MAX_NAME_BYTES
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))

@@ -189,13 +189,117 @@ fn config_digest(header_head: &[u8], payload: &[u8]) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// Encodes a config area; `generation` orders config copies (higher wins).
-pub fn encode_config(cfg: &PoolConfig, generation: u64) -> Vec<u8> {
+/// The longest pool or volume name, in bytes (`dsl::dir::valid_volume_name`): a config
+/// records one in a scan's bookmark, and its room is kept.
+pub const MAX_NAME_BYTES: usize = 200;
+
+/// The most bytes of JSON a config area holds.
+pub const CONFIG_PAYLOAD_MAX: usize = CONFIG_AREA as usize - CONFIG_HEADER;
+
+/// A config whose JSON is `bytes` long, more than a label's config area holds.
+#[derive(Debug, thiserror::Error)]
+#[error("the pool's configuration takes {bytes} bytes, more than the {CONFIG_PAYLOAD_MAX} a label holds")]
+pub struct ConfigTooLarge {
+    pub bytes: usize,
+}
+
+fn json_len(cfg: &PoolConfig) -> usize {
+    serde_json::to_vec(cfg).map_or(usize::MAX, |v| v.len())
+}
+
+/// Makes `cfg` fit a config area, if it must, by giving up what a pool can spare, in this
+/// order: the byte ranges the last scan found damaged (newest first; its error count stays),
+/// then the detail of the txgs leaves missed and a resilver covers (each list becomes one
+/// range from its first txg to its last: a resilver of them rewrites more blocks, never
+/// fewer), then the leaves' error counts (shown by `pool status` after a restart, and
+/// nothing else). Any leaf GUID fits in the room left (`leaf_guid` is set per leaf after
+/// this). `fits_as_it_grows` keeps the vdev tree small enough for this to succeed.
+pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
+    // The longest leaf GUID is 20 digits; the one in `cfg` may be shorter.
+    let fits = |c: &PoolConfig| json_len(c) + 20 <= CONFIG_PAYLOAD_MAX;
+    while !fits(cfg) {
+        match cfg.scan.as_mut() {
+            Some(scan) if !scan.damaged.is_empty() => {
+                scan.damaged.pop();
+            }
+            _ => break,
+        }
+    }
+    if !fits(cfg) {
+        for leaf in cfg.tops.iter_mut().flat_map(|t| t.children.iter_mut()) {
+            coarsen(&mut leaf.missed);
+        }
+        if let Some(scan) = cfg.scan.as_mut() {
+            coarsen(&mut scan.txgs);
+        }
+    }
+    if !fits(cfg) {
+        for leaf in cfg.tops.iter_mut().flat_map(|t| t.children.iter_mut()) {
+            leaf.errors = LeafErrors::default();
+        }
+    }
+    match json_len(cfg) + 20 {
+        n if n <= CONFIG_PAYLOAD_MAX => Ok(()),
+        bytes => Err(ConfigTooLarge { bytes }),
+    }
+}
+
+/// One range covering every range of `ranges` (sorted, inclusive).
+fn coarsen(ranges: &mut Vec<[u64; 2]>) {
+    if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
+        *ranges = vec![[first[0], last[1]]];
+    }
+}
+
+/// Whether a pool of vdev tree `cfg` can keep its config in its labels whatever it records
+/// as it runs and `fit_config` cannot give up: every leaf's flags and missed txgs (one
+/// range each, as `fit_config` leaves them at most) and a resilver's scan state naming every
+/// leaf and a volume of the longest name. Checked whenever the tree grows (create, replace, log
+/// devices added), so that no later config write fails for want of room.
+pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
+    use super::scan_state::{Bookmark, ScanFunc, ScanPhase, ScanState};
+    let mut worst = cfg.clone();
+    worst.leaf_guid = u64::MAX;
+    let mut guids = Vec::new();
+    for leaf in worst.tops.iter_mut().flat_map(|t| t.children.iter_mut()) {
+        leaf.errors = LeafErrors::default();
+        leaf.offline = true;
+        leaf.faulted = true;
+        leaf.missed = vec![[u64::MAX, u64::MAX]];
+        guids.push(u64::MAX);
+    }
+    worst.scan = Some(ScanState {
+        func: ScanFunc::Resilver,
+        txgs: vec![[u64::MAX, u64::MAX]],
+        leaves: guids,
+        state: ScanPhase::Scanning,
+        examined_bytes: u64::MAX,
+        to_examine: u64::MAX,
+        repaired_bytes: u64::MAX,
+        errors: u64::MAX,
+        start_secs: u64::MAX,
+        end_secs: u64::MAX,
+        bookmark: Some(Bookmark {
+            volume: Some("v".repeat(MAX_NAME_BYTES)),
+            blkid: u64::MAX,
+        }),
+        damaged: Vec::new(),
+    });
+    match json_len(&worst) {
+        n if n <= CONFIG_PAYLOAD_MAX => Ok(()),
+        bytes => Err(ConfigTooLarge { bytes }),
+    }
+}
+
+/// Encodes a config area; `generation` orders config copies (higher wins). A config too
+/// large for it is refused (`fit_config` makes one fit).
+pub fn encode_config(cfg: &PoolConfig, generation: u64) -> Result<Vec<u8>, ConfigTooLarge> {
     let payload = serde_json::to_vec(cfg).expect("config serializes");
-    assert!(
-        payload.len() <= CONFIG_AREA as usize - CONFIG_HEADER,
-        "config too large for label"
-    );
+    if payload.len() > CONFIG_PAYLOAD_MAX {
+        return Err(ConfigTooLarge {
+            bytes: payload.len(),
+        });
+    }
     let mut hdr = ConfigHeader {
         magic: LABEL_MAGIC.into(),
         version: FORMAT_VERSION.into(),
@@ -207,7 +311,7 @@ pub fn encode_config(cfg: &PoolConfig, generation: u64) -> Vec<u8> {
     let mut out = vec![0u8; CONFIG_AREA as usize];
     out[..CONFIG_HEADER].copy_from_slice(hdr.as_bytes());
     out[CONFIG_HEADER..CONFIG_HEADER + payload.len()].copy_from_slice(&payload);
-    out
+    Ok(out)
 }
 
 pub fn decode_config(area: &[u8]) -> Result<(u64, PoolConfig), LabelError> {
@@ -372,17 +476,11 @@ pub fn read_labels(leaf: &Leaf) -> Result<LeafLabels, LabelError> {
     Ok(out)
 }
 
-/// Writes the config area of the given labels (callers write labels 0 and 2, flush, then 1
-/// and 3, so a crash can tear at most one pair).
-pub fn write_config(
-    leaf: &Leaf,
-    cfg: &PoolConfig,
-    generation: u64,
-    labels: &[usize],
-) -> Result<(), VdevError> {
-    let area = encode_config(cfg, generation);
+/// Writes config area `area` (`encode_config`) to labels `labels` of `leaf` (callers write
+/// labels 0 and 2, flush, then 1 and 3, so a crash can tear at most one pair).
+pub fn write_config(leaf: &Leaf, area: &[u8], labels: &[usize]) -> Result<(), VdevError> {
     for &index in labels {
-        leaf.write_label(index, 0, &area)?;
+        leaf.write_label(index, 0, area)?;
     }
     Ok(())
 }
@@ -424,6 +522,7 @@ pub fn clear_labels(leaf: &Leaf) -> Result<(), VdevError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spa::scan_state::{Damage, ScanState};
     use crate::vdev::{BlockDevice, MemDevice};
     use std::sync::Arc;
 
@@ -462,7 +561,7 @@ mod tests {
 
     #[test]
     fn config_round_trip_and_corruption() {
-        let area = encode_config(&cfg(), 5);
+        let area = encode_config(&cfg(), 5).unwrap();
         assert_eq!(decode_config(&area).unwrap(), (5, cfg()));
         let mut bad = area.clone();
         bad[CONFIG_HEADER + 3] ^= 0x40;
@@ -498,6 +597,98 @@ mod tests {
         }
     }
 
+    /// `cfg()` with `leaves` leaves of paths `path_len` bytes long, in one stripe vdev each.
+    fn wide(leaves: usize, path_len: usize) -> PoolConfig {
+        let mut c = cfg();
+        let top = c.tops[0].clone();
+        c.tops = (0..leaves)
+            .map(|i| {
+                let mut t = top.clone();
+                t.id = i as u32;
+                t.children[0].guid = u64::MAX - i as u64;
+                t.children[0].path = format!("/{:0>1$}", i, path_len - 1);
+                t
+            })
+            .collect();
+        c
+    }
+
+    #[test]
+    fn a_tree_too_large_for_the_labels_is_refused_before_it_is_written() {
+        assert!(fits_as_it_grows(&wide(8, 40)).is_ok());
+        let err = fits_as_it_grows(&wide(200, 100)).unwrap_err();
+        assert!(err.bytes > CONFIG_PAYLOAD_MAX, "{err}");
+        assert!(err.to_string().contains("more than the"), "{err}");
+        assert!(encode_config(&wide(400, 100), 1).is_err());
+        // The largest tree that passes still takes a config at its fullest.
+        let mut n = 8;
+        while fits_as_it_grows(&wide(n + 1, 60)).is_ok() {
+            n += 1;
+        }
+        let mut full = wide(n, 60);
+        for leaf in full.tops.iter_mut().flat_map(|t| t.children.iter_mut()) {
+            leaf.errors.cksum = u64::MAX;
+            leaf.missed = (0..50)
+                .map(|i| [u64::MAX - 4 * i - 1, u64::MAX - 4 * i])
+                .rev()
+                .collect();
+        }
+        full.scan = Some(ScanState {
+            txgs: vec![[1, 5], [9, 12]],
+            damaged: vec![
+                Damage {
+                    object: "tank/".to_string() + &"v".repeat(MAX_NAME_BYTES),
+                    start: u64::MAX,
+                    end: u64::MAX,
+                    error: "e".repeat(300),
+                };
+                100
+            ],
+            ..ScanState::default()
+        });
+        fit_config(&mut full).unwrap();
+        full.leaf_guid = u64::MAX;
+        let area = encode_config(&full, 1).unwrap();
+        let (_, back) = decode_config(&area).unwrap();
+        let leaf = &back.tops[0].children[0];
+        assert_eq!(
+            leaf.missed,
+            vec![[u64::MAX - 197, u64::MAX]],
+            "one range covering all"
+        );
+        assert_eq!(back.scan.unwrap().txgs, vec![[1, 12]]);
+        assert_eq!(leaf.errors, LeafErrors::default(), "the counts go last");
+        // Paths of 20 bytes: over a hundred devices, each a vdev of its own, and 150 in
+        // 25 vdevs of six.
+        assert!(fits_as_it_grows(&wide(110, 20)).is_ok());
+        let mut six = wide(1, 20);
+        let leaf = six.tops[0].children[0].clone();
+        six.tops[0].children = vec![leaf; 6];
+        six.tops = vec![six.tops[0].clone(); 25];
+        assert!(fits_as_it_grows(&six).is_ok());
+    }
+
+    #[test]
+    fn a_config_that_fits_is_written_whole() {
+        let mut c = wide(4, 40);
+        c.tops[0].children[0].missed = vec![[3, 4], [8, 9]];
+        c.scan = Some(ScanState {
+            damaged: vec![
+                Damage {
+                    object: "tank/v".into(),
+                    start: 0,
+                    end: 4096,
+                    error: "checksum".into(),
+                };
+                3
+            ],
+            ..ScanState::default()
+        });
+        let before = c.clone();
+        fit_config(&mut c).unwrap();
+        assert_eq!(c, before);
+    }
+
     #[test]
     fn txgs_after_a_fallback_number_above_the_skipped_ones_and_spare_the_imported_slot() {
         assert_eq!(txg_above_skipped(10, 13), 14);
@@ -517,7 +708,7 @@ mod tests {
     fn uberblock_ring_keeps_older_txgs_and_skips_torn_slots() {
         let dev = Arc::new(MemDevice::new("m", 8 << 20));
         let leaf = Leaf::new(dev.clone() as Arc<dyn BlockDevice>, 7);
-        write_config(&leaf, &cfg(), 1, &[0, 1, 2, 3]).unwrap();
+        write_config(&leaf, &encode_config(&cfg(), 1).unwrap(), &[0, 1, 2, 3]).unwrap();
         for txg in 1..=5 {
             write_uberblock(&leaf, &Uberblock::new(txg, 42, BlkPtr::HOLE)).unwrap();
         }

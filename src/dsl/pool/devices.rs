@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use crate::dmu::object::walk;
 use crate::spa::label::{
-    read_labels, write_config, LabelError, LeafConfig, PoolConfig, PoolState, TopConfig,
+    encode_config, fit_config, read_labels, write_config, LabelError, LeafConfig, PoolConfig,
+    PoolState, TopConfig,
 };
 use crate::spa::metaslab::{log_reserve_for, ms_shift_for};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev};
 
-use super::{invalid, random_guid, Pool, PoolError, TopSpec, MIN_LEAF_BYTES};
+use super::{config_too_large, invalid, random_guid, Pool, PoolError, TopSpec, MIN_LEAF_BYTES};
 
 /// The answer to a device command that does not apply to log devices.
 fn log_device_only(dev: &str, vdev: u32) -> PoolError {
@@ -210,6 +211,10 @@ impl Pool {
             check_unused(&probe, &new_path)?;
         }
         let new_guid = probe.guid();
+        // The new path may be longer than the old: the labels must still hold the config.
+        let mut grown = cfg.clone();
+        grown.tops[t].children[ci].path = new_path.clone();
+        Pool::check_config_room(&grown)?;
         self.sync_now()?;
         {
             // No sync runs while the MOS lock is held: every txg up to the last synced one
@@ -230,8 +235,10 @@ impl Pool {
             // labels still name the old device and nothing is lost.
             let generation = self.config_gen.load(Ordering::SeqCst) + 1;
             let mut c = self.config_to_write(PoolState::Active);
+            fit_config(&mut c).map_err(|e| config_too_large(&e))?;
             c.leaf_guid = new_guid;
-            write_config(&probe, &c, generation, &[0, 1, 2, 3])?;
+            let area = encode_config(&c, generation).map_err(|e| config_too_large(&e))?;
+            write_config(&probe, &area, &[0, 1, 2, 3])?;
             probe.flush()?;
             leaf.swap(new_dev, new_guid, missed);
             let state = self.config.lock().state;
@@ -362,6 +369,9 @@ impl Pool {
         }
         let id = cfg.tops.last().map_or(0, |t| t.id + 1);
         let (vdev, tc) = build_top(id, spec, force)?;
+        let mut grown = cfg.clone();
+        grown.tops.push(tc.clone());
+        Pool::check_config_room(&grown)?;
         let vdev = Arc::new(vdev);
         // Known to the log (so its labels are written) but not used before they are.
         self.zil

@@ -32,7 +32,8 @@ use crate::dsl::dir::valid_volume_name;
 use crate::dsl::scan::ScanSlot;
 use crate::math::ChecksumKind;
 use crate::spa::label::{
-    read_labels, write_config, LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
+    encode_config, fit_config, fits_as_it_grows, read_labels, write_config, ConfigTooLarge,
+    LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
 };
 use crate::spa::props::{CommitPolicy, Placement};
 use crate::spa::scan_state::{ScanPhase, ScanState};
@@ -424,6 +425,14 @@ fn random_guid() -> u64 {
 /// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
 /// `ZETA_FLETCHER4_IMPL`, `ZETA_FLETCHER2_IMPL` or `ZETA_PARITY_IMPL` is a clear error here,
 /// before anything is read or written.
+/// The error for a config too large for the labels: the vdev tree is the part that grows
+/// with the user's choices.
+fn config_too_large(e: &ConfigTooLarge) -> PoolError {
+    invalid(format!(
+        "{e}: use fewer devices, or shorter paths to them (each device's path is in every label)"
+    ))
+}
+
 fn check_kernels() -> Result<(), PoolError> {
     crate::math::fletcher::selected().map_err(PoolError::Invalid)?;
     crate::math::fletcher2::selected().map_err(PoolError::Invalid)?;
@@ -480,6 +489,7 @@ impl Pool {
             zil_commit: opts.zil_commit,
             zil_placement: opts.zil_placement,
         };
+        Pool::check_config_room(&config)?;
         let alloc = Allocator::new(&alloc_geometry(&config));
         let mut mos = empty_mos(
             &alloc
@@ -575,19 +585,32 @@ impl Pool {
         pool
     }
 
+    /// Whether the config with vdev tree `cfg` keeps room in the labels for all the pool
+    /// records as it runs (`fits_as_it_grows`): checked before the tree grows.
+    pub(super) fn check_config_room(cfg: &PoolConfig) -> Result<(), PoolError> {
+        fits_as_it_grows(cfg).map_err(|e| config_too_large(&e))
+    }
+
     /// Writes the config into every label, in two phases (labels 0 and 2, then 1 and 3) so a
     /// crash tears at most one copy of each end.
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let cfg = self.config_to_write(state);
+        // What the labels get: the same, less what a config too large for them can spare.
+        let mut written = cfg.clone();
+        fit_config(&mut written).map_err(|e| config_too_large(&e))?;
         let (tops, required) = self.label_tops();
         let mut update =
             LabelUpdate::new(&tops, required, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
             update.step(|leaf| {
-                let mut c = cfg.clone();
+                let mut c = written.clone();
                 c.leaf_guid = leaf.guid();
-                write_config(leaf, &c, generation, &phase)
+                // `fit_config` left room for any leaf's GUID.
+                let area = encode_config(&c, generation).map_err(|e| {
+                    VdevError::io(&leaf.name(), std::io::Error::other(e.to_string()))
+                })?;
+                write_config(leaf, &area, &phase)
             })?;
             update.step(|leaf| leaf.flush())?;
         }
