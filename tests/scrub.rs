@@ -258,3 +258,123 @@ fn a_scrub_starts_as_soon_as_the_last_is_seen_to_end() {
     pool.wait_scrub();
     assert_eq!(pool.scan_status().state, ScanPhase::Finished);
 }
+
+/// A resilver owed while a scrub is under way goes first, as in ZFS: the scrub stops between
+/// blocks (or, paused, stays where it is), the resilver restores the copies a device
+/// missed, and then the scrub goes on from where it stopped rather than from the start
+/// (ZFS would have canceled it).
+#[test]
+fn a_resilver_owed_during_a_scrub_goes_first_and_the_scrub_goes_on_after_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    use zeta::spa::scan_state::ScanFunc;
+    use zeta::vdev::mem::Faults;
+    use zeta::vdev::BlockDevice;
+
+    for running in [false, true] {
+        // 4K blocks: 1024 data blocks, several chunks of work.
+        let (devs, data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 4096, 11);
+        let slow = Arc::new(AtomicBool::new(false));
+        let leaves = devs
+            .iter()
+            .map(|d| {
+                let slow = slow.clone();
+                let tap = Tap {
+                    on_read: Box::new(move || {
+                        if slow.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                    }),
+                    ..Tap::new(d.clone())
+                };
+                (Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string())
+            })
+            .collect();
+        let pool = Pool::import(leaves, None, opts()).unwrap();
+        let vol = Volume::open(&pool, "v").unwrap();
+        if running {
+            // Slow reads keep it going for seconds.
+            slow.store(true, Ordering::SeqCst);
+            pool.start_scrub().unwrap();
+            // Past the MOS (scrubbed whole, in one go) and into the volume.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while pool
+                .scan_status()
+                .bookmark
+                .is_none_or(|b| b.volume.is_none())
+            {
+                assert!(Instant::now() < deadline, "{:?}", pool.scan_status());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        } else {
+            // The MOS, then two chunks of the volume; paused there.
+            for _ in 0..3 {
+                assert!(!pool.scrub_chunk());
+            }
+        }
+        let scrub = pool.scan_status();
+        assert_eq!(
+            (scrub.func, scrub.state),
+            (ScanFunc::Scrub, ScanPhase::Scanning)
+        );
+
+        // One side's file system is full for a txg; then it takes whole txgs again.
+        let mut want = data.clone();
+        devs[1].set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+        let missed = pattern(12, 64 << 10);
+        vol.write(0, &missed).unwrap();
+        want[..missed.len()].copy_from_slice(&missed);
+        pool.sync_now().unwrap();
+        devs[1].set_faults(Faults::default());
+        // The first whole txg asks a running scrub to stop; a later one starts the resilver.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let resilver = loop {
+            vol.write(MB, &[7u8; 4096]).unwrap();
+            want[MB as usize..][..4096].fill(7);
+            pool.sync_now().unwrap();
+            let st = pool.scan_status();
+            if st.func == ScanFunc::Resilver {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "running={running}: no resilver: {st:?}"
+            );
+        };
+        let waiting = resilver.interrupted.as_deref().expect("the scrub waits");
+        assert_eq!(waiting.func, ScanFunc::Scrub);
+        assert_eq!(waiting.start_secs, scrub.start_secs, "the same scrub");
+        assert!(
+            waiting
+                .bookmark
+                .as_ref()
+                .is_some_and(|b| b.volume.is_some()),
+            "paused within the volume: {waiting:?}"
+        );
+        slow.store(false, Ordering::SeqCst);
+        pool.wait_scrub();
+
+        let end = pool.scan_status();
+        assert_eq!(
+            (end.func, end.state),
+            (ScanFunc::Scrub, ScanPhase::Finished),
+            "running={running}: {end:?}"
+        );
+        assert_eq!(end.start_secs, scrub.start_secs);
+        assert!(end.examined_bytes >= VOL, "{end:?}");
+        assert_eq!(end.errors, 0, "{end:?}");
+        assert!(end.interrupted.is_none());
+        let leaf = &pool.vdev_status()[0].leaves[1];
+        assert!(leaf.repaired_bytes > 0, "running={running}: {leaf:?}");
+        drop(vol);
+        pool.close().unwrap();
+        drop(pool);
+        // The side that missed a txg holds it now.
+        let pool = import(&devs[1..]);
+        assert!(read_volume(&pool) == want, "running={running}");
+        pool.close().unwrap();
+    }
+}

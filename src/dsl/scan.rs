@@ -38,6 +38,9 @@ const MAX_DAMAGED: usize = 100;
 pub(super) struct ScanSlot {
     running: Option<Scanner>,
     closed: bool,
+    /// `resilver_owed` asked the running scrub to stop for a resilver: if none starts after
+    /// all, the scrub goes on.
+    yielded: bool,
 }
 
 impl ScanSlot {
@@ -126,11 +129,8 @@ impl Pool {
     pub fn scrub_chunk(self: &Arc<Self>) -> bool {
         self.begin_scrub();
         let stop = AtomicBool::new(false);
-        if scan_chunk(self, &stop) {
-            finish(self);
-            return true;
-        }
-        false
+        // Done unless the chunk ended a resilver and a scrub it interrupted goes on.
+        scan_chunk(self, &stop) && !finish(self)
     }
 
     /// Resumes a scrub the config says was running (at import).
@@ -171,22 +171,37 @@ impl Pool {
             return;
         };
         if slot.busy() {
+            // A scrub gives way to a resilver (it goes on after it, where it stopped): ask
+            // it to stop without waiting; its thread ends between blocks, and a txg later
+            // the resilver starts here.
+            let scrubbing = self.scan.lock().func == ScanFunc::Scrub;
+            if scrubbing && !self.owed().0.is_empty() {
+                if let Some(s) = slot.running.as_ref() {
+                    s.stop.store(true, Ordering::SeqCst);
+                    slot.yielded = true;
+                }
+            }
             return;
         }
+        let yielded = std::mem::take(&mut slot.yielded);
         {
             let st = self.scan.lock();
             let stopped = st.func == ScanFunc::Resilver && st.state == ScanPhase::Canceled;
-            if stopped || st.state == ScanPhase::Scanning {
+            let resilvering = st.func == ScanFunc::Resilver && st.state == ScanPhase::Scanning;
+            if stopped || resilvering {
                 return;
             }
         }
-        self.start_resilver_in(&mut slot);
+        if !self.start_resilver_in(&mut slot) && yielded && !slot.closed {
+            // Nothing is owed after all: the scrub that stopped for it goes on.
+            if self.scan.lock().state == ScanPhase::Scanning {
+                slot.running = Some(self.spawn_scanner());
+            }
+        }
     }
 
-    fn start_resilver_in(self: &Arc<Self>, slot: &mut ScanSlot) -> bool {
-        if slot.closed {
-            return false;
-        }
+    /// The txgs some present, online leaf missed, and those leaves' GUIDs (sorted).
+    fn owed(&self) -> (TxgRanges, Vec<u64>) {
         let mut owed = TxgRanges::default();
         let mut leaves = Vec::new();
         for top in &self.io.zio.tops {
@@ -201,6 +216,14 @@ impl Pool {
             }
         }
         leaves.sort_unstable();
+        (owed, leaves)
+    }
+
+    fn start_resilver_in(self: &Arc<Self>, slot: &mut ScanSlot) -> bool {
+        if slot.closed {
+            return false;
+        }
+        let (owed, leaves) = self.owed();
         if owed.is_empty() {
             return false;
         }
@@ -216,6 +239,13 @@ impl Pool {
             {
                 // The same resilver, paused: go on with it.
             } else {
+                // A scrub under way (paused just now, or before) waits for the resilver;
+                // a resilver replaced by a wider one hands on the scrub it was holding.
+                let interrupted = match (st.state, st.func) {
+                    (ScanPhase::Scanning, ScanFunc::Scrub) => Some(Box::new(st.clone())),
+                    (ScanPhase::Scanning, ScanFunc::Resilver) => st.interrupted.take(),
+                    _ => None,
+                };
                 *st = ScanState {
                     func: ScanFunc::Resilver,
                     txgs: owed.0,
@@ -223,6 +253,7 @@ impl Pool {
                     state: ScanPhase::Scanning,
                     to_examine: self.space().alloc,
                     start_secs: now_secs(),
+                    interrupted,
                     ..ScanState::default()
                 };
             }
@@ -250,6 +281,8 @@ impl Pool {
         if st.state == ScanPhase::Scanning {
             st.state = ScanPhase::Canceled;
             st.end_secs = now_secs();
+            // Stopping a resilver stops the scrub waiting behind it too.
+            st.interrupted = None;
         }
         Ok(())
     }
@@ -280,8 +313,7 @@ fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        if done {
-            finish(&pool);
+        if done && !finish(&pool) {
             return;
         }
         if last_save.elapsed() >= SAVE_EVERY {
@@ -291,8 +323,10 @@ fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
     }
 }
 
-fn finish(pool: &Pool) {
-    {
+/// Ends the scan that just walked its last block; returns whether a scrub the resilver had
+/// interrupted goes on from where it stopped (on the same thread).
+fn finish(pool: &Pool) -> bool {
+    let resumed = {
         let mut st = pool.scan.lock();
         st.state = ScanPhase::Finished;
         st.end_secs = now_secs();
@@ -306,8 +340,16 @@ fn finish(pool: &Pool) {
                 }
             }
         }
-    }
+        match st.interrupted.take() {
+            Some(scrub) => {
+                *st = *scrub;
+                true
+            }
+            None => false,
+        }
+    };
     let _ = pool.save_scan();
+    resumed
 }
 
 /// Scrubs up to `CHUNK_BLOCKS` blocks from the bookmark on; returns whether the walk is done.

@@ -208,7 +208,8 @@ fn json_len(cfg: &PoolConfig) -> usize {
 }
 
 /// Makes `cfg` fit a config area, if it must, by giving up what a pool can spare, in this
-/// order: the byte ranges the last scan found damaged (newest first; its error count stays),
+/// order: the byte ranges the last scan found damaged (newest first, those of a scrub a
+/// resilver interrupted before the resilver's own; the error counts stay),
 /// then the detail of the txgs leaves missed and a resilver covers (each list becomes one
 /// range from its first txg to its last: a resilver of them rewrites more blocks, never
 /// fewer), then the leaves' error counts (shown by `pool status` after a restart, and
@@ -218,11 +219,20 @@ pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
     // The longest leaf GUID is 20 digits; the one in `cfg` may be shorter.
     let fits = |c: &PoolConfig| json_len(c) + 20 <= CONFIG_PAYLOAD_MAX;
     while !fits(cfg) {
-        match cfg.scan.as_mut() {
-            Some(scan) if !scan.damaged.is_empty() => {
-                scan.damaged.pop();
-            }
-            _ => break,
+        let Some(scan) = cfg.scan.as_mut() else { break };
+        // A scrub a resilver interrupted first: its list is the older.
+        let waiting = scan.interrupted.as_mut().filter(|s| !s.damaged.is_empty());
+        match waiting {
+            Some(scrub) => scrub.damaged.pop(),
+            None => scan.damaged.pop(),
+        };
+        if scan.damaged.is_empty()
+            && scan
+                .interrupted
+                .as_ref()
+                .is_none_or(|s| s.damaged.is_empty())
+        {
+            break;
         }
     }
     if !fits(cfg) {
@@ -254,7 +264,7 @@ fn coarsen(ranges: &mut Vec<[u64; 2]>) {
 /// Whether a pool of vdev tree `cfg` can keep its config in its labels whatever it records
 /// as it runs and `fit_config` cannot give up: every leaf's flags and missed txgs (one
 /// range each, as `fit_config` leaves them at most) and a resilver's scan state naming every
-/// leaf and a volume of the longest name. Checked whenever the tree grows (create, replace, log
+/// leaf, holding an interrupted scrub, each with a bookmark in a volume of the longest name. Checked whenever the tree grows (create, replace, log
 /// devices added), so that no later config write fails for want of room.
 pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
     use super::scan_state::{Bookmark, ScanFunc, ScanPhase, ScanState};
@@ -268,10 +278,10 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
         leaf.missed = vec![[u64::MAX, u64::MAX]];
         guids.push(u64::MAX);
     }
-    worst.scan = Some(ScanState {
-        func: ScanFunc::Resilver,
-        txgs: vec![[u64::MAX, u64::MAX]],
-        leaves: guids,
+    let scrub = ScanState {
+        func: ScanFunc::Scrub,
+        txgs: Vec::new(),
+        leaves: Vec::new(),
         state: ScanPhase::Scanning,
         examined_bytes: u64::MAX,
         to_examine: u64::MAX,
@@ -284,6 +294,14 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
             blkid: u64::MAX,
         }),
         damaged: Vec::new(),
+        interrupted: None,
+    };
+    worst.scan = Some(ScanState {
+        func: ScanFunc::Resilver,
+        txgs: vec![[u64::MAX, u64::MAX]],
+        leaves: guids,
+        interrupted: Some(Box::new(scrub.clone())),
+        ..scrub
     });
     match json_len(&worst) {
         n if n <= CONFIG_PAYLOAD_MAX => Ok(()),

@@ -72,4 +72,9 @@ pub struct ScanState {
     pub bookmark: Option<Bookmark>,
     #[serde(default)]
     pub damaged: Vec<Damage>,
+    /// For a resilver: the scrub it interrupted (paused at its bookmark), which goes on
+    /// once the resilver is done. Restoring redundancy comes first, as in ZFS, but a long
+    /// scrub's progress is not thrown away for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<Box<ScanState>>,
 }

@@ -312,6 +312,15 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
                 human(n("repaired_bytes")),
                 n("errors")
             );
+            let waiting = &scan["interrupted"];
+            if waiting.is_object() {
+                let w = |k: &str| waiting[k].as_u64().unwrap_or(0);
+                println!(
+                    "        then the scrub it interrupted goes on, {} of {} examined so far",
+                    human(w("examined_bytes")),
+                    human(w("to_examine"))
+                );
+            }
             print_damaged(scan, false);
         }
         println!("config:");
