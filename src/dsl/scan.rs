@@ -100,8 +100,12 @@ impl Pool {
             }
         }
         if slot.busy() {
+            let what = match self.scan.lock().func {
+                ScanFunc::Scrub => "already being scrubbed",
+                ScanFunc::Resilver => "being resilvered, which comes first",
+            };
             return Err(super::PoolError::Invalid(format!(
-                "pool '{}' is already being scrubbed (stop it with --stop)",
+                "pool '{}' is {what} (stop it with --stop)",
                 self.name
             )));
         }
