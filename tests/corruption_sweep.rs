@@ -65,7 +65,7 @@ impl History {
 /// A pool of `layout` with volume `v`: filled and committed in a txg, then rewritten in
 /// part (4K pieces logged with their data, whole blocks written in place and logged by
 /// pointer, a trim) and flushed, so the log holds the newest version; then a power cut.
-fn damaged_pool_source(layout: Layout, seed: u64) -> (Vec<Vec<u8>>, Vec<String>, History) {
+fn pool_images(layout: Layout, seed: u64) -> (Vec<Vec<u8>>, Vec<String>, History) {
     let create = PoolOptions {
         // No txg commits by itself: the acknowledged version lives in the log alone.
         txg_timeout: Duration::from_secs(3600),
@@ -277,7 +277,7 @@ fn sweep(
         "{layout:?}: seeds {seed}..{} (ZETA_SWEEP_SEED)",
         seed + trials
     );
-    let (images, names, history) = damaged_pool_source(layout, seed);
+    let (images, names, history) = pool_images(layout, seed);
     let written: Vec<Written> = images
         .iter()
         .map(|i| written_sectors(i, &history))

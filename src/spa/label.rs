@@ -209,11 +209,10 @@ fn json_len(cfg: &PoolConfig) -> usize {
 
 /// Makes `cfg` fit a config area, if it must, by giving up what a pool can spare, in this
 /// order: the byte ranges the last scan found damaged (newest first, those of a scrub a
-/// resilver interrupted before the resilver's own; the error counts stay),
-/// then the detail of the txgs leaves missed and a resilver covers (each list becomes one
-/// range from its first txg to its last: a resilver of them rewrites more blocks, never
-/// fewer), then the leaves' error counts (shown by `pool status` after a restart, and
-/// nothing else). Any leaf GUID fits in the room left (`leaf_guid` is set per leaf after
+/// resilver interrupted before the resilver's own; the error counts stay), then the detail
+/// of the txgs leaves missed and a resilver covers (each list becomes one range from its
+/// first txg to its last: a resilver of them rewrites more blocks, never fewer), then the
+/// leaves' error counts (shown by `pool status` after a restart, and nothing else). Any leaf GUID fits in the room left (`leaf_guid` is set per leaf after
 /// this). `fits_as_it_grows` keeps the vdev tree small enough for this to succeed.
 pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
     // The longest leaf GUID is 20 digits; the one in `cfg` may be shorter.
@@ -264,8 +263,9 @@ fn coarsen(ranges: &mut Vec<[u64; 2]>) {
 /// Whether a pool of vdev tree `cfg` can keep its config in its labels whatever it records
 /// as it runs and `fit_config` cannot give up: every leaf's flags and missed txgs (one
 /// range each, as `fit_config` leaves them at most) and a resilver's scan state naming every
-/// leaf, holding an interrupted scrub, each with a bookmark in a volume of the longest name. Checked whenever the tree grows (create, replace, log
-/// devices added), so that no later config write fails for want of room.
+/// leaf and holding an interrupted scrub, each with a bookmark in a volume of the longest
+/// name. Checked whenever the tree grows (create, replace, log devices added), so that no
+/// later config write fails for want of room.
 pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
     use super::scan_state::{Bookmark, ScanFunc, ScanPhase, ScanState};
     let mut worst = cfg.clone();
