@@ -13,8 +13,8 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Once};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use common::*;
@@ -29,21 +29,6 @@ use zeta::zvol::Volume;
 const VOL: u64 = 2 * MB;
 const BS: u32 = 16384;
 const SECTOR: usize = 4096;
-
-/// Panics anywhere in the process, the pool's own threads included: a panic on the sync
-/// thread would not reach the trial's thread.
-static PANICS: AtomicUsize = AtomicUsize::new(0);
-
-fn count_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            PANICS.fetch_add(1, Ordering::SeqCst);
-            default(info);
-        }));
-    });
-}
 
 /// What the pool was given: the volume's bytes as acknowledged by the last flush (the log
 /// alone holds them), and every version each sector had on the way (zeros at first, then
@@ -271,7 +256,7 @@ fn sweep(
     check: impl Fn(&Outcome, &History, &str),
 ) -> Tally {
     let mut tally = Tally::default();
-    count_panics();
+    let panics = panics();
     let seed = first_seed();
     eprintln!(
         "{layout:?}: seeds {seed}..{} (ZETA_SWEEP_SEED)",
@@ -297,10 +282,10 @@ fn sweep(
             done.push(format!("{}: {how}", names[d]));
         }
         let what = format!("{layout:?} seed {t} ({})", done.join("; "));
-        let before = PANICS.load(Ordering::SeqCst);
+        let before = panics.load(Ordering::SeqCst);
         let outcome = examine_in_time(imgs, names.clone(), &what);
         assert_eq!(
-            PANICS.load(Ordering::SeqCst),
+            panics.load(Ordering::SeqCst),
             before,
             "{what}: a thread panicked"
         );

@@ -12,37 +12,22 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Once};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use common::nbd_client::Client;
+use common::rig::{Rig, VOL, VOLSIZE};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use zeta::dsl::Pool;
 use zeta::nbd::proto::*;
-use zeta::nbd::{PoolExports, Server, ServerConfig};
 
-const VOLSIZE: u64 = 8 * MB;
 /// The export fuzzed sessions open.
-const TARGET: &str = "tank/v";
+const TARGET: &str = VOL;
 /// The witness: no generated session names it (bytes mutated into its name aside, which
 /// the odds make negligible; a write there would also need a valid request after it).
 const WITNESS: &str = "tank/w";
-
-static PANICS: AtomicUsize = AtomicUsize::new(0);
-
-fn count_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            PANICS.fetch_add(1, Ordering::SeqCst);
-            default(info);
-        }));
-    });
-}
 
 fn option(opt: u32, data: &[u8]) -> Vec<u8> {
     let mut m = IHAVEOPT.to_be_bytes().to_vec();
@@ -271,18 +256,9 @@ fn first_seed() -> u64 {
 
 #[test]
 fn mutated_sessions_never_hang_or_harm_the_server() {
-    count_panics();
-    let devs = mem_devs(2, 128 * MB);
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-    pool.create_volume("v", VOLSIZE, 4096, None).unwrap();
-    pool.create_volume("w", VOLSIZE, 16384, None).unwrap();
-    let exports = Arc::new(PoolExports::new(vec![pool.clone()], None));
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..ServerConfig::default()
-    };
-    let server = Server::start(cfg, exports).unwrap();
-    let addr = server.local_addr();
+    let panics = panics();
+    let rig = Rig::default();
+    let addr = rig.addr();
 
     let mut witness = Client::open(addr, WITNESS);
     let kept = pattern(7, 256 << 10);
@@ -297,13 +273,13 @@ fn mutated_sessions_never_hang_or_harm_the_server() {
     let mut served = 0;
     for t in seed..seed + sessions {
         let bytes = session(&mut StdRng::seed_from_u64(t));
-        let before = PANICS.load(Ordering::SeqCst);
+        let before = panics.load(Ordering::SeqCst);
         match run_session(addr, &bytes) {
             Ok(replied) => served += replied as u64,
             Err(e) => panic!("seed {t}: {e}"),
         }
         assert_eq!(
-            PANICS.load(Ordering::SeqCst),
+            panics.load(Ordering::SeqCst),
             before,
             "seed {t}: a thread panicked"
         );
@@ -320,7 +296,5 @@ fn mutated_sessions_never_hang_or_harm_the_server() {
     assert_eq!(fresh.read(0, 4096).unwrap(), vec![3u8; 4096]);
     drop(fresh);
     drop(witness);
-    server.shutdown();
-    pool.verify().unwrap();
-    pool.close().unwrap();
+    rig.pool.verify().unwrap();
 }

@@ -4,68 +4,15 @@
 mod common;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::nbd_client::Client;
+use common::rig::{Rig, VOL, VOLSIZE};
 use common::*;
 use zeta::dsl::Pool;
 use zeta::nbd::proto::*;
 use zeta::nbd::{PoolExports, Server, ServerConfig};
-use zeta::vdev::mem::{Faults, MemDevice, PowerCut};
-
-const VOL: &str = "tank/v";
-const VOLSIZE: u64 = 8 * MB;
-
-struct Rig {
-    devs: Vec<Arc<MemDevice>>,
-    pool: Arc<Pool>,
-    server: Option<Server>,
-}
-
-impl Rig {
-    fn new(cfg: ServerConfig) -> Rig {
-        let devs = mem_devs(2, 128 * MB);
-        let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-        pool.create_volume("v", VOLSIZE, 4096, None).unwrap();
-        pool.create_volume("w", VOLSIZE, 16384, None).unwrap();
-        let exports = Arc::new(PoolExports::new(vec![pool.clone()], None));
-        let cfg = ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..cfg
-        };
-        let server = Server::start(cfg, exports).unwrap();
-        Rig {
-            devs,
-            pool,
-            server: Some(server),
-        }
-    }
-
-    fn default() -> Rig {
-        Rig::new(ServerConfig::default())
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.server.as_ref().unwrap().local_addr()
-    }
-
-    /// A fresh session still works: the server survived whatever the test did.
-    fn assert_serving(&self) {
-        let mut c = Client::open(self.addr(), VOL);
-        assert_eq!(c.write(0, &[9u8; 4096]), 0);
-        assert_eq!(c.read(0, 4096).unwrap(), vec![9u8; 4096]);
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.shutdown();
-        }
-        let _ = self.pool.close();
-    }
-}
+use zeta::vdev::mem::{Faults, PowerCut};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -11,6 +11,7 @@ use zeta::zvol::Volume;
 
 pub mod nbd_client;
 pub mod procs;
+pub mod rig;
 
 pub const MB: u64 = 1 << 20;
 
@@ -250,4 +251,21 @@ impl BlockDevice for Tap {
     fn name(&self) -> &str {
         self.dev.name()
     }
+}
+
+/// Counts panics anywhere in the process from the first call on, the pool's own threads
+/// included (a panic on the sync thread would not reach the test's thread): tests compare
+/// the count before and after what they check.
+pub fn panics() -> &'static std::sync::atomic::AtomicUsize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            default(info);
+        }));
+    });
+    &PANICS
 }
