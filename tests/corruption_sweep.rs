@@ -247,12 +247,13 @@ fn first_seed() -> u64 {
 }
 
 /// `trials` rounds of damage to a fresh copy of one pool's images: up to `hits` sectors
-/// each, all on one device (`one_device`) or on any. `check` judges each outcome.
+/// each, on at most `devices` devices chosen at random (`None`: any). `check` judges each
+/// outcome.
 fn sweep(
     layout: Layout,
     trials: u64,
     hits: usize,
-    one_device: bool,
+    devices: Option<usize>,
     check: impl Fn(&Outcome, &History, &str),
 ) -> Tally {
     let mut tally = Tally::default();
@@ -270,14 +271,10 @@ fn sweep(
     for t in seed..seed + trials {
         let mut rng = StdRng::seed_from_u64(t);
         let mut imgs = images.clone();
-        let victim = rng.gen_range(0..imgs.len());
+        let victims = rand::seq::index::sample(&mut rng, imgs.len(), devices.unwrap_or(imgs.len()));
         let mut done = Vec::new();
         for _ in 0..rng.gen_range(1..=hits) {
-            let d = if one_device {
-                victim
-            } else {
-                rng.gen_range(0..imgs.len())
-            };
+            let d = victims.index(rng.gen_range(0..victims.len()));
             let how = damage(&mut imgs[d], &written[d], &mut rng);
             done.push(format!("{}: {how}", names[d]));
         }
@@ -370,13 +367,27 @@ fn check_honest(outcome: &Outcome, h: &History, what: &str) {
 
 #[test]
 fn damage_on_one_side_of_a_mirror_loses_nothing() {
-    let t = sweep(Layout::Mirror, 60, 6, true, check_whole);
+    let t = sweep(Layout::Mirror, 60, 6, Some(1), check_whole);
     assert!(t.cksum_errors > 0, "the damage hit nothing: {t:?}");
 }
 
 #[test]
 fn damage_to_one_raidz1_column_loses_nothing() {
-    let t = sweep(Layout::Raidz1, 60, 6, true, check_whole);
+    let t = sweep(Layout::Raidz1, 60, 6, Some(1), check_whole);
+    assert!(t.cksum_errors > 0, "the damage hit nothing: {t:?}");
+}
+
+#[test]
+fn damage_to_two_raidz2_columns_loses_nothing() {
+    let t = sweep(Layout::Raidz2, 40, 8, Some(2), check_whole);
+    assert!(t.cksum_errors > 0, "the damage hit nothing: {t:?}");
+}
+
+/// Two vdevs without redundancy: the pool's metadata has a copy on each, so damage to one
+/// of them is repaired, but each data or log block has one copy only.
+#[test]
+fn damage_to_two_plain_vdevs_is_an_error_never_wrong_bytes() {
+    let t = sweep(Layout::TwoStripes, 80, 3, None, check_honest);
     assert!(t.cksum_errors > 0, "the damage hit nothing: {t:?}");
 }
 
@@ -385,7 +396,7 @@ fn damage_to_one_raidz1_column_loses_nothing() {
 /// in it and after it read back as they were before, the limit README states.
 #[test]
 fn damage_without_redundancy_is_an_error_never_wrong_bytes() {
-    let t = sweep(Layout::Stripe, 150, 3, false, check_honest);
+    let t = sweep(Layout::Stripe, 150, 3, None, check_honest);
     assert!(
         t.read_errors > 0 && t.older > 0,
         "the damage reached neither the data nor the log: {t:?}"
