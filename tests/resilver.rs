@@ -353,111 +353,50 @@ fn a_device_replaced_during_a_resilver_is_rebuilt_in_full() {
 /// and once the resilver is done the device in the old one's place holds everything.
 #[test]
 fn power_cuts_during_a_replacement_lose_nothing_flushed() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     use zeta::vdev::mem::PowerCut;
     const BLOCKS: u64 = 256;
-    const BS: usize = 4096;
-    let block = |b: u64, g: u64| {
-        let mut v = pattern(b * 1_000_003 + g, BS);
-        v[..8].copy_from_slice(&g.to_le_bytes());
-        v
-    };
     for seed in 0..16u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let devs = mem_devs(2, 64 * MB);
         let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
-        pool.create_volume("v", BLOCKS * BS as u64, BS as u32, None)
+        pool.create_volume("v", BLOCKS * STAMP_BS as u64, STAMP_BS as u32, None)
             .unwrap();
-        let vol = Volume::open(&pool, "v").unwrap();
-        for b in 0..BLOCKS {
-            vol.write(b * BS as u64, &block(b, 0)).unwrap();
-        }
-        vol.flush().unwrap();
-        let fresh = Arc::new(MemDevice::new("new1", 64 * MB));
-        // Flushes and the cut's snapshot exclude each other, so that a flush counts as
-        // acknowledged exactly when it finished before the cut.
-        let gate = std::sync::RwLock::new(());
-        let cut_taken = AtomicBool::new(false);
         // Another volume, for the resilver to take a while over.
         pool.create_volume("w", VOL, 16384, None).unwrap();
         Volume::open(&pool, "w")
             .unwrap()
             .write(0, &pattern(seed, VOL as usize))
             .unwrap();
-        let replace_at = Duration::from_millis(rng.next_u64() % 40);
+        let writer = StampWriter::start(Volume::open(&pool, "v").unwrap(), BLOCKS, seed + 1000);
+        writer.wait_for(rng.next_u64() % 10);
+        let fresh = Arc::new(MemDevice::new("new1", 64 * MB));
         // Half the cuts within the replacement itself (a sync and two rounds of labels).
-        let after = if seed % 2 == 0 { 20 } else { 300 };
-        let cut_at = replace_at + Duration::from_micros(rng.next_u64() % (after * 1000));
-        let (cut, durable, tried) = std::thread::scope(|s| {
-            let writer = s.spawn(|| {
-                let mut wrng = StdRng::seed_from_u64(seed + 1000);
-                let mut durable = vec![0u64; BLOCKS as usize];
-                let mut tried = vec![0u64; BLOCKS as usize];
-                let mut pending = Vec::new();
-                let mut g = 0;
-                while !cut_taken.load(Ordering::SeqCst) {
-                    g += 1;
-                    let b = wrng.next_u64() % BLOCKS;
-                    tried[b as usize] = g;
-                    vol.write(b * BS as u64, &block(b, g)).unwrap();
-                    pending.push((b as usize, g));
-                    if g % 4 == 0 {
-                        let _held = gate.read().unwrap();
-                        if cut_taken.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        vol.flush().unwrap();
-                        for (b, g) in pending.drain(..) {
-                            durable[b] = durable[b].max(g);
-                        }
-                    }
-                }
-                (durable, tried)
-            });
-            let (pool, fresh) = (&pool, &fresh);
-            s.spawn(move || {
-                std::thread::sleep(replace_at);
-                // It may fail only for the cut's sake: the devices keep working in memory.
-                let r = pool.replace(
+        let within = if seed % 2 == 0 { 20 } else { 300 };
+        let cut_after = Duration::from_micros(rng.next_u64() % (within * 1000));
+        let (cut, stamps) = std::thread::scope(|s| {
+            s.spawn(|| {
+                // The devices keep working in memory after the cut: it succeeds.
+                pool.replace(
                     "mem1",
                     fresh.clone() as Arc<dyn BlockDevice>,
                     "new1".into(),
                     false,
-                );
-                r.unwrap();
+                )
+                .unwrap();
             });
-            std::thread::sleep(cut_at);
-            let cut = {
-                let _all = gate.write().unwrap();
-                let cut = power_cut(
-                    &[devs[0].clone(), devs[1].clone(), fresh.clone()],
-                    PowerCut::Tear(seed),
-                );
-                cut_taken.store(true, Ordering::SeqCst);
-                cut
-            };
-            let (durable, tried) = writer.join().unwrap();
-            (cut, durable, tried)
+            std::thread::sleep(cut_after);
+            writer.cut(
+                &[devs[0].clone(), devs[1].clone(), fresh.clone()],
+                PowerCut::Tear(seed),
+            )
         });
-        drop(vol);
         drop(pool);
 
         let pool = Pool::import(as_leaves(&cut), None, opts())
             .unwrap_or_else(|e| panic!("seed {seed}: import: {e}"));
         let vol = Volume::open(&pool, "v").unwrap();
-        let check = |vol: &Volume, what: &str| {
-            for b in 0..BLOCKS {
-                let got = read(vol, b * BS as u64, BS);
-                let g = u64::from_le_bytes(got[..8].try_into().unwrap());
-                let (low, high) = (durable[b as usize], tried[b as usize]);
-                assert!(
-                    g >= low && g <= high && got == block(b, g),
-                    "seed {seed} ({what}): block {b}: generation {g}, flushed {low}, last {high}"
-                );
-            }
-        };
-        check(&vol, "after the import");
+        stamps.check(&vol, &format!("seed {seed}, after the import"));
         pool.wait_scrub();
         let scan = pool.scan_status();
         assert_ne!(scan.state, ScanPhase::Scanning, "seed {seed}: {scan:?}");
@@ -466,7 +405,7 @@ fn power_cuts_during_a_replacement_lose_nothing_flushed() {
             .unwrap_or_else(|e| panic!("seed {seed}: verify: {e}"));
         // Whichever device holds the second place now carries every block alone.
         pool.set_offline("mem0", true).unwrap();
-        check(&vol, "from the second device alone");
+        stamps.check(&vol, &format!("seed {seed}, from the second device alone"));
         drop(vol);
         pool.close().unwrap();
     }

@@ -269,3 +269,121 @@ pub fn panics() -> &'static std::sync::atomic::AtomicUsize {
     });
     &PANICS
 }
+
+/// The size of a `StampWriter` block.
+pub const STAMP_BS: usize = 4096;
+
+/// Block `b` at generation `g`: the generation, then bytes drawn from both, so that a read
+/// tells which write it saw and whether it is whole.
+pub fn stamped(b: u64, g: u64) -> Vec<u8> {
+    let mut v = pattern(b * 1_000_003 + g, STAMP_BS);
+    v[..8].copy_from_slice(&g.to_le_bytes());
+    v
+}
+
+/// A writer of stamped blocks (`stamped`) over the first `blocks` blocks of a volume that
+/// flushes every fourth write, for power cuts at random moments of some other operation.
+/// `cut` takes the devices' snapshot between two flushes, so that a flush counts as
+/// acknowledged exactly when it finished before the cut.
+pub struct StampWriter {
+    gate: Arc<std::sync::RwLock<()>>,
+    cut_taken: Arc<std::sync::atomic::AtomicBool>,
+    flushes: Arc<std::sync::atomic::AtomicU64>,
+    handle: Option<std::thread::JoinHandle<Stamps>>,
+}
+
+/// Per block: the generation the last acknowledged flush covered, and the last written.
+pub struct Stamps {
+    pub durable: Vec<u64>,
+    pub tried: Vec<u64>,
+}
+
+impl StampWriter {
+    /// Writes generation 0 of every block and flushes it, then goes on in a thread.
+    pub fn start(vol: Volume, blocks: u64, seed: u64) -> StampWriter {
+        use rand::{RngCore, SeedableRng};
+        use std::sync::atomic::Ordering;
+        for b in 0..blocks {
+            vol.write(b * STAMP_BS as u64, &stamped(b, 0)).unwrap();
+        }
+        vol.flush().unwrap();
+        let gate = Arc::new(std::sync::RwLock::new(()));
+        let cut_taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flushes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (g8, cut, fl) = (gate.clone(), cut_taken.clone(), flushes.clone());
+        let handle = std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut s = Stamps {
+                durable: vec![0; blocks as usize],
+                tried: vec![0; blocks as usize],
+            };
+            let mut pending = Vec::new();
+            let mut g = 0;
+            while !cut.load(Ordering::SeqCst) {
+                g += 1;
+                let b = rng.next_u64() % blocks;
+                s.tried[b as usize] = g;
+                vol.write(b * STAMP_BS as u64, &stamped(b, g)).unwrap();
+                pending.push((b as usize, g));
+                if g % 4 == 0 {
+                    let _held = g8.read().unwrap();
+                    if cut.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    vol.flush().unwrap();
+                    for (b, g) in pending.drain(..) {
+                        s.durable[b] = s.durable[b].max(g);
+                    }
+                    fl.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            s
+        });
+        StampWriter {
+            gate,
+            cut_taken,
+            flushes,
+            handle: Some(handle),
+        }
+    }
+
+    /// Returns once `n` more flushes are done.
+    pub fn wait_for(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        let target = self.flushes.load(Ordering::SeqCst) + n;
+        let t = std::time::Instant::now();
+        while self.flushes.load(Ordering::SeqCst) < target {
+            assert!(t.elapsed() < Duration::from_secs(60), "the writer stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Cuts the power of `devs` together, between two flushes, and stops the writer.
+    pub fn cut(mut self, devs: &[Arc<MemDevice>], mode: PowerCut) -> (Vec<Arc<MemDevice>>, Stamps) {
+        let images = {
+            let _all = self.gate.write().unwrap();
+            let images = power_cut(devs, mode);
+            self.cut_taken
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            images
+        };
+        let stamps = self.handle.take().unwrap().join().unwrap();
+        (images, stamps)
+    }
+}
+
+impl Stamps {
+    /// Checks that each block of `vol` holds, whole, a generation no older than its last
+    /// acknowledged flush and no newer than its last write.
+    pub fn check(&self, vol: &Volume, what: &str) {
+        for (b, (&low, &high)) in self.durable.iter().zip(&self.tried).enumerate() {
+            let b = b as u64;
+            let got = read(vol, b * STAMP_BS as u64, STAMP_BS);
+            let g = u64::from_le_bytes(got[..8].try_into().unwrap());
+            assert!(
+                g >= low && g <= high && got == stamped(b, g),
+                "{what}: block {b}: generation {g}, flushed {low}, last written {high}"
+            );
+        }
+    }
+}

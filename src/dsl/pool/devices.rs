@@ -377,7 +377,14 @@ impl Pool {
         self.zil
             .add_vdev(vdev.clone(), (0, tc.log_bytes), true, true);
         self.config.lock().tops.push(tc);
-        if let Err(e) = self.write_config(cfg.state) {
+        // The new devices' labels first, written and flushed in full: an import takes the
+        // newest config it finds, so one naming the new devices must never be found on the
+        // old devices alone (found so after a power cut here, the import called the new
+        // devices missing and refused to go on without `--discard-log`).
+        let written = self
+            .write_config_on(std::slice::from_ref(&vdev), 1, cfg.state)
+            .and_then(|()| self.write_config(cfg.state));
+        if let Err(e) = written {
             self.config.lock().tops.retain(|t| t.id != id);
             let _ = self.zil.remove_vdev(id);
             // Labels that took the new config are overwritten by a newer generation.

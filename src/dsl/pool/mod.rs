@@ -594,14 +594,25 @@ impl Pool {
     /// Writes the config into every label, in two phases (labels 0 and 2, then 1 and 3) so a
     /// crash tears at most one copy of each end.
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
+        let (tops, required) = self.label_tops();
+        self.write_config_on(&tops, required, state)
+    }
+
+    /// `write_config` on the labels of `tops` alone, the first `required` of which must take
+    /// it: a vdev being added gets the config that names it before any other device does.
+    pub(super) fn write_config_on(
+        &self,
+        tops: &[Arc<TopVdev>],
+        required: usize,
+        state: PoolState,
+    ) -> Result<(), PoolError> {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let cfg = self.config_to_write(state);
         // What the labels get: the same, less what a config too large for them can spare.
         let mut written = cfg.clone();
         fit_config(&mut written).map_err(|e| config_too_large(&e))?;
-        let (tops, required) = self.label_tops();
         let mut update =
-            LabelUpdate::new(&tops, required, format!("config generation {generation}"));
+            LabelUpdate::new(tops, required, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
             update.step(|leaf| {
                 let mut c = written.clone();
