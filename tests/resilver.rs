@@ -410,3 +410,116 @@ fn power_cuts_during_a_replacement_lose_nothing_flushed() {
         pool.close().unwrap();
     }
 }
+
+/// The txgs an offline leaf misses are owed to it after a power cut too, not only after a
+/// clean export: each is in the labels by the time its uberblock is, so that online
+/// resilvers every one of them.
+#[test]
+fn txgs_missed_while_offline_are_owed_after_a_power_cut() {
+    use zeta::vdev::mem::PowerCut;
+    for cut_mode in [PowerCut::DropUnflushed, PowerCut::KeepUnflushed] {
+        let (devs, data) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 3);
+        let pool = import(&devs);
+        pool.set_offline("mem1", true).unwrap();
+        let vol = Volume::open(&pool, "v").unwrap();
+        let mut expect = data.clone();
+        for round in 0..3u64 {
+            let piece = pattern(40 + round, 64 << 10);
+            let at = (round * 3 * MB) as usize;
+            vol.write(at as u64, &piece).unwrap();
+            expect[at..at + piece.len()].copy_from_slice(&piece);
+            pool.sync_now().unwrap();
+        }
+        let cut = power_cut(&devs, cut_mode);
+        drop(vol);
+        drop(pool);
+
+        let pool = import(&cut);
+        assert_eq!(pool.vdev_status()[0].leaves[1].state, "OFFLINE");
+        assert!(read_volume(&pool) == expect, "{cut_mode:?}");
+        pool.set_offline("mem1", false).unwrap();
+        pool.wait_scrub();
+        let scan = pool.scan_status();
+        assert_eq!(
+            (scan.func, scan.state),
+            (ScanFunc::Resilver, ScanPhase::Finished),
+            "{cut_mode:?}: {scan:?}"
+        );
+        assert!(repaired_on(&pool, 1) >= 3 * (64 << 10), "{cut_mode:?}");
+        pool.set_offline("mem0", true).unwrap();
+        assert!(
+            read_volume(&pool) == expect,
+            "{cut_mode:?}: mem1 lacks what it missed"
+        );
+        pool.close().unwrap();
+    }
+}
+
+/// A txg a leaf missed for a failed write is in the other leaves' labels, flushed, before
+/// the next txg begins: that leaf may take the next txg whole, after which its own newest
+/// uberblock no longer tells an import what it lacks.
+#[test]
+fn a_txg_a_leaf_missed_is_in_the_labels_before_the_next_one() {
+    use zeta::vdev::mem::{Faults, PowerCut};
+    let (devs, _) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 4);
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    devs[1].set_faults(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    vol.write(0, &pattern(9, 64 << 10)).unwrap();
+    pool.sync_now().unwrap();
+    let txg = pool.synced_txg();
+    let durable = power_cut(&devs[..1], PowerCut::DropUnflushed);
+    let cfg = zeta::dsl::probe(durable[0].clone()).expect("a config");
+    let missed = &cfg.tops[0].children[1].missed;
+    assert!(
+        missed.iter().any(|r| r[0] <= txg && txg <= r[1]),
+        "txg {txg} not in {missed:?}"
+    );
+    devs[1].set_faults(Faults::default());
+    drop(vol);
+    pool.close().unwrap();
+}
+
+/// A leaf whose labels are behind the pool's (it missed txgs the other labels never got to
+/// record: here, a mirror side that comes back as it was some txgs ago) is owed those txgs at
+/// import, found by its newest uberblock, and resilvered.
+#[test]
+fn a_leaf_behind_the_pool_at_import_is_resilvered() {
+    use zeta::vdev::mem::PowerCut;
+    let (devs, data) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 5);
+    let stale = devs[1].power_cut(PowerCut::KeepUnflushed);
+    let pool = import(&devs);
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut expect = data.clone();
+    let piece = pattern(11, 256 << 10);
+    vol.write(MB, &piece).unwrap();
+    expect[MB as usize..][..piece.len()].copy_from_slice(&piece);
+    vol.flush().unwrap();
+    pool.sync_now().unwrap();
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+
+    let back = vec![
+        devs[0].clone(),
+        Arc::new(MemDevice::from_image("mem1", stale)),
+    ];
+    let pool = import(&back);
+    pool.wait_scrub();
+    let scan = pool.scan_status();
+    assert_eq!(
+        (scan.func, scan.state),
+        (ScanFunc::Resilver, ScanPhase::Finished),
+        "{scan:?}"
+    );
+    assert!(repaired_on(&pool, 1) >= piece.len() as u64 / 2);
+    pool.set_offline("mem0", true).unwrap();
+    assert!(
+        read_volume(&pool) == expect,
+        "the stale side lacks the new data"
+    );
+    pool.close().unwrap();
+}

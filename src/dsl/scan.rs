@@ -321,7 +321,7 @@ fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
             return;
         }
         if last_save.elapsed() >= SAVE_EVERY {
-            let _ = pool.save_scan();
+            let _ = pool.save_config();
             last_save = Instant::now();
         }
     }
@@ -352,7 +352,7 @@ fn finish(pool: &Pool) -> bool {
             None => false,
         }
     };
-    let _ = pool.save_scan();
+    let _ = pool.save_config();
     resumed
 }
 

@@ -706,7 +706,14 @@ impl Pool {
         // Assemble the vdev tree from the config, matching leaves by GUID.
         let mut by_guid: HashMap<u64, (Arc<dyn BlockDevice>, String)> = HashMap::new();
         let mut uberblocks: Vec<Uberblock> = Vec::new();
+        // The newest txg each leaf took whole (its newest uberblock of this pool).
+        let mut took: HashMap<u64, u64> = HashMap::new();
         for (dev, path, _, cfg, ubs) in members {
+            let newest = ubs
+                .iter()
+                .filter(|u| u.pool_guid.get() == guid)
+                .map(|u| u.txg.get());
+            took.insert(cfg.leaf_guid, newest.max().unwrap_or(0));
             by_guid.insert(cfg.leaf_guid, (dev, path));
             uberblocks.extend(ubs);
         }
@@ -830,6 +837,18 @@ impl Pool {
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
                     // New txgs must outrank every uberblock skipped on the way here.
                     let txg = commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?;
+                    // A leaf whose newest uberblock is older than the tree's missed the txgs
+                    // between: it was offline, or dropped from a txg for a failed write, and
+                    // the crash came before the labels recorded it (they are written at such
+                    // moments, not every txg). It is owed them.
+                    for top in &data_tops {
+                        for leaf in top.children.iter().filter(|l| !l.is_missing()) {
+                            let last = took.get(&leaf.guid()).copied().unwrap_or(0);
+                            if last < ub.txg.get() {
+                                leaf.missed.lock().add_range([last + 1, ub.txg.get()]);
+                            }
+                        }
+                    }
                     let scan = config.scan.clone().unwrap_or_default();
                     let discard_log = opts.discard_log;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
@@ -1210,8 +1229,9 @@ impl Pool {
         cfg
     }
 
-    /// Saves the scrub's progress in the config (serialized with syncs by the MOS lock).
-    pub(super) fn save_scan(&self) -> Result<(), PoolError> {
+    /// Writes the config as it stands (a scan's progress, the txgs leaves missed) to the
+    /// labels, serialized with syncs by the MOS lock.
+    pub(super) fn save_config(&self) -> Result<(), PoolError> {
         let _mos = self.mos.lock();
         let state = self.config.lock().state;
         self.write_config(state)

@@ -88,7 +88,17 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             }
             (st.request_seq, st.shutdown)
         };
-        let result = p.sync_once();
+        let mut result = p.sync_once();
+        if let Ok(Some(c)) = &result {
+            if !c.whole {
+                // Leaves that missed part of this txg owe it: into the labels before the next
+                // txg, which such a leaf may take whole. (A crash before this is covered at
+                // import: the leaf's newest uberblock is older than the pool's.)
+                if let Err(e) = p.save_config() {
+                    result = Err(e);
+                }
+            }
+        }
         // The txg that waited for room has committed, or failed for good: either way the
         // wait is over, and sync requests are no longer refused as out of room. (Lifted
         // before writes are taken again, so that no FLUSH is refused once the pool says it
