@@ -249,6 +249,25 @@ impl Pool {
     }
 
     /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
+    /// Whether the labels (the config last written) lag what an import could not find out
+    /// for itself: a leaf faulted, offlined or back since, or the txgs an in-service leaf
+    /// missed (it may take the next txg whole, after which its uberblock no longer tells).
+    /// The txgs a leaf out of service misses need no write: it takes no uberblock meanwhile,
+    /// and an import owes it every txg past its newest.
+    pub(super) fn labels_behind(&self) -> bool {
+        let was = self.config.lock().clone();
+        let mut now = was.clone();
+        self.record_counters(&mut now);
+        let leaves = |c: &PoolConfig| -> Vec<LeafConfig> {
+            c.tops.iter().flat_map(|t| t.children.clone()).collect()
+        };
+        leaves(&now).iter().zip(&leaves(&was)).any(|(n, w)| {
+            n.faulted != w.faulted
+                || n.offline != w.offline
+                || (!n.faulted && !n.offline && n.missed != w.missed)
+        })
+    }
+
     pub(super) fn record_counters(&self, cfg: &mut PoolConfig) {
         let (tops, _) = self.label_tops();
         for (top, tc) in tops.iter().zip(cfg.tops.iter_mut()) {

@@ -422,9 +422,6 @@ fn random_guid() -> u64 {
     }
 }
 
-/// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
-/// `ZETA_FLETCHER4_IMPL`, `ZETA_FLETCHER2_IMPL` or `ZETA_PARITY_IMPL` is a clear error here,
-/// before anything is read or written.
 /// The error for a config too large for the labels: the vdev tree is the part that grows
 /// with the user's choices.
 fn config_too_large(e: &ConfigTooLarge) -> PoolError {
@@ -433,6 +430,9 @@ fn config_too_large(e: &ConfigTooLarge) -> PoolError {
     ))
 }
 
+/// A pool opens only if the checksum and parity kernels the environment selects can run: a bad
+/// `ZETA_FLETCHER4_IMPL`, `ZETA_FLETCHER2_IMPL` or `ZETA_PARITY_IMPL` is a clear error here,
+/// before anything is read or written.
 fn check_kernels() -> Result<(), PoolError> {
     crate::math::fletcher::selected().map_err(PoolError::Invalid)?;
     crate::math::fletcher2::selected().map_err(PoolError::Invalid)?;

@@ -89,14 +89,13 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             (st.request_seq, st.shutdown)
         };
         let mut result = p.sync_once();
-        if let Ok(Some(c)) = &result {
-            if !c.whole {
-                // Leaves that missed part of this txg owe it: into the labels before the next
-                // txg, which such a leaf may take whole. (A crash before this is covered at
-                // import: the leaf's newest uberblock is older than the pool's.)
-                if let Err(e) = p.save_config() {
-                    result = Err(e);
-                }
+        let whole = matches!(&result, Ok(Some(c)) if c.whole);
+        if matches!(result, Ok(Some(_))) && !whole && p.labels_behind() {
+            // A leaf that missed part of this txg and may take the next whole owes it: into
+            // the labels before the next txg. (A crash before this is covered at import:
+            // the leaf's newest uberblock is older than the pool's.)
+            if let Err(e) = p.save_config() {
+                result = Err(e);
             }
         }
         // The txg that waited for room has committed, or failed for good: either way the
@@ -106,10 +105,8 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
         if p.sync.lock().waiting.is_some() {
             p.accept_log_requests();
         }
-        if let Ok(Some(c)) = &result {
-            if c.whole {
-                p.resilver_owed();
-            }
+        if whole {
+            p.resilver_owed();
         }
         let mut st = p.sync.lock();
         let idle = matches!(result, Ok(None));
