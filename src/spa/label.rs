@@ -207,6 +207,15 @@ fn json_len(cfg: &PoolConfig) -> usize {
     serde_json::to_vec(cfg).map_or(usize::MAX, |v| v.len())
 }
 
+/// Ok if a config of `bytes` of JSON fits a config area.
+fn within_area(bytes: usize) -> Result<(), ConfigTooLarge> {
+    if bytes <= CONFIG_PAYLOAD_MAX {
+        Ok(())
+    } else {
+        Err(ConfigTooLarge { bytes })
+    }
+}
+
 /// Makes `cfg` fit a config area, if it must, by giving up what a pool can spare, in this
 /// order: the byte ranges the last scan found damaged (newest first, those of a scrub a
 /// resilver interrupted before the resilver's own; the error counts stay), then the detail
@@ -216,7 +225,7 @@ fn json_len(cfg: &PoolConfig) -> usize {
 /// this). `fits_as_it_grows` keeps the vdev tree small enough for this to succeed.
 pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
     // The longest leaf GUID is 20 digits; the one in `cfg` may be shorter.
-    let fits = |c: &PoolConfig| json_len(c) + 20 <= CONFIG_PAYLOAD_MAX;
+    let fits = |c: &PoolConfig| within_area(json_len(c) + 20).is_ok();
     while !fits(cfg) {
         let Some(scan) = cfg.scan.as_mut() else { break };
         // A scrub a resilver interrupted first: its list is the older.
@@ -247,10 +256,7 @@ pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
             leaf.errors = LeafErrors::default();
         }
     }
-    match json_len(cfg) + 20 {
-        n if n <= CONFIG_PAYLOAD_MAX => Ok(()),
-        bytes => Err(ConfigTooLarge { bytes }),
-    }
+    within_area(json_len(cfg) + 20)
 }
 
 /// One range covering every range of `ranges` (sorted, inclusive).
@@ -303,21 +309,14 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
         interrupted: Some(Box::new(scrub.clone())),
         ..scrub
     });
-    match json_len(&worst) {
-        n if n <= CONFIG_PAYLOAD_MAX => Ok(()),
-        bytes => Err(ConfigTooLarge { bytes }),
-    }
+    within_area(json_len(&worst))
 }
 
 /// Encodes a config area; `generation` orders config copies (higher wins). A config too
 /// large for it is refused (`fit_config` makes one fit).
 pub fn encode_config(cfg: &PoolConfig, generation: u64) -> Result<Vec<u8>, ConfigTooLarge> {
     let payload = serde_json::to_vec(cfg).expect("config serializes");
-    if payload.len() > CONFIG_PAYLOAD_MAX {
-        return Err(ConfigTooLarge {
-            bytes: payload.len(),
-        });
-    }
+    within_area(payload.len())?;
     let mut hdr = ConfigHeader {
         magic: LABEL_MAGIC.into(),
         version: FORMAT_VERSION.into(),
