@@ -173,6 +173,9 @@ struct State {
     failed: Option<String>,
     /// The pool waits for room (`Log::refuse`): requests are answered `OutOfRoom` at once.
     refusing: Option<String>,
+    /// No log space was left for a new chain (after a failed write, or at import): each
+    /// batch tries again to start one (`begin_chain`).
+    abandoned: bool,
 }
 
 impl State {
@@ -248,6 +251,7 @@ impl Log {
                 recent: 0,
                 failed: None,
                 refusing: None,
+                abandoned: false,
             }),
             appended: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -317,23 +321,7 @@ impl Log {
     /// Starts a fresh chain (after a replay, or for a new log). The old chain's blocks are
     /// freed once a txg has committed the new header.
     pub fn start_chain(&self, zil: &Zil) {
-        let mut st = self.state.lock();
-        if !zil.enabled() {
-            st.mode = Mode::Off;
-            return;
-        }
-        let mut rotor = st.rotor;
-        let Some(slot) = zil.alloc_slot(&mut rotor, MIN_BLOCK, MIN_BLOCK) else {
-            st.mode = Mode::Off;
-            return;
-        };
-        st.rotor = rotor;
-        st.chain = random_chain();
-        st.next_slot = slot;
-        st.next_seq = 1;
-        let old: Vec<BlockAddr> = st.blocks.drain(..).map(|b| b.addr).collect();
-        st.retired.extend(old);
-        st.mode = Mode::Active;
+        begin_chain(zil, &mut self.state.lock());
     }
 
     /// Queues a record (called with the volume's range lock held, so records of overlapping
@@ -495,6 +483,9 @@ impl Log {
                 wake_all(stuck, || Ok(()));
                 return false;
             }
+            if st.abandoned {
+                begin_chain(zil, &mut st);
+            }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             zil.unpin(batch.iter().map(|(_, r)| r));
             st.inflight_first = Some(batch[0].0);
@@ -557,6 +548,10 @@ impl Log {
                 write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs)
             };
             let wrote = written.is_ok();
+            if !wrote {
+                // Before the fallback sync, so that the txg it commits carries the new chain.
+                settle(zil, &mut self.state.lock(), plan.take().as_ref(), false);
+            }
             let result = if wrote {
                 Ok(())
             } else if bulk {
@@ -568,7 +563,7 @@ impl Log {
 
             st = self.state.lock();
             st.inflight_first = None;
-            settle(zil, &mut st, plan.as_ref(), wrote);
+            settle(zil, &mut st, plan.as_ref(), true);
             match result {
                 Ok(()) => {}
                 Err(LogError::OutOfRoom(why)) => {
@@ -840,6 +835,36 @@ impl Log {
     }
 }
 
+/// `Log::start_chain` with the state locked. Every slot of the chain left behind (its blocks,
+/// and the slot its next block would have taken) is retired: kept until a txg commits the new
+/// header, as a crash before then replays the old chain. With no log space for the new
+/// chain's first block, the log is off (sync requests commit txgs) until a batch finds some.
+fn begin_chain(zil: &Zil, st: &mut State) {
+    let old: Vec<BlockAddr> = st.blocks.drain(..).map(|b| b.addr).collect();
+    st.retired.extend(old);
+    if matches!(st.mode, Mode::Active) {
+        let slot = std::mem::take(&mut st.next_slot);
+        st.retired.push(slot);
+        st.mode = Mode::Off;
+    }
+    if !zil.enabled() {
+        st.mode = Mode::Off;
+        return;
+    }
+    let mut rotor = st.rotor;
+    let Some(slot) = zil.alloc_slot(&mut rotor, MIN_BLOCK, MIN_BLOCK) else {
+        st.mode = Mode::Off;
+        st.abandoned = true;
+        return;
+    };
+    st.rotor = rotor;
+    st.chain = random_chain();
+    st.next_slot = slot;
+    st.next_seq = 1;
+    st.mode = Mode::Active;
+    st.abandoned = false;
+}
+
 /// Encodes a plan's blocks, each as it is written, and writes them (with their devices'
 /// flushes); an error if there is no plan (no log space).
 fn write_plan(
@@ -854,8 +879,19 @@ fn write_plan(
     zil.write_blocks(&p.blocks, records, data_vdevs)
 }
 
-/// After a plan's write: its blocks are durable links of the chain, or (on failure, when they
-/// may be partly on disk) they leave it, which resumes at the plan's first slot.
+/// After a plan's write: its blocks are durable links of the chain, or (on failure) the chain
+/// is abandoned and a new one begins.
+///
+/// A failed write may still have landed some of the plan's blocks: the blocks are written at
+/// once, so a later one can be on disk while an earlier one is not. Such a block is a valid
+/// continuation of the chain, with the next sequence number, in a slot about to be freed. Were
+/// the chain to go on from the plan's first slot, a later block there could name that slot
+/// again before anything overwrote it, and a replay would follow into the stale block and
+/// apply its records after newer ones: a write acknowledged since would read back older. (A
+/// write refused for want of room keeps its records queued, uncovered by any txg, so nothing
+/// skips them at replay.) A new chain has a new id, which no block written for the old one
+/// carries. Until a txg commits its header, sync requests commit txgs; the fallback sync that
+/// follows a failed write is the first of them.
 fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
     let Some(p) = plan else { return };
     let addrs: Vec<BlockAddr> = p.blocks.iter().map(|(a, _)| *a).collect();
@@ -873,21 +909,204 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
                 left -= 1;
             }
         }
-        // Only now: a failed write is retried in the plan's first slot, all of it.
+        // Only now: a failed write leaves the whole slots to the old chain.
         for (slot, (part, _)) in p.slots.iter().zip(&p.blocks) {
             zil.free_tail(*slot, *part);
         }
     } else {
         st.blocks.retain(|b| !addrs.contains(&b.addr));
+        // The plan's slots may hold blocks of the old chain, replayed if a crash comes first.
+        st.retired.extend(p.taken.iter().copied());
         st.next_slot = p.first_slot;
         st.next_seq = p.first_seq;
-        for &a in &p.taken {
-            zil.free_slot(a);
-        }
+        begin_chain(zil, st);
     }
 }
 
 /// A block size for `bytes` of header and records: whole 4 KiB sectors, at most MAX_BLOCK.
 pub(crate) fn size_for(bytes: usize) -> u32 {
     (bytes.next_multiple_of(MIN_BLOCK as usize) as u32).clamp(MIN_BLOCK, MAX_BLOCK)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Weak};
+
+    use super::*;
+    use crate::vdev::mem::Faults;
+    use crate::vdev::top::{Leaf, TopKind};
+    use crate::vdev::{BlockDevice, MemDevice, TopVdev};
+    use crate::zil::{Payload, Placement, TxgHooks};
+
+    /// The pool's txgs as one log sees them: each sync commits everything queued so far
+    /// (records carry the open txg), unless the pool waits for room, when a sync gives up
+    /// at once as the pool's does.
+    struct Txgs {
+        zil: Weak<Zil>,
+        log: Arc<Log>,
+        open: Arc<AtomicU64>,
+        room: Arc<AtomicBool>,
+    }
+
+    impl Txgs {
+        fn commit(&self) -> Result<u64, LogError> {
+            if !self.room.load(Ordering::SeqCst) {
+                return Err(LogError::OutOfRoom("the pool waits for room".into()));
+            }
+            let zil = self.zil.upgrade().expect("the log space");
+            let txg = self.open.fetch_add(1, Ordering::SeqCst);
+            self.log.prepare_sync(txg);
+            self.log.txg_committed(&zil, txg);
+            Ok(txg)
+        }
+    }
+
+    impl TxgHooks for Txgs {
+        fn sync_now(&self) -> Result<(), LogError> {
+            self.commit().map(|_| ())
+        }
+        fn request_sync(&self) {}
+        fn wait_commit(&self) -> Result<u64, LogError> {
+            self.commit()
+        }
+    }
+
+    /// Log space on two single-device vdevs (1 MiB each) and a volume's log, its header
+    /// committed.
+    struct Rig {
+        zil: Arc<Zil>,
+        log: Arc<Log>,
+        devs: Vec<Arc<MemDevice>>,
+        /// The open txg, which records carry.
+        open: Arc<AtomicU64>,
+        /// Whether the pool has room (else its syncs give up at once).
+        room: Arc<AtomicBool>,
+    }
+
+    fn two_vdev_log() -> Rig {
+        let devs: Vec<Arc<MemDevice>> = (0..2)
+            .map(|i| Arc::new(MemDevice::new(&format!("d{i}"), 8 << 20)))
+            .collect();
+        let tops = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let leaf = Arc::new(Leaf::new(d.clone() as Arc<dyn BlockDevice>, 10 + i as u64));
+                let top = TopVdev::new(i as u32, 20 + i as u64, TopKind::Stripe, vec![leaf]);
+                (Arc::new(top), (1 << 20, 1 << 20), false)
+            })
+            .collect();
+        let zil = Arc::new(Zil::new(tops, CommitPolicy::Group, Placement::Global));
+        let log = Arc::new(Log::new_chain(&zil));
+        let (open, room) = (Arc::new(AtomicU64::new(2)), Arc::new(AtomicBool::new(true)));
+        let txgs = Txgs {
+            zil: Arc::downgrade(&zil),
+            log: log.clone(),
+            open: open.clone(),
+            room: room.clone(),
+        };
+        txgs.commit().unwrap();
+        zil.set_hooks(Box::new(txgs));
+        Rig {
+            zil,
+            log,
+            devs,
+            open,
+            room,
+        }
+    }
+
+    fn write(log: &Log, zil: &Zil, open: &AtomicU64, offset: u64, byte: u8, len: usize) {
+        let rec = Record::Write {
+            txg: open.load(Ordering::SeqCst),
+            offset,
+            data: Payload::owned(vec![byte; len]),
+        };
+        log.append(zil, rec);
+    }
+
+    /// `len` bytes from `offset` of vdev `v`.
+    fn read_vdev(zil: &Zil, v: u32, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        let top = zil.top(v).expect("a vdev");
+        top.children[0].read_data(&mut buf, offset).unwrap();
+        buf
+    }
+
+    /// A batch whose first block fails to write while a later one lands, refused because the
+    /// pool waits for room: the records stay queued, and the block that landed holds older
+    /// versions of them, a valid-looking next block of the chain in a slot that is then free.
+    /// The log must never again write a block that could lead a replay into it: the chain it
+    /// writes on has another id, so a replay of it ends at the stale block, whichever block
+    /// comes to name that slot. A later commit is logged, and replays as the newest data.
+    #[test]
+    fn a_block_that_landed_from_a_failed_batch_never_passes_for_part_of_the_chain() {
+        let Rig {
+            zil,
+            log,
+            devs,
+            open,
+            room,
+        } = two_vdev_log();
+        write(&log, &zil, &open, 0, 1, 512);
+        log.commit_wait(&zil, &ByValue).unwrap();
+        let (chain, first, seq) = {
+            let st = log.state.lock();
+            (st.chain, st.next_slot, st.next_seq)
+        };
+        // More than the next block's slot holds: the batch goes on in a block on the other
+        // vdev, which has room; the first slot's vdev has none, and neither has the pool.
+        let other = 1 - first.vdev;
+        for k in 0..(first.len as u64 / 512 + 4) {
+            write(&log, &zil, &open, (k + 1) * 4096, 2, 512);
+        }
+        write(&log, &zil, &open, 0, 2, 512);
+        devs[first.vdev as usize].set_faults(Faults {
+            full: true,
+            ..Faults::default()
+        });
+        room.store(false, Ordering::SeqCst);
+        let refused = log.commit_wait(&zil, &ByValue);
+        assert!(
+            matches!(refused, Err(LogError::OutOfRoom(_))),
+            "{refused:?}"
+        );
+        // The later block landed (or the test shows nothing).
+        let landed = read_vdev(&zil, other, 1 << 20, 1 << 20);
+        let stale = (0..landed.len())
+            .step_by(4096)
+            .find(|&at| LogBlock::decode(&landed[at..], chain, seq + 1).is_ok())
+            .expect("the failed batch's second block is on disk");
+
+        devs[first.vdev as usize].set_faults(Faults::default());
+        room.store(true, Ordering::SeqCst);
+        write(&log, &zil, &open, 0, 3, 512);
+        log.commit_wait(&zil, &ByValue).unwrap();
+        let now = log.state.lock().chain;
+        assert!(
+            LogBlock::decode(&landed[stale..], now, seq + 1).is_err(),
+            "the chain goes on with a block of the failed batch as its next"
+        );
+
+        // Once its header is committed, the new chain logs commits, and a replay of it
+        // gives each offset its newest data.
+        write(&log, &zil, &open, 0, 4, 512);
+        let blocks_before = zil.stats().blocks.iter().sum::<u64>();
+        log.commit_wait(&zil, &ByValue).unwrap();
+        assert!(zil.stats().blocks.iter().sum::<u64>() > blocks_before);
+        let header = log.header();
+        let mut read = |a: BlockAddr| Ok(read_vdev(&zil, a.vdev, a.offset, a.len as usize));
+        let (blocks, _) =
+            super::super::block::walk_chain(header.chain, header.head, header.head_seq, &mut read);
+        let last_at_0 = blocks
+            .iter()
+            .flat_map(|b| &b.records)
+            .rfind(|r| r.extent().0 == 0)
+            .cloned();
+        match last_at_0 {
+            Some(Record::Write { data, .. }) => assert_eq!(data[0], 4),
+            other => panic!("offset 0 replays as {other:?}"),
+        }
+    }
 }

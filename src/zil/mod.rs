@@ -440,7 +440,8 @@ impl Zil {
     /// own (`waiting_in_parallel`; the first by this one), so the batch waits for about one
     /// write rather than one per block. Order on disk does not matter: each block names the
     /// next, so a crash that leaves a later one written and an earlier one not ends the chain
-    /// at the earlier one, and no waiter of the batch has been answered. Encoded only there,
+    /// at the earlier one, and no waiter of the batch has been answered. (A write that fails
+    /// while later blocks land ends the chain for good: `log::settle`.) Encoded only there,
     /// and dropped once written: a batch of up to `bulk_sync_bytes` encoded all at once is
     /// memory no limit counts (with a 16M dirty limit, `zeta bench vol` peaked 5-6 MiB higher,
     /// all of it in encoded log blocks).
