@@ -366,10 +366,21 @@ impl LogBlock {
     }
 }
 
-/// Whether `bytes` hold a whole log block whose checksum matches (of any chain): what a
-/// verified read of a log block accepts.
+/// Whether `bytes` hold a whole log block whose checksum matches (of any chain).
 pub fn is_intact(bytes: &[u8]) -> bool {
     LogBlock::expected_checksum(bytes).is_some_and(|sum| sum == bytes[64..96])
+}
+
+/// Whether `bytes` hold block `seq` of chain `chain`, whole: what a verified read of a log
+/// block accepts. An intact block of another chain or sequence number is a wrong copy, as a
+/// data block whose checksum is not its pointer's is: a mirror child or raidz column that
+/// missed the block's write (its device full or failing while the others took it) still
+/// holds what an earlier pass of the log wrote there, intact. Taken as the block, it would
+/// end the chain early and lose the records after it, acknowledged as they were; rejected,
+/// the read goes on to the copy that took the write, and the stale one is repaired. (An
+/// OpenZFS log block is likewise checked against the sequence number its pointer expects.)
+pub fn is_block_of(bytes: &[u8], chain: u64, seq: u64) -> bool {
+    is_intact(bytes) && u64_at(bytes, 8) == chain && u64_at(bytes, 16) == seq
 }
 
 /// A log block's checksum: Fletcher-4 of the header's first 64 bytes and of the records,
@@ -390,14 +401,15 @@ fn checksum_v2(header: &[u8], body: &[u8]) -> [u8; 32] {
     out
 }
 
-/// Follows a chain from `first` (block `first_seq`), reading blocks with `read` (an error:
-/// the device cannot be read at all, so whether the chain goes on is unknown), and returns
-/// the blocks that continue it, in order, with the reason it ends.
+/// Follows a chain from `first` (block `first_seq`), reading each block with `read`, given
+/// its address and the sequence number expected there (an error: the device cannot be read
+/// at all, so whether the chain goes on is unknown), and returns the blocks that continue
+/// it, in order, with the reason it ends.
 pub fn walk_chain(
     chain: u64,
     first: BlockAddr,
     first_seq: u64,
-    read: &mut dyn FnMut(BlockAddr) -> Result<Vec<u8>, String>,
+    read: &mut dyn FnMut(BlockAddr, u64) -> Result<Vec<u8>, String>,
 ) -> (Vec<LogBlock>, EndOfChain) {
     let mut out = Vec::new();
     let (mut at, mut seq) = (first, first_seq);
@@ -405,7 +417,7 @@ pub fn walk_chain(
         if at.is_none() {
             return (out, EndOfChain::NoBlock);
         }
-        let bytes = match read(at) {
+        let bytes = match read(at, seq) {
             Ok(b) => b,
             Err(why) => return (out, EndOfChain::Unreadable(why)),
         };
@@ -444,8 +456,8 @@ mod tests {
     /// Reads a simulated disk: space never written reads as zeros.
     fn read_from(
         disk: &HashMap<BlockAddr, Vec<u8>>,
-    ) -> impl FnMut(BlockAddr) -> Result<Vec<u8>, String> + '_ {
-        |a| Ok(disk.get(&a).cloned().unwrap_or(vec![0; a.len as usize]))
+    ) -> impl FnMut(BlockAddr, u64) -> Result<Vec<u8>, String> + '_ {
+        |a, _| Ok(disk.get(&a).cloned().unwrap_or(vec![0; a.len as usize]))
     }
 
     /// A chain of `n` blocks on a simulated disk: block i at addr(i), naming addr(i + 1).
@@ -526,11 +538,11 @@ mod tests {
         assert_eq!(end, EndOfChain::NoBlock);
         // Nothing ever written there (zeros): also the end.
         // A device that cannot be read: the walk says so rather than claiming an end.
-        let (got, end) = walk_chain(7, addr(0), 1, &mut |a| {
+        let (got, end) = walk_chain(7, addr(0), 1, &mut |a, seq| {
             if a == addr(3) {
                 Err("vdev 0 is missing".into())
             } else {
-                read_from(&disk)(a)
+                read_from(&disk)(a, seq)
             }
         });
         assert_eq!(

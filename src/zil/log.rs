@@ -1096,7 +1096,7 @@ mod tests {
         log.commit_wait(&zil, &ByValue).unwrap();
         assert!(zil.stats().blocks.iter().sum::<u64>() > blocks_before);
         let header = log.header();
-        let mut read = |a: BlockAddr| Ok(read_vdev(&zil, a.vdev, a.offset, a.len as usize));
+        let mut read = |a: BlockAddr, _| Ok(read_vdev(&zil, a.vdev, a.offset, a.len as usize));
         let (blocks, _) =
             super::super::block::walk_chain(header.chain, header.head, header.head_seq, &mut read);
         let last_at_0 = blocks

@@ -292,15 +292,27 @@ pub struct StampWriter {
     handle: Option<std::thread::JoinHandle<Stamps>>,
 }
 
-/// Per block: the generation the last acknowledged flush covered, and the last written.
+/// Per block: the generation the last acknowledged flush covered, and the last written; and
+/// how many writes or flushes were refused for want of room.
 pub struct Stamps {
     pub durable: Vec<u64>,
     pub tried: Vec<u64>,
+    pub refused: u64,
 }
 
 impl StampWriter {
     /// Writes generation 0 of every block and flushes it, then goes on in a thread.
     pub fn start(vol: Volume, blocks: u64, seed: u64) -> StampWriter {
+        Self::spawn(vol, blocks, seed, false)
+    }
+
+    /// `start`, for a pool that waits for room at times: a write or flush refused for want
+    /// of it is counted and the writer goes on; a later flush covers the writes before it.
+    pub fn start_through_room_waits(vol: Volume, blocks: u64, seed: u64) -> StampWriter {
+        Self::spawn(vol, blocks, seed, true)
+    }
+
+    fn spawn(vol: Volume, blocks: u64, seed: u64, room_waits: bool) -> StampWriter {
         use rand::{RngCore, SeedableRng};
         use std::sync::atomic::Ordering;
         for b in 0..blocks {
@@ -316,6 +328,7 @@ impl StampWriter {
             let mut s = Stamps {
                 durable: vec![0; blocks as usize],
                 tried: vec![0; blocks as usize],
+                refused: 0,
             };
             let mut pending = Vec::new();
             let mut g = 0;
@@ -323,18 +336,35 @@ impl StampWriter {
                 g += 1;
                 let b = rng.next_u64() % blocks;
                 s.tried[b as usize] = g;
-                vol.write(b * STAMP_BS as u64, &stamped(b, g)).unwrap();
-                pending.push((b as usize, g));
+                match vol.write(b * STAMP_BS as u64, &stamped(b, g)) {
+                    Ok(()) => pending.push((b as usize, g)),
+                    Err(e) if room_waits && e.out_of_space() => s.refused += 1,
+                    Err(e) => panic!("write: {e}"),
+                }
                 if g % 4 == 0 {
-                    let _held = g8.read().unwrap();
-                    if cut.load(Ordering::SeqCst) {
-                        break;
+                    let flushed = {
+                        let _held = g8.read().unwrap();
+                        if cut.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        match vol.flush() {
+                            Ok(()) => {
+                                for (b, g) in pending.drain(..) {
+                                    s.durable[b] = s.durable[b].max(g);
+                                }
+                                true
+                            }
+                            Err(e) if room_waits && e.out_of_space() => false,
+                            Err(e) => panic!("flush: {e}"),
+                        }
+                    };
+                    if flushed {
+                        fl.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        // Refused at once while the pool waits: not in a tight loop.
+                        s.refused += 1;
+                        std::thread::sleep(Duration::from_millis(2));
                     }
-                    vol.flush().unwrap();
-                    for (b, g) in pending.drain(..) {
-                        s.durable[b] = s.durable[b].max(g);
-                    }
-                    fl.fetch_add(1, Ordering::SeqCst);
                 }
             }
             s

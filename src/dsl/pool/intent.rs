@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::spa::{AllocClass, BlkPtr};
-use crate::zil::block::{is_intact, walk_chain, EndOfChain};
+use crate::zil::block::{is_block_of, walk_chain, EndOfChain};
 use crate::zil::log::MAX_BLOCK;
 use crate::zil::{BlockAddr, Done, Log, Prewrite, Record, ZilHeader};
 
@@ -195,7 +195,7 @@ impl Pool {
         if header.chain == 0 {
             return Ok((Log::off(), Vec::new()));
         }
-        let mut read = |a: BlockAddr| -> Result<Vec<u8>, String> {
+        let mut read = |a: BlockAddr, seq: u64| -> Result<Vec<u8>, String> {
             // An address no log block can have (a damaged chain): no block there.
             let Some(top) = self.zil.top(a.vdev) else {
                 return Ok(Vec::new());
@@ -214,9 +214,11 @@ impl Pool {
                 return Ok(Vec::new());
             }
             let mut buf = vec![0u8; a.len as usize];
-            // A block that does not read back intact is where the chain ends (never
-            // written, or torn).
-            match top.read_maybe_absent(a.offset, &mut buf, &is_intact) {
+            // A block that does not read back whole, as the block the chain expects there,
+            // is where the chain ends (never written, or torn); a copy holding another
+            // block is passed over for one that holds this one (`is_block_of`).
+            let this = |b: &[u8]| is_block_of(b, header.chain, seq);
+            match top.read_maybe_absent(a.offset, &mut buf, &this) {
                 Ok(_) => Ok(buf),
                 Err(_) => Ok(Vec::new()),
             }
