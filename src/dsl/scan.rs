@@ -7,10 +7,10 @@
 //! saved in the pool config every `SAVE_EVERY` and when the pool closes, so a scrub survives
 //! export and import and resumes there (a crash loses at most the progress since the last
 //! save). Each chunk of work starts from the volume's current tree and holds the allocator's
-//! frees (`Allocator::hold_frees`) while it works, so no block it still points at can be
-//! reallocated under it. Between blocks the scrub yields to foreground I/O: when the pool saw
-//! reads or writes in the last few milliseconds, it pauses, for at most 50 ms at a time, so
-//! that it still advances under constant load.
+//! frees made since that tree's txg (`Allocator::hold_frees`) while it works, so no block it
+//! still points at can be reallocated under it. Between blocks the scrub yields to foreground
+//! I/O: when the pool saw reads or writes in the last few milliseconds, it pauses, for at most
+//! 50 ms at a time, so that it still advances under constant load.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -356,6 +356,15 @@ fn finish(pool: &Pool) -> bool {
     resumed
 }
 
+/// Holds the frees made after the last committed txg (`Allocator::hold_frees`), before a
+/// chunk reads its tree: that tree is of that txg or a later one, so what was freed by then
+/// it does not point at. Returns the txg, for `release_frees`.
+fn hold_frees(pool: &Pool) -> u64 {
+    let tree_txg = pool.synced_txg();
+    pool.io.zio.alloc.lock().hold_frees(tree_txg);
+    tree_txg
+}
+
 /// Scrubs up to `CHUNK_BLOCKS` blocks from the bookmark on; returns whether the walk is done.
 fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     let (bookmark, filter) = {
@@ -366,7 +375,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     let filter = filter.as_ref();
     let Some(bookmark) = bookmark else {
         // The MOS first: it is small, and scrubbed whole in one go.
-        pool.io.zio.alloc.lock().hold_frees();
+        let tree_txg = hold_frees(pool);
         for dn in pool.mos_dnodes() {
             let t = TreeScan {
                 pool,
@@ -374,10 +383,15 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 block_bytes: 0,
                 filter,
                 stop,
+                // Scrubbed whole, never cut short, and without pausing for foreground I/O:
+                // it is small, and every free waits while it is read. (Paused at each block
+                // under steady writes, a resilver's pass over the MOS took seconds, and the
+                // frees held meanwhile filled a 56 MiB pool.)
+                tree_txg: u64::MAX,
             };
             scrub_tree(&t, &dn, 0, u64::MAX);
         }
-        pool.io.zio.alloc.lock().release_frees();
+        pool.io.zio.alloc.lock().release_frees(tree_txg);
         if !stop.load(Ordering::SeqCst) {
             set_bookmark(pool, first_volume_after(pool, None), 0);
         }
@@ -391,7 +405,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
         set_bookmark(pool, first_volume_after(pool, Some(&name)), 0);
         return false;
     };
-    pool.io.zio.alloc.lock().hold_frees();
+    let tree_txg = hold_frees(pool);
     let dn = ds.object.dnode();
     let label = format!("{}/{}", pool.name, name);
     let bs = ds.volblocksize as u64;
@@ -401,9 +415,10 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
         block_bytes: bs,
         filter,
         stop,
+        tree_txg,
     };
     let next = scrub_tree(&t, &dn, bookmark.blkid, CHUNK_BLOCKS);
-    pool.io.zio.alloc.lock().release_frees();
+    pool.io.zio.alloc.lock().release_frees(tree_txg);
     if stop.load(Ordering::SeqCst) {
         return false;
     }
@@ -436,6 +451,19 @@ struct TreeScan<'a> {
     /// For a resilver, the txgs whose blocks it rewrites.
     filter: Option<&'a TxgRanges>,
     stop: &'a AtomicBool,
+    /// The last committed txg when the tree was read (`hold_frees`); once a later one commits,
+    /// the chunk ends soon after. `u64::MAX` for the MOS, whose walk neither ends early nor
+    /// pauses for foreground I/O.
+    tree_txg: u64,
+}
+
+impl TreeScan<'_> {
+    /// Pauses while the pool serves I/O (`Pool::yield_to_foreground`), except in the MOS.
+    fn yield_to_foreground(&self) {
+        if self.tree_txg != u64::MAX {
+            self.pool.yield_to_foreground(self.stop);
+        }
+    }
 }
 
 /// Scrubs the tree of `dn` from block `from`, at most `limit` level-0 blocks; returns the
@@ -444,7 +472,7 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
     let TreeScan {
         pool, filter, stop, ..
     } = *t;
-    let mut scrubbed = 0u64;
+    let (mut scrubbed, mut visits) = (0u64, 0u64);
     let mut resume = None;
     // Data blocks are checked in parallel batches (their reads and checksums are independent);
     // an indirect block is checked before the walk reads its children.
@@ -454,6 +482,16 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
             return Visit::Skip;
         }
         if level == 0 && scrubbed == limit {
+            resume = Some(first);
+            return Visit::Skip;
+        }
+        // A chunk also ends once a txg has committed since its tree was read (looked at every
+        // few blocks, once past where it began): the next reads the tree anew, and the frees
+        // it held come back (`hold_frees`). Under steady overwrites, a chunk held through a
+        // slow walk (a resilver passing over most blocks, pausing for foreground I/O) kept
+        // all they freed meanwhile, and filled the pool.
+        visits += 1;
+        if first > from && visits.is_multiple_of(16) && pool.synced_txg() > t.tree_txg {
             resume = Some(first);
             return Visit::Skip;
         }
@@ -468,7 +506,7 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
             }
         }
         if level > 0 {
-            pool.yield_to_foreground(stop);
+            t.yield_to_foreground();
             return if check(t, bp, level, first) {
                 Visit::Descend
             } else {
@@ -494,7 +532,7 @@ const BATCH: usize = 32;
 
 fn check_batch(t: &TreeScan, batch: &mut Vec<(BlkPtr, u64)>) {
     use rayon::prelude::*;
-    t.pool.yield_to_foreground(t.stop);
+    t.yield_to_foreground();
     // The scanner is a plain thread, so rayon runs these on its pool and blocks here: the
     // jobs only read, verify and rewrite blocks, and take no lock that waits.
     batch.par_iter().for_each(|(bp, first)| {
