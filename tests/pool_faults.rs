@@ -1185,50 +1185,6 @@ fn a_write_failure_part_way_through_patched_batches_ends_the_sync() {
     result.expect_err("a sync whose writes fail fails");
 }
 
-/// Until `stop`: the file system under `devs` is full for a moment, then has room for longer
-/// than the pool's retry interval (1 s), so that each wait for room ends and writers see both.
-/// `some`: each time only a random part of the devices fills (all of them at times), as where
-/// each lies on a file system of its own: the others take the writes meanwhile.
-fn fill_and_free(
-    devs: &[Arc<MemDevice>],
-    seed: u64,
-    stop: &std::sync::atomic::AtomicBool,
-    some: bool,
-) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut full = false;
-    while !stop.load(Ordering::SeqCst) {
-        full = !full;
-        let which = match (full, some) {
-            (false, _) => 0,
-            (true, false) => u64::MAX,
-            (true, true) => 1 + rng.next_u64() % ((1 << devs.len()) - 1),
-        };
-        for (i, d) in devs.iter().enumerate() {
-            d.set_faults(Faults {
-                full: which & (1 << i) != 0,
-                ..Faults::default()
-            });
-        }
-        let ms = if full {
-            50 + rng.next_u32() % 250
-        } else {
-            1100 + rng.next_u32() % 400
-        };
-        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
-    }
-    fault_all(devs, Faults::default());
-}
-
-/// Sets its flag when dropped, unwinding included.
-struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// The power is cut at a random moment while the file systems under a mirror or a raidz1 fill
 /// and are freed again and again (`fill_and_free`) under a flushing writer: in a wait for
 /// room, in the retry that ends it, while some devices are full and the others take the

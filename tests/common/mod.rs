@@ -417,3 +417,51 @@ impl Stamps {
         }
     }
 }
+
+/// Until `stop`: the file system under `devs` is full for a moment, then has room for longer
+/// than the pool's retry interval (1 s), so that each wait for room ends and writers see both.
+/// `some`: each time only a random part of the devices fills (all of them at times), as where
+/// each lies on a file system of its own: the others take the writes meanwhile.
+pub fn fill_and_free(
+    devs: &[Arc<MemDevice>],
+    seed: u64,
+    stop: &std::sync::atomic::AtomicBool,
+    some: bool,
+) {
+    use rand::{RngCore, SeedableRng};
+    use std::sync::atomic::Ordering;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut full = false;
+    while !stop.load(Ordering::SeqCst) {
+        full = !full;
+        let which = match (full, some) {
+            (false, _) => 0,
+            (true, false) => u64::MAX,
+            (true, true) => 1 + rng.next_u64() % ((1 << devs.len()) - 1),
+        };
+        for (i, d) in devs.iter().enumerate() {
+            d.set_faults(zeta::vdev::mem::Faults {
+                full: which & (1 << i) != 0,
+                ..zeta::vdev::mem::Faults::default()
+            });
+        }
+        let ms = if full {
+            50 + rng.next_u32() % 250
+        } else {
+            1100 + rng.next_u32() % 400
+        };
+        std::thread::sleep(Duration::from_millis(ms as u64));
+    }
+    for d in devs {
+        d.set_faults(zeta::vdev::mem::Faults::default());
+    }
+}
+
+/// Sets its flag when dropped, unwinding included.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
