@@ -18,6 +18,29 @@ use zeta::zvol::Volume;
 
 const VOL: u64 = 4 * MB;
 
+/// Imports the pool on `devs`, each read taking 2 ms more while `slow` is set: a scrub then
+/// runs for seconds.
+fn import_slowed(devs: &[Arc<MemDevice>], slow: &Arc<std::sync::atomic::AtomicBool>) -> Arc<Pool> {
+    use std::sync::atomic::Ordering;
+    use zeta::vdev::BlockDevice;
+    let leaves = devs
+        .iter()
+        .map(|d| {
+            let slow = slow.clone();
+            let tap = Tap {
+                on_read: Box::new(move || {
+                    if slow.load(Ordering::SeqCst) {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                }),
+                ..Tap::new(d.clone())
+            };
+            (Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string())
+        })
+        .collect();
+    Pool::import(leaves, None, opts()).unwrap()
+}
+
 fn scrub(pool: &Arc<Pool>) -> ScanState {
     pool.start_scrub().unwrap();
     pool.wait_scrub();
@@ -269,28 +292,12 @@ fn a_resilver_owed_during_a_scrub_goes_first_and_the_scrub_goes_on_after_it() {
     use std::time::{Duration, Instant};
     use zeta::spa::scan_state::ScanFunc;
     use zeta::vdev::mem::Faults;
-    use zeta::vdev::BlockDevice;
 
     for running in [false, true] {
         // 4K blocks: 1024 data blocks, several chunks of work.
         let (devs, data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 4096, 11);
         let slow = Arc::new(AtomicBool::new(false));
-        let leaves = devs
-            .iter()
-            .map(|d| {
-                let slow = slow.clone();
-                let tap = Tap {
-                    on_read: Box::new(move || {
-                        if slow.load(Ordering::SeqCst) {
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                    }),
-                    ..Tap::new(d.clone())
-                };
-                (Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string())
-            })
-            .collect();
-        let pool = Pool::import(leaves, None, opts()).unwrap();
+        let pool = import_slowed(&devs, &slow);
         let vol = Volume::open(&pool, "v").unwrap();
         if running {
             // Slow reads keep it going for seconds.
@@ -386,28 +393,11 @@ fn a_resilver_owed_during_a_scrub_goes_first_and_the_scrub_goes_on_after_it() {
 #[test]
 fn a_scrub_beside_steady_overwrites_lets_freed_space_come_back() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-    use zeta::vdev::BlockDevice;
 
     let (devs, _) = filled_pool(Layout::Mirror, 64 * MB, VOL, 4096, 12);
     // Slow reads keep the scrub going throughout.
     let slow = Arc::new(AtomicBool::new(true));
-    let leaves = devs
-        .iter()
-        .map(|d| {
-            let slow = slow.clone();
-            let tap = Tap {
-                on_read: Box::new(move || {
-                    if slow.load(Ordering::SeqCst) {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }),
-                ..Tap::new(d.clone())
-            };
-            (Arc::new(tap) as Arc<dyn BlockDevice>, d.name().to_string())
-        })
-        .collect();
-    let pool = Pool::import(leaves, None, opts()).unwrap();
+    let pool = import_slowed(&devs, &slow);
     let vol = Volume::open(&pool, "v").unwrap();
     pool.start_scrub().unwrap();
     let size = pool.space().size;

@@ -440,6 +440,19 @@ fn cli_creates_adds_and_removes_log_devices_also_on_a_served_pool() {
     ok(zeta(&home, &["pool", "create", "other", &l1, "log", &l2]));
 }
 
+/// Imports the devices a power cut left, and checks every stamped block against what was
+/// flushed (`Stamps::check`) and the pool against its checksums.
+fn check_after_cut(cut: &[Arc<MemDevice>], stamps: &Stamps, what: &str) {
+    let pool = Pool::import(as_leaves(cut), None, log_opts())
+        .unwrap_or_else(|e| panic!("{what}: import: {e}"));
+    let vol = Volume::open(&pool, "v").unwrap();
+    stamps.check(&vol, what);
+    pool.verify()
+        .unwrap_or_else(|e| panic!("{what}: verify: {e}"));
+    drop(vol);
+    pool.close().unwrap();
+}
+
 /// A power cut at a random moment of adding or removing a log mirror, while a writer flushes
 /// every fourth write: the import takes the log devices the cut left named (or none), and
 /// every flushed block reads back untorn.
@@ -486,14 +499,7 @@ fn power_cuts_while_a_log_mirror_comes_or_goes_lose_nothing_flushed() {
             "seed {seed}, {}",
             if removing { "removing" } else { "adding" }
         );
-        let pool = Pool::import(as_leaves(&cut), None, log_opts())
-            .unwrap_or_else(|e| panic!("{what}: import: {e}"));
-        let vol = Volume::open(&pool, "v").unwrap();
-        stamps.check(&vol, &what);
-        pool.verify()
-            .unwrap_or_else(|e| panic!("{what}: verify: {e}"));
-        drop(vol);
-        pool.close().unwrap();
+        check_after_cut(&cut, &stamps, &what);
     }
 }
 
@@ -592,14 +598,7 @@ fn power_cuts_while_the_log_device_fills_lose_nothing_flushed() {
         });
         fallbacks += pool.zil.stats().fallback_syncs;
         drop(pool);
-        let pool = Pool::import(as_leaves(&cut), None, log_opts())
-            .unwrap_or_else(|e| panic!("{what}: import: {e}"));
-        let vol = Volume::open(&pool, "v").unwrap();
-        stamps.check(&vol, &what);
-        pool.verify()
-            .unwrap_or_else(|e| panic!("{what}: verify: {e}"));
-        drop(vol);
-        pool.close().unwrap();
+        check_after_cut(&cut, &stamps, &what);
     }
     eprintln!("{fallbacks} commits fell back to a txg");
     // Or the log device never ran out of room.
