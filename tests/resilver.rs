@@ -21,6 +21,25 @@ fn repaired_on(pool: &Pool, leaf: usize) -> u64 {
     pool.vdev_status()[0].leaves[leaf].repaired_bytes
 }
 
+/// Waits for the scan, which must be a resilver that finished, and checks that it rewrote at
+/// least `min_repaired` bytes on `mem1`, which alone then serves `expect` (with `mem0`
+/// offline).
+fn mem1_resilvered(pool: &Arc<Pool>, expect: &[u8], min_repaired: u64, what: &str) {
+    pool.wait_scrub();
+    let scan = pool.scan_status();
+    assert_eq!(
+        (scan.func, scan.state),
+        (ScanFunc::Resilver, ScanPhase::Finished),
+        "{what}: {scan:?}"
+    );
+    assert!(repaired_on(pool, 1) >= min_repaired, "{what}");
+    pool.set_offline("mem0", true).unwrap();
+    assert!(
+        read_volume(pool) == expect,
+        "{what}: mem1 lacks what it missed"
+    );
+}
+
 /// Takes `leaves` offline, writes 1 MiB of new data, brings them back, waits for the
 /// resilver; checks the amount and that the resilvered leaves alone serve the data.
 fn offline_write_online(layout: Layout, leaves: &[usize], others: &[usize]) {
@@ -438,19 +457,7 @@ fn txgs_missed_while_offline_are_owed_after_a_power_cut() {
         assert_eq!(pool.vdev_status()[0].leaves[1].state, "OFFLINE");
         assert!(read_volume(&pool) == expect, "{cut_mode:?}");
         pool.set_offline("mem1", false).unwrap();
-        pool.wait_scrub();
-        let scan = pool.scan_status();
-        assert_eq!(
-            (scan.func, scan.state),
-            (ScanFunc::Resilver, ScanPhase::Finished),
-            "{cut_mode:?}: {scan:?}"
-        );
-        assert!(repaired_on(&pool, 1) >= 3 * (64 << 10), "{cut_mode:?}");
-        pool.set_offline("mem0", true).unwrap();
-        assert!(
-            read_volume(&pool) == expect,
-            "{cut_mode:?}: mem1 lacks what it missed"
-        );
+        mem1_resilvered(&pool, &expect, 3 * (64 << 10), &format!("{cut_mode:?}"));
         pool.close().unwrap();
     }
 }
@@ -508,19 +515,7 @@ fn a_leaf_behind_the_pool_at_import_is_resilvered() {
         Arc::new(MemDevice::from_image("mem1", stale)),
     ];
     let pool = import(&back);
-    pool.wait_scrub();
-    let scan = pool.scan_status();
-    assert_eq!(
-        (scan.func, scan.state),
-        (ScanFunc::Resilver, ScanPhase::Finished),
-        "{scan:?}"
-    );
-    assert!(repaired_on(&pool, 1) >= piece.len() as u64 / 2);
-    pool.set_offline("mem0", true).unwrap();
-    assert!(
-        read_volume(&pool) == expect,
-        "the stale side lacks the new data"
-    );
+    mem1_resilvered(&pool, &expect, piece.len() as u64 / 2, "the stale side");
     pool.close().unwrap();
 }
 

@@ -387,7 +387,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 // it is small, and every free waits while it is read. (Paused at each block
                 // under steady writes, a resilver's pass over the MOS took seconds, and the
                 // frees held meanwhile filled a 56 MiB pool.)
-                tree_txg: u64::MAX,
+                chunk_of: None,
             };
             scrub_tree(&t, &dn, 0, u64::MAX);
         }
@@ -415,7 +415,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
         block_bytes: bs,
         filter,
         stop,
-        tree_txg,
+        chunk_of: Some(tree_txg),
     };
     let next = scrub_tree(&t, &dn, bookmark.blkid, CHUNK_BLOCKS);
     pool.io.zio.alloc.lock().release_frees(tree_txg);
@@ -451,18 +451,24 @@ struct TreeScan<'a> {
     /// For a resilver, the txgs whose blocks it rewrites.
     filter: Option<&'a TxgRanges>,
     stop: &'a AtomicBool,
-    /// The last committed txg when the tree was read (`hold_frees`); once a later one commits,
-    /// the chunk ends soon after. `u64::MAX` for the MOS, whose walk neither ends early nor
-    /// pauses for foreground I/O.
-    tree_txg: u64,
+    /// A chunk of a volume: the last committed txg when its tree was read (`hold_frees`).
+    /// Once a later one commits, the chunk ends soon after. `None` for the MOS, whose walk
+    /// neither ends early nor pauses for foreground I/O.
+    chunk_of: Option<u64>,
 }
 
 impl TreeScan<'_> {
     /// Pauses while the pool serves I/O (`Pool::yield_to_foreground`), except in the MOS.
     fn yield_to_foreground(&self) {
-        if self.tree_txg != u64::MAX {
+        if self.chunk_of.is_some() {
             self.pool.yield_to_foreground(self.stop);
         }
+    }
+
+    /// Whether a txg has committed since this chunk's tree was read (never, for the MOS).
+    fn tree_superseded(&self) -> bool {
+        self.chunk_of
+            .is_some_and(|tree_txg| self.pool.synced_txg() > tree_txg)
     }
 }
 
@@ -491,7 +497,7 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
         // slow walk (a resilver passing over most blocks, pausing for foreground I/O) kept
         // all they freed meanwhile, and filled the pool.
         visits += 1;
-        if first > from && visits.is_multiple_of(16) && pool.synced_txg() > t.tree_txg {
+        if first > from && visits.is_multiple_of(16) && t.tree_superseded() {
             resume = Some(first);
             return Visit::Skip;
         }

@@ -221,8 +221,9 @@ fn within_area(bytes: usize) -> Result<(), ConfigTooLarge> {
 /// resilver interrupted before the resilver's own; the error counts stay), then the detail
 /// of the txgs leaves missed and a resilver covers (each list becomes one range from its
 /// first txg to its last: a resilver of them rewrites more blocks, never fewer), then the
-/// leaves' error counts (shown by `pool status` after a restart, and nothing else). Any leaf GUID fits in the room left (`leaf_guid` is set per leaf after
-/// this). `fits_as_it_grows` keeps the vdev tree small enough for this to succeed.
+/// leaves' error counts (shown by `pool status` after a restart, and nothing else). Any leaf
+/// GUID fits in the room left (`leaf_guid` is set per leaf after this). `fits_as_it_grows`
+/// keeps the vdev tree small enough for this to succeed.
 pub fn fit_config(cfg: &mut PoolConfig) -> Result<(), ConfigTooLarge> {
     // The longest leaf GUID is 20 digits; the one in `cfg` may be shorter.
     let fits = |c: &PoolConfig| within_area(json_len(c) + 20).is_ok();

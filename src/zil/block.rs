@@ -367,7 +367,7 @@ impl LogBlock {
 }
 
 /// Whether `bytes` hold a whole log block whose checksum matches (of any chain).
-pub fn is_intact(bytes: &[u8]) -> bool {
+fn is_intact(bytes: &[u8]) -> bool {
     LogBlock::expected_checksum(bytes).is_some_and(|sum| sum == bytes[64..96])
 }
 

@@ -212,10 +212,9 @@ pub struct Log {
 struct Plan {
     /// Each block at the part of its slot it takes (`Zil::written_part`).
     blocks: Vec<(BlockAddr, LogBlock)>,
-    /// Each block's whole slot, whose tail is freed once the block is written.
+    /// Each block's whole slot, whose tail is freed once the block is written; the first is
+    /// the slot the chain's last block named.
     slots: Vec<BlockAddr>,
-    first_slot: BlockAddr,
-    first_seq: u64,
     /// Slots allocated by this plan (every block after the first, and the new next slot).
     taken: Vec<BlockAddr>,
 }
@@ -680,12 +679,10 @@ impl Log {
         let total: usize = HEADER_BYTES + records.iter().map(|r| r.encoded_len()).sum::<usize>();
         st.recent = total.max(st.recent - st.recent / 8);
         let expect = st.recent;
-        let first_slot = st.next_slot;
-        let first_seq = st.next_seq;
         let mut taken = Vec::new();
         let mut blocks = Vec::new();
         let mut slots = Vec::new();
-        let (mut slot, mut seq, mut at) = (first_slot, first_seq, 0usize);
+        let (mut slot, mut seq, mut at) = (st.next_slot, st.next_seq, 0usize);
         let mut rotor = st.rotor;
         loop {
             let fit = records_that_fit(&records[at..], slot.len as usize);
@@ -739,8 +736,6 @@ impl Log {
         Some(Plan {
             blocks,
             slots,
-            first_slot,
-            first_seq,
             taken,
         })
     }
@@ -909,16 +904,17 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
                 left -= 1;
             }
         }
-        // Only now: a failed write leaves the whole slots to the old chain.
+        // Only once written: after a failed write the whole slots go to the old chain.
         for (slot, (part, _)) in p.slots.iter().zip(&p.blocks) {
             zil.free_tail(*slot, *part);
         }
     } else {
         st.blocks.retain(|b| !addrs.contains(&b.addr));
-        // The plan's slots may hold blocks of the old chain, replayed if a crash comes first.
+        // The plan's slots may hold blocks of the old chain, replayed if a crash comes first:
+        // the ones it took, and its first (the chain's next slot, which `begin_chain`
+        // retires with the chain's blocks).
         st.retired.extend(p.taken.iter().copied());
-        st.next_slot = p.first_slot;
-        st.next_seq = p.first_seq;
+        st.next_slot = p.slots[0];
         begin_chain(zil, st);
     }
 }

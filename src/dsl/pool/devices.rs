@@ -248,7 +248,6 @@ impl Pool {
         Ok(())
     }
 
-    /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
     /// Whether the labels (the config last written) lag what an import could not find out
     /// for itself: a leaf faulted, offlined or back since, or the txgs an in-service leaf
     /// missed (it may take the next txg whole, after which its uberblock no longer tells).
@@ -268,6 +267,7 @@ impl Pool {
         })
     }
 
+    /// Copies the leaves' live error counters into `cfg` (leaves not present keep theirs).
     pub(super) fn record_counters(&self, cfg: &mut PoolConfig) {
         let (tops, _) = self.label_tops();
         for (top, tc) in tops.iter().zip(cfg.tops.iter_mut()) {
