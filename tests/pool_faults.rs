@@ -707,6 +707,99 @@ fn a_child_that_missed_part_of_a_txg_is_resilvered_once_it_takes_writes_again() 
     }
 }
 
+/// Each child of a mirror or a raidz1 misses a different part of one txg, each for want of
+/// room while the others take the writes (file systems filling one a moment after another
+/// while a txg is open): no child took the whole txg, yet every block of it met the vdev's
+/// redundancy rule. The txg commits rather than suspend the pool, each child owes it, a
+/// resilver gives each what it missed, and then any child can be lost.
+#[test]
+fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
+    for layout in [Layout::Mirror, Layout::Raidz1] {
+        let devs = mem_devs(devs_for(layout), 64 * MB);
+        let o = PoolOptions {
+            txg_timeout: std::time::Duration::from_secs(3600),
+            ..opts()
+        };
+        let pool = Pool::create("tank", spec(layout, &devs), o).unwrap();
+        pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+        let vol = Volume::open(&pool, "v").unwrap();
+        let mut want = pattern(40, 4 * MB as usize);
+        vol.write(0, &want).unwrap();
+        pool.sync_now().unwrap();
+        let txg = pool.synced_txg();
+
+        // Streams are written to their places at once, in the open txg: one per child, each
+        // while that child alone is full.
+        for (i, dev) in devs.iter().enumerate() {
+            dev.set_faults(Faults {
+                full: true,
+                ..Faults::default()
+            });
+            let part = pattern(41 + i as u8, MB as usize / 2);
+            let at = i * MB as usize;
+            vol.write(at as u64, &part).unwrap();
+            want[at..][..part.len()].copy_from_slice(&part);
+            dev.set_faults(Faults::default());
+        }
+        assert_eq!(
+            pool.synced_txg(),
+            txg,
+            "{layout:?}: all of it in one open txg"
+        );
+        let status = pool.vdev_status();
+        assert!(
+            status[0].leaves.iter().all(|l| l.write_errors > 0),
+            "{layout:?}: every child missed a write: {status:?}"
+        );
+        pool.sync_now()
+            .unwrap_or_else(|e| panic!("{layout:?}: the txg commits: {e}"));
+        assert!(pool.suspension().is_none(), "{layout:?}");
+        assert_volume(&pool, &want, &format!("{layout:?}: after the commit"));
+
+        // The next txg reaches every child whole, and the resilver starts by itself.
+        vol.write(4 * MB - 4096, &[9u8; 4096]).unwrap();
+        want[4 * MB as usize - 4096..].fill(9);
+        pool.sync_now().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let scan = pool.scan_status();
+            if scan.func == ScanFunc::Resilver && scan.state == ScanPhase::Finished {
+                assert_eq!(scan.errors, 0, "{layout:?}: {scan:?}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{layout:?}: no resilver: {scan:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for leaf in &pool.vdev_status()[0].leaves {
+            assert!(
+                leaf.repaired_bytes > 0 && leaf.cksum_errors == 0,
+                "{layout:?}: {leaf:?}"
+            );
+        }
+        drop(vol);
+        pool.close().unwrap();
+        drop(pool);
+
+        // Every child now holds all it missed: the pool reads whole without any one of them.
+        for gone in 0..devs.len() {
+            let rest: Vec<_> = (0..devs.len())
+                .filter(|&i| i != gone)
+                .map(|i| devs[i].clone())
+                .collect();
+            let pool = import(&rest);
+            assert_volume(
+                &pool,
+                &want[..],
+                &format!("{layout:?}: without child {gone}"),
+            );
+            pool.close().unwrap();
+        }
+    }
+}
+
 /// A device fault is not a lack of room: the suspension says so, and the client is told EIO.
 #[test]
 fn a_failed_device_suspends_the_pool_as_a_fault_not_as_out_of_space() {

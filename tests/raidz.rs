@@ -763,7 +763,7 @@ fn a_run_of_raidz_blocks_writes_each_childs_columns_as_one_request() {
             })
             .collect();
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| &b[..]).collect();
-        top.write_run(blocks[0].0, &bufs)?;
+        top.write_run(blocks[0].0, &bufs, None)?;
         Ok(blocks)
     };
     let reads_back = |blocks: &[(u64, Vec<u8>)]| {
@@ -833,7 +833,7 @@ fn buffered_column_and_mirror_writes_stay_on_the_writing_thread() {
     let mirror = TopVdev::new(1, 2, TopKind::Mirror, leaves(2));
     let data = vec![7u8; 128 << 10];
     raidz.write(0, &data).unwrap();
-    mirror.write_run(0, &[&data[..], &data[..]]).unwrap();
+    mirror.write_run(0, &[&data[..], &data[..]], None).unwrap();
     let me = std::thread::current().id();
     let seen = writers.lock().unwrap().clone();
     // Six columns; two buffers to each of the two copies.

@@ -353,8 +353,14 @@ impl Raidz {
     /// Writes a block as one full stripe, each column with `Leaf::write_data_durable`, so
     /// the block survives a crash when this returns (an intent log block's commit). Succeeds
     /// when at most `nparity` columns failed (each failure counted against its leaf): the
-    /// block is then readable from the rest.
-    pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+    /// block is then readable from the rest; a leaf whose column failed then owes txg
+    /// `birth` (`Leaf::owes`).
+    pub fn write_durable(
+        &self,
+        offset: u64,
+        data: &[u8],
+        birth: Option<u64>,
+    ) -> Result<(), VdevError> {
         let map = self.geom.map(offset, data.len() as u64);
         let parity = self.parity(&map, data);
         let bufs: Vec<&[u8]> = parity
@@ -371,14 +377,23 @@ impl Raidz {
         // A durable column waits for its device: those go in parallel.
         let cols: Vec<(&Column, &&[u8])> = map.cols.iter().zip(&bufs).collect();
         let results = super::top::waiting_in_parallel(&cols, |&c| write(c));
-        let failed: Vec<VdevError> = results.into_iter().filter_map(|r| r.err()).collect();
+        let failed: Vec<(usize, VdevError)> = cols
+            .iter()
+            .zip(results)
+            .filter_map(|((c, _), r)| r.err().map(|e| (c.child, e)))
+            .collect();
         if failed.len() > map.nparity {
             return Err(VdevError::write_lost(
                 map.nparity,
                 map.cols.len(),
                 "columns",
-                failed.iter(),
+                failed.iter().map(|(_, e)| e),
             ));
+        }
+        for (child, _) in &failed {
+            if let Some(leaf) = &self.slots[*child] {
+                leaf.owes(birth);
+            }
         }
         Ok(())
     }
@@ -389,8 +404,14 @@ impl Raidz {
     /// six is six writes of 32K rather than forty-eight of 4K. Succeeds when at most
     /// `nparity` children failed (each failure counted against its leaf): every block is
     /// then readable from the rest. More failed children fail the whole run, even if no one
-    /// block lost more than `nparity` columns.
-    pub fn write_run(&self, offset: u64, blocks: &[&[u8]]) -> Result<(), VdevError> {
+    /// block lost more than `nparity` columns. A child that failed owes txg `birth` once the
+    /// run succeeded without it (`Leaf::owes`).
+    pub fn write_run(
+        &self,
+        offset: u64,
+        blocks: &[&[u8]],
+        birth: Option<u64>,
+    ) -> Result<(), VdevError> {
         let maps = self.run_maps(offset, blocks.iter().map(|b| b.len()));
         let parity: Vec<Vec<Vec<u8>>> = blocks
             .iter()
@@ -431,7 +452,7 @@ impl Raidz {
             .map(|(_, e)| e)
             .collect();
         // Children out of room beyond the parity are the file system's state, not a fault of
-        // any device: none is charged with it (as `TopVdev::settle` says for a mirror).
+        // any device: none is charged with it (as `TopVdev::settle_write` says for a mirror).
         let too_many = lost.len() > self.nparity();
         let all_full = too_many && failures.iter().all(|(_, e)| e.out_of_space());
         for (child, e) in &failures {
@@ -446,6 +467,11 @@ impl Raidz {
                 "children",
                 lost.into_iter(),
             ));
+        }
+        for (child, leaf) in self.slots.iter().enumerate() {
+            if let (Some(leaf), true) = (leaf, seen[child]) {
+                leaf.owes(birth);
+            }
         }
         Ok(())
     }
@@ -549,14 +575,16 @@ impl Raidz {
     /// into `buf`; parity is read only when a column failed or the block did not verify.
     /// Then the missing columns are rebuilt, and if that does not verify either, every
     /// combination of up to `nparity` suspect columns is rebuilt in turn until one verifies
-    /// (combinatorial reconstruction). Columns found wrong are rewritten and counted.
+    /// (combinatorial reconstruction). Columns found wrong are rewritten and counted, except
+    /// on a leaf that missed the block's birth txg (`birth`, where the caller knows it).
     pub fn read_verified(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
+        birth: Option<u64>,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, None)
+        self.read(offset, buf, verify, birth, false)
     }
 
     /// As `read_verified`, but a scrub's read of a block born in txg `birth`: parity is read
@@ -569,7 +597,7 @@ impl Raidz {
         verify: &dyn Fn(&[u8]) -> bool,
         birth: u64,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, Some(birth))
+        self.read(offset, buf, verify, Some(birth), true)
     }
 
     fn read(
@@ -577,8 +605,8 @@ impl Raidz {
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
-        // Some for a scrub: the block's birth txg.
-        scrub_birth: Option<u64>,
+        birth: Option<u64>,
+        scrub: bool,
     ) -> Result<ReadReport, VdevError> {
         let map = self.geom.map(offset, buf.len() as u64);
         let np = map.nparity;
@@ -596,7 +624,7 @@ impl Raidz {
             self.read_columns(&map, &which, &mut bufs, &mut reads);
         }
         let data_ok = reads.failed.is_empty() && verify(buf);
-        if data_ok && scrub_birth.is_none() {
+        if data_ok && !scrub {
             return Ok(ReadReport::default());
         }
         // The slow path: bring in parity and rebuild.
@@ -630,7 +658,7 @@ impl Raidz {
         };
         if data_ok && reads.failed.is_empty() {
             // A scrub of a good block: only the parity can be wrong.
-            self.repair(&map, buf, &orig, &[], scrub_birth, &mut report);
+            self.repair(&map, buf, &orig, &[], birth, &mut report);
             return Ok(report);
         }
         let known: Vec<usize> = reads.failed.clone();
@@ -680,7 +708,7 @@ impl Raidz {
                 }
             )));
         }
-        self.repair(&map, buf, &orig, &known, scrub_birth, &mut report);
+        self.repair(&map, buf, &orig, &known, birth, &mut report);
         Ok(report)
     }
 

@@ -275,6 +275,15 @@ impl Leaf {
         }
     }
 
+    /// Records that this leaf missed a block of txg `birth` which its vdev took without it:
+    /// it owes that txg (to a resilver), and a txg's commit sees it (`LabelUpdate`).
+    /// Nothing for a write of no txg.
+    pub fn owes(&self, birth: Option<u64>) {
+        if let Some(txg) = birth {
+            self.missed.lock().add(txg);
+        }
+    }
+
     /// Counts a failed I/O against this leaf, unless it failed only because the leaf is
     /// offline (that is no fault of the device). A write that found no room is counted but
     /// does not bring the leaf nearer a fault: it marks the leaf out of room (`no_room`).
@@ -465,8 +474,8 @@ pub enum TopKind {
 /// How a stripe or mirror read goes through its children.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum MirrorRead {
-    /// Until one copy verifies.
-    FirstGood,
+    /// Until one copy verifies, of a block born in the given txg where the caller knows it.
+    FirstGood { birth: Option<u64> },
     /// Every copy, checked (a scrub), of a block born in the given txg.
     EveryCopy { birth: u64 },
     /// Until one verifies; wrong bytes count as checksum errors only once some copy did (the
@@ -602,20 +611,29 @@ impl TopVdev {
 
     /// Writes to every child in parallel. A mirror write succeeds if at least one child took
     /// it (the others count a write error); a stripe write fails with its leaf.
+    ///
+    /// Not a txg's block (a repair, a test): a child that misses it owes no txg. A txg's
+    /// blocks go through `write_run`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
-        self.write_run(offset, &[data])
+        self.write_run(offset, &[data], None)
     }
 
     /// `write`, returning once the block survives a crash on every child that took it, with
-    /// no flush of anything else written to them: an intent log block's commit.
-    pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+    /// no flush of anything else written to them: an intent log block's commit. A child
+    /// that misses a txg's block (`birth`) owes that txg (`Leaf::missed`).
+    pub fn write_durable(
+        &self,
+        offset: u64,
+        data: &[u8],
+        birth: Option<u64>,
+    ) -> Result<(), VdevError> {
         debug_assert!(offset + self.asize_of(data.len() as u64) <= self.asize_bytes);
         if let Some(rz) = &self.raidz {
-            return rz.write_durable(offset, data);
+            return rz.write_durable(offset, data, birth);
         }
         let results = waiting_in_parallel(&self.children, |c| c.write_data_durable(data, offset));
-        self.settle(results, |c| &c.counters.write_errors)
+        self.settle_write(results, birth)
     }
 
     /// `write_run`, returning once the run survives a crash, with no flush of anything else
@@ -623,11 +641,16 @@ impl TopVdev {
     /// stripe or mirror the run is gathered into one sector-aligned buffer and written as one
     /// durable request per child. A raidz gives each block rows of its own, so each block is
     /// a durable write of its own there.
-    pub fn write_run_durable(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
+    pub fn write_run_durable(
+        &self,
+        offset: u64,
+        bufs: &[&[u8]],
+        birth: Option<u64>,
+    ) -> Result<(), VdevError> {
         if let Some(rz) = &self.raidz {
             let mut at = offset;
             for b in bufs {
-                rz.write_durable(at, b)?;
+                rz.write_durable(at, b, birth)?;
                 at += self.asize_of(b.len() as u64);
             }
             return Ok(());
@@ -637,15 +660,21 @@ impl TopVdev {
         for b in bufs {
             run.extend_from_slice(b);
         }
-        self.write_durable(offset, &run)
+        self.write_durable(offset, &run, birth)
     }
 
     /// Writes a run of blocks that lie one after another from `offset`, as one request per
     /// child, with `write`'s rules for a failed child; on a raidz, one request per stretch of
-    /// adjacent columns on a child (`Raidz::write_run`).
-    pub fn write_run(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
+    /// adjacent columns on a child (`Raidz::write_run`). Blocks of txg `birth`: a child that
+    /// misses them while the vdev takes the run owes that txg (`Leaf::missed`).
+    pub fn write_run(
+        &self,
+        offset: u64,
+        bufs: &[&[u8]],
+        birth: Option<u64>,
+    ) -> Result<(), VdevError> {
         if let Some(rz) = &self.raidz {
-            return rz.write_run(offset, bufs);
+            return rz.write_run(offset, bufs, birth);
         }
         // Buffered: copies into page caches, cheaper in turn on this thread than handed to
         // the pool (see `Raidz::write_run`).
@@ -654,7 +683,7 @@ impl TopVdev {
             .iter()
             .map(|c| c.write_data_vectored(bufs, offset))
             .collect();
-        self.settle(results, |c| &c.counters.write_errors)
+        self.settle_write(results, birth)
     }
 
     /// Reads a run of blocks that lie one after another from `offset` from one child in
@@ -703,10 +732,12 @@ impl TopVdev {
         (0..n).map(move |k| (start + k) % n)
     }
 
-    fn settle(
+    /// A write's outcome from its children's: it succeeds if one took it; each child that
+    /// failed is charged, and owes txg `birth` if the write succeeded without it.
+    fn settle_write(
         &self,
         results: Vec<Result<(), VdevError>>,
-        counter: impl Fn(&Leaf) -> &AtomicU64,
+        birth: Option<u64>,
     ) -> Result<(), VdevError> {
         let mut first_err = None;
         let mut ok = 0;
@@ -718,20 +749,27 @@ impl TopVdev {
         let all_full = results
             .iter()
             .all(|r| r.as_ref().is_err_and(VdevError::out_of_space));
+        let mut missed = Vec::new();
         for (child, r) in self.children.iter().zip(results) {
             match r {
                 Ok(()) => ok += 1,
                 Err(e) => {
                     if !all_full {
-                        self.fail(child, &e, counter(child));
+                        self.fail(child, &e, &child.counters.write_errors);
                     }
+                    missed.push(child);
                     first_err.get_or_insert(e);
                 }
             }
         }
         match first_err {
             Some(e) if ok == 0 => Err(e),
-            _ => Ok(()),
+            _ => {
+                for child in missed {
+                    child.owes(birth);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -763,22 +801,27 @@ impl TopVdev {
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ReadReport, VdevError> {
-        self.read_verified_from(offset, buf, verify, None)
+        self.read_verified_from(offset, buf, verify, None, None)
     }
 
-    /// `read_verified`, on a stripe or mirror starting with child `first` if given: the retry
-    /// of a block that `read_run` read from `first` and that did not verify, so that this
-    /// copy is the one counted and rewritten.
+    /// `read_verified` of a block born in txg `birth` if known (a copy on a leaf that missed
+    /// that txg was never written: rewritten, but no checksum error), on a stripe or mirror
+    /// starting with child `first` if given: the retry of a block that `read_run` read from
+    /// `first` and that did not verify, so that this copy is the one counted and rewritten.
     pub fn read_verified_from(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
+        birth: Option<u64>,
         first: Option<usize>,
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
-            Some(rz) => rz.read_verified(offset, buf, verify),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::FirstGood, first),
+            Some(rz) => rz.read_verified(offset, buf, verify, birth),
+            None => {
+                let how = MirrorRead::FirstGood { birth };
+                self.mirror_read(offset, buf, verify, how, first)
+            }
         }
     }
 
@@ -794,7 +837,7 @@ impl TopVdev {
     ) -> Result<ReadReport, VdevError> {
         match &self.raidz {
             // A raidz counts checksum errors only once a reconstruction verifies.
-            Some(rz) => rz.read_verified(offset, buf, verify),
+            Some(rz) => rz.read_verified(offset, buf, verify, None),
             None => self.mirror_read(offset, buf, verify, MirrorRead::MaybeAbsent, None),
         }
     }
@@ -813,7 +856,8 @@ impl TopVdev {
         let n = self.children.len();
         let (every_copy, birth) = match how {
             MirrorRead::EveryCopy { birth } => (true, Some(birth)),
-            _ => (false, None),
+            MirrorRead::FirstGood { birth } => (false, birth),
+            MirrorRead::MaybeAbsent => (false, None),
         };
         let start = match first {
             Some(f) => f % n,

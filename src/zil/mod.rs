@@ -455,7 +455,9 @@ impl Zil {
             let bytes = b.encode(a.len as usize);
             self.top(a.vdev)
                 .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
-                .write_durable(a.offset, &bytes)
+                // No txg's block: a copy some child missed is wanted only until the txg
+                // covering its records commits, and no resilver could give it back.
+                .write_durable(a.offset, &bytes, None)
                 .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))?;
             Ok((a.vdev, bytes.len() as u64))
         };

@@ -352,9 +352,9 @@ impl Zio {
         let write_all = || {
             runs.iter().try_for_each(|(v, (off, bufs))| {
                 if durable {
-                    self.tops[*v].write_run_durable(*off, bufs)
+                    self.tops[*v].write_run_durable(*off, bufs, Some(txg))
                 } else {
-                    self.tops[*v].write_run(*off, bufs)
+                    self.tops[*v].write_run(*off, bufs, Some(txg))
                 }
             })
         };
@@ -517,7 +517,8 @@ impl Zio {
                 }
             };
             let first = if i == 0 { first } else { None };
-            match top.read_verified_from(d.offset.get(), &mut buf, &verify, first) {
+            let birth = Some(bp.birth_txg.get());
+            match top.read_verified_from(d.offset.get(), &mut buf, &verify, birth, first) {
                 Ok(report) => {
                     self.stats
                         .repaired_bytes

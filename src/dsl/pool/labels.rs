@@ -2,7 +2,6 @@
 //! fails the update drops out of it while the rest go on, as long as each top-level vdev
 //! keeps a leaf that took every write.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::vdev::{Leaf, TopVdev, VdevError};
@@ -20,8 +19,6 @@ pub(super) struct LabelUpdate<'a> {
     what: String,
     /// Per top-level vdev and leaf: why the leaf dropped out, or None while it takes part.
     dropped: Vec<Vec<Option<Dropped>>>,
-    /// Per top-level vdev and leaf: its write-error count when the update began.
-    write_errors_at_start: Vec<Vec<u64>>,
 }
 
 /// What one leaf made of a step.
@@ -58,38 +55,47 @@ impl<'a> LabelUpdate<'a> {
                     .collect()
             })
             .collect();
-        let write_errors_at_start = tops
-            .iter()
-            .map(|t| {
-                t.children
-                    .iter()
-                    .map(|l| l.counters.write_errors.load(Ordering::Relaxed))
-                    .collect()
-            })
-            .collect();
         LabelUpdate {
             tops,
             required,
             what,
             dropped,
-            write_errors_at_start,
         }
     }
 
-    /// Drops the leaves that failed a write since the update began (a mirror write went on
-    /// without them). Such a leaf lacks a block the new labels point at: its labels must not
+    /// Drops the leaves that missed a block of txg `txg` which their vdev took without them
+    /// (`Leaf::owes`). Such a leaf lacks a block the new labels point at: its labels must not
     /// claim that block, and its flush cannot make that block durable.
-    pub(super) fn drop_leaves_that_missed_writes(&mut self) -> Result<(), PoolError> {
+    ///
+    /// Unless every leaf still taking part on some data vdev missed a block of the txg (file
+    /// systems under a mirror filling one a moment after the other while the txg was open):
+    /// each of those blocks was written as its vdev's rule asks (a copy on a mirror, all but
+    /// the parity's columns on a raidz), so the vdev holds the whole txg among its leaves,
+    /// though none holds all of it. Those leaves stay in the update rather than fail the txg
+    /// and suspend the pool; returns true then, and before its uberblock the caller must
+    /// write a config that says they owe the txg, since their uberblocks will not tell.
+    pub(super) fn drop_leaves_that_missed(&mut self, txg: u64) -> Result<bool, PoolError> {
+        let mut kept = false;
         for (t, top) in self.tops.iter().enumerate() {
+            let missed: Vec<bool> = top
+                .children
+                .iter()
+                .map(|l| l.missed.lock().contains(txg))
+                .collect();
+            let live: Vec<bool> = self.dropped[t].iter().map(Option::is_none).collect();
+            let missers = (0..missed.len()).filter(|&l| missed[l] && live[l]);
+            if t < self.required && (0..live.len()).all(|l| missed[l] || !live[l]) {
+                kept |= missers.count() > 0;
+                continue;
+            }
             for (l, leaf) in top.children.iter().enumerate() {
-                let now = leaf.counters.write_errors.load(Ordering::Relaxed);
-                if now > self.write_errors_at_start[t][l] && self.dropped[t][l].is_none() {
+                if missed[l] && live[l] {
                     self.dropped[t][l] =
                         Some(Dropped::fault(format!("{}: missed a write", leaf.name())));
                 }
             }
         }
-        self.check()
+        self.check().map(|()| kept)
     }
 
     /// Runs `op` on every leaf still taking part, in parallel. A leaf it fails on counts a
@@ -215,7 +221,7 @@ impl<'a> LabelUpdate<'a> {
 mod tests {
     use super::*;
     use crate::vdev::mem::{Faults, MemDevice};
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn mirror(n: usize) -> (Vec<Arc<TopVdev>>, Vec<Arc<MemDevice>>) {
         let (top, devs) = crate::vdev::top::mem_mirror(n, 9);
@@ -300,15 +306,45 @@ mod tests {
         assert_eq!((errors(0), errors(1)), (0, 1));
     }
 
+    /// Each leaf of a mirror misses a different block of txg 5 (the other took it): the
+    /// vdev holds the txg only among its leaves, so both stay in the update, and the caller
+    /// is told to record what they owe. A block of another txg missed counts for nothing.
+    #[test]
+    fn leaves_that_each_missed_part_of_a_txg_all_stay_in_its_update() {
+        let (tops, devs) = mirror(2);
+        for (l, at) in [(0, 0), (1, 4096)] {
+            devs[l].set_faults(fail(true, false));
+            tops[0].write_run(at, &[&[1u8; 4096]], Some(5)).unwrap();
+            devs[l].set_faults(Faults::default());
+        }
+        let mut update = LabelUpdate::new(&tops, tops.len(), "the uberblock of txg 6".into());
+        assert!(!update.drop_leaves_that_missed(6).unwrap());
+        assert_eq!(update.dropped_leaves().count(), 0);
+        let mut update = LabelUpdate::new(&tops, tops.len(), "the uberblock of txg 5".into());
+        assert!(update.drop_leaves_that_missed(5).unwrap());
+        assert_eq!(update.dropped_leaves().count(), 0);
+        let calls = AtomicUsize::new(0);
+        update
+            .step(|_| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
     #[test]
     fn a_label_update_needs_a_leaf_per_vdev_that_took_every_write() {
         let (tops, devs) = mirror(2);
         let mut update = LabelUpdate::new(&tops, tops.len(), "the uberblock of txg 5".into());
         // Leaf 0 misses a data write of the txg, which the mirror survives on leaf 1.
         devs[0].set_faults(fail(true, false));
-        tops[0].write(0, &[1u8; 4096]).unwrap();
+        tops[0].write_run(0, &[&[1u8; 4096]], Some(5)).unwrap();
         devs[0].set_faults(Faults::default());
-        update.drop_leaves_that_missed_writes().unwrap();
+        assert!(
+            !update.drop_leaves_that_missed(5).unwrap(),
+            "leaf 1 took it all"
+        );
         // Leaf 1, the only one holding the block, cannot flush: leaf 0's flush would not make
         // the block durable, so the update must fail rather than label leaf 0.
         devs[1].set_faults(fail(false, true));

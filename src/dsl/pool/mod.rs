@@ -607,22 +607,39 @@ impl Pool {
         state: PoolState,
     ) -> Result<(), PoolError> {
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut update =
+            LabelUpdate::new(tops, required, format!("config generation {generation}"));
+        self.config_steps(&mut update, state, generation, |_| false)
+    }
+
+    /// The steps of a config write, taken by `update`: the leaves that fail one drop out of
+    /// it, and the rest go on. A write that finds no room on any leaf of a vdev is tried
+    /// again for as long as `wait` says (a txg's commit waits for room; other callers fail).
+    /// `generation`: the config's, taken from `config_gen`.
+    fn config_steps(
+        &self,
+        update: &mut LabelUpdate<'_>,
+        state: PoolState,
+        generation: u64,
+        mut wait: impl FnMut(&VdevError) -> bool,
+    ) -> Result<(), PoolError> {
         let cfg = self.config_to_write(state);
         // What the labels get: the same, less what a config too large for them can spare.
         let mut written = cfg.clone();
         fit_config(&mut written).map_err(|e| config_too_large(&e))?;
-        let mut update =
-            LabelUpdate::new(tops, required, format!("config generation {generation}"));
         for phase in [[0usize, 2], [1, 3]] {
-            update.step(|leaf| {
-                let mut c = written.clone();
-                c.leaf_guid = leaf.guid();
-                // `fit_config` left room for any leaf's GUID.
-                let area = encode_config(&c, generation).map_err(|e| {
-                    VdevError::io(&leaf.name(), std::io::Error::other(e.to_string()))
-                })?;
-                write_config(leaf, &area, &phase)
-            })?;
+            update.write_step(
+                |leaf| {
+                    let mut c = written.clone();
+                    c.leaf_guid = leaf.guid();
+                    // `fit_config` left room for any leaf's GUID.
+                    let area = encode_config(&c, generation).map_err(|e| {
+                        VdevError::io(&leaf.name(), std::io::Error::other(e.to_string()))
+                    })?;
+                    write_config(leaf, &area, &phase)
+                },
+                &mut wait,
+            )?;
             update.step(|leaf| leaf.flush())?;
         }
         let mut c = self.config.lock();

@@ -399,7 +399,16 @@ impl Pool {
         // keep an older txg); the txg commits if every top-level vdev still has a leaf that
         // took every write and all three steps.
         let ub = Uberblock::new(txg, self.guid, root);
-        commit.drop_leaves_that_missed_writes()?;
+        let kept_missing = commit.drop_leaves_that_missed(txg)?;
+        if kept_missing {
+            // Every leaf of some vdev missed part of the txg and takes its uberblock all the
+            // same: their labels say first that they owe it.
+            let state = self.config.lock().state;
+            let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
+            self.config_steps(&mut commit, state, generation, |e| {
+                self.wait_for_room(txg, e)
+            })?;
+        }
         commit.step(|leaf| leaf.flush())?;
         // The uberblock waits for room as the txg's blocks do (a copy-on-write file system
         // under the files needs room even to overwrite a label).
@@ -409,7 +418,7 @@ impl Pool {
         )?;
         commit.step(|leaf| leaf.flush())?;
         // Leaves that missed part of this txg owe it to a resilver.
-        let mut whole = true;
+        let mut whole = !kept_missing;
         for leaf in commit.dropped_leaves() {
             leaf.missed.lock().add(txg);
             whole = false;
