@@ -672,20 +672,8 @@ fn a_child_that_missed_part_of_a_txg_is_resilvered_once_it_takes_writes_again() 
         want[MB as usize - 4096..].fill(9);
         pool.sync_now().unwrap();
         assert_eq!(pool.vdev_status()[0].leaves[1].state, "ONLINE");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let scan = pool.scan_status();
-            if scan.func == ScanFunc::Resilver && scan.state == ScanPhase::Finished {
-                assert_eq!(scan.errors, 0, "{scan:?}");
-                assert!(scan.repaired_bytes > 0, "{layout:?}: {scan:?}");
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no resilver: {scan:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        let scan = resilver_finished(&pool, &format!("{layout:?}"));
+        assert!(scan.repaired_bytes > 0, "{layout:?}: {scan:?}");
         // The copies it never got are no fault of the device: no checksum errors for them.
         let leaf = &pool.vdev_status()[0].leaves[1];
         assert!(
@@ -760,19 +748,7 @@ fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
         vol.write(4 * MB - 4096, &[9u8; 4096]).unwrap();
         want[4 * MB as usize - 4096..].fill(9);
         pool.sync_now().unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let scan = pool.scan_status();
-            if scan.func == ScanFunc::Resilver && scan.state == ScanPhase::Finished {
-                assert_eq!(scan.errors, 0, "{layout:?}: {scan:?}");
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{layout:?}: no resilver: {scan:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        resilver_finished(&pool, &format!("{layout:?}"));
         for leaf in &pool.vdev_status()[0].leaves {
             assert!(
                 leaf.repaired_bytes > 0 && leaf.cksum_errors == 0,
@@ -797,6 +773,23 @@ fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
             );
             pool.close().unwrap();
         }
+    }
+}
+
+/// Waits (up to 10 s) for a resilver the pool starts by itself to finish without errors.
+fn resilver_finished(pool: &Pool, what: &str) -> zeta::spa::scan_state::ScanState {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let scan = pool.scan_status();
+        if scan.func == ScanFunc::Resilver && scan.state == ScanPhase::Finished {
+            assert_eq!(scan.errors, 0, "{what}: {scan:?}");
+            return scan;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: no resilver: {scan:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
