@@ -776,6 +776,56 @@ fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
     }
 }
 
+/// A mirror child misses a block written ahead into the open txg (its file system full for a
+/// moment), and a resilver is asked for before that txg commits: it owes nothing a scan
+/// could give it yet, so none runs, and the debt stands. The txg then commits without the
+/// child, and once a txg reaches it whole it is resilvered and alone serves the volume.
+/// (A resilver that took the open txg found none of its blocks, and its end cleared the
+/// debt: the child then took that txg's uberblock without the block.)
+#[test]
+fn a_debt_of_the_open_txg_outlives_a_resilver_asked_for_before_it_commits() {
+    let devs = mem_devs(2, 64 * MB);
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), o).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut want = pattern(50, 2 * MB as usize);
+    vol.write(0, &want).unwrap();
+    pool.sync_now().unwrap();
+    let txg = pool.synced_txg();
+
+    devs[1].set_faults(Faults {
+        full: true,
+        ..Faults::default()
+    });
+    let part = pattern(51, MB as usize / 2);
+    vol.write(MB, &part).unwrap();
+    want[MB as usize..][..part.len()].copy_from_slice(&part);
+    devs[1].set_faults(Faults::default());
+    assert_eq!(pool.synced_txg(), txg, "written ahead into the open txg");
+    assert!(pool.vdev_status()[0].leaves[1].write_errors > 0);
+
+    let started = pool.start_resilver();
+    pool.wait_scrub();
+    pool.sync_now().unwrap();
+    vol.write(2 * MB - 4096, &[7u8; 4096]).unwrap();
+    want[2 * MB as usize - 4096..].fill(7);
+    pool.sync_now().unwrap();
+    let scan = resilver_finished(&pool, "after a whole txg");
+    assert!(scan.repaired_bytes >= part.len() as u64, "{scan:?}");
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+
+    let pool = import(&devs[1..]);
+    assert_volume(&pool, &want, "the child that missed the block, alone");
+    pool.close().unwrap();
+    assert!(!started, "a resilver started with nothing committed owed");
+}
+
 /// Waits (up to 10 s) for a resilver the pool starts by itself to finish without errors.
 fn resilver_finished(pool: &Pool, what: &str) -> zeta::spa::scan_state::ScanState {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -204,14 +204,19 @@ impl Pool {
         }
     }
 
-    /// The txgs some present, online leaf missed, and those leaves' GUIDs (sorted).
+    /// The committed txgs some present, online leaf missed, and those leaves' GUIDs (sorted).
+    /// A leaf that missed a block written ahead into the open txg, or one of the txg being
+    /// synced, owes that txg already (`Leaf::owes`), but no tree a scan could read holds its
+    /// blocks yet: a resilver that took it would find nothing, and its end would clear the
+    /// debt (`finish`) before the txg commits without the leaf's copy.
     fn owed(&self) -> (TxgRanges, Vec<u64>) {
+        let committed = self.synced_txg();
         let mut owed = TxgRanges::default();
         let mut leaves = Vec::new();
         for top in &self.io.zio.tops {
             for leaf in top.children.iter().filter(|l| !l.is_offline()) {
-                let missed = leaf.missed.lock();
-                if !missed.0.is_empty() {
+                let missed = leaf.missed.lock().up_to(committed);
+                if !missed.is_empty() {
                     leaves.push(leaf.guid());
                 }
                 for &r in &missed.0 {

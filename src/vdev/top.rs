@@ -155,6 +155,17 @@ impl TxgRanges {
         self.0 = out;
     }
 
+    /// The txgs of this set up to `last`, inclusive.
+    pub fn up_to(&self, last: u64) -> TxgRanges {
+        TxgRanges(
+            self.0
+                .iter()
+                .filter(|r| r[0] <= last)
+                .map(|&[a, b]| [a, b.min(last)])
+                .collect(),
+        )
+    }
+
     pub fn contains(&self, txg: u64) -> bool {
         self.0.iter().any(|&[a, b]| a <= txg && txg <= b)
     }
