@@ -97,6 +97,84 @@ fn log_blocks_go_to_the_log_mirror_and_replay_from_it() {
     pool.verify().unwrap();
 }
 
+/// The file system under the log device fills: the batch whose log write failed falls back
+/// to a txg, and the batches after it write their log blocks to the data vdevs' reserves
+/// (not a txg each, as while a full log device was tried every time). Room made, log blocks
+/// go back to the log device, and a power cut loses nothing flushed on either.
+#[test]
+fn while_the_log_device_is_full_log_blocks_go_to_the_data_vdevs() {
+    let devs = mem_devs(3, 96 * MB);
+    let spec = vec![
+        TopSpec::stripe(leaf(&devs[0])),
+        TopSpec::stripe(leaf(&devs[1])),
+        TopSpec::stripe(leaf(&devs[2])).as_log(),
+    ];
+    let pool = Pool::create("tank", spec, log_opts()).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let mut want = vec![0u8; 8 * MB as usize];
+    let mut round = |vol: &Volume, k: u64| {
+        for i in 0..20u64 {
+            let at = ((k * 20 + i) * 12288) % (8 * MB - 8192);
+            let data = pattern(k * 20 + i, 8192);
+            vol.write(at, &data).unwrap();
+            want[at as usize..][..data.len()].copy_from_slice(&data);
+            vol.flush().unwrap();
+        }
+    };
+    round(&vol, 0);
+    let stats = pool.zil.stats();
+    let on_log = blocks_on(&pool, 2);
+    assert!(
+        on_log >= 19,
+        "log blocks on the log device: {:?}",
+        stats.blocks
+    );
+
+    devs[2].set_faults(zeta::vdev::mem::Faults {
+        full: true,
+        ..Default::default()
+    });
+    let (fallbacks, on_data) = (
+        stats.fallback_syncs,
+        blocks_on(&pool, 0) + blocks_on(&pool, 1),
+    );
+    round(&vol, 1);
+    let stats = pool.zil.stats();
+    assert!(
+        stats.fallback_syncs - fallbacks <= 2,
+        "20 flushes while the log device is full: {} fell back to a txg",
+        stats.fallback_syncs - fallbacks
+    );
+    assert!(
+        blocks_on(&pool, 0) + blocks_on(&pool, 1) >= on_data + 18,
+        "log blocks on the data vdevs: {:?}",
+        stats.blocks
+    );
+    assert_eq!(
+        blocks_on(&pool, 2),
+        on_log,
+        "nothing more landed on the full device"
+    );
+
+    devs[2].set_faults(Default::default());
+    std::thread::sleep(Duration::from_millis(1500));
+    round(&vol, 2);
+    assert!(
+        blocks_on(&pool, 2) >= on_log + 18,
+        "back on the log device once it has room: {:?}",
+        pool.zil.stats().blocks
+    );
+
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+    let pool = Pool::import(as_leaves(&cut), None, log_opts()).expect("import");
+    let vol = Volume::open(&pool, "v").unwrap();
+    assert!(read(&vol, 0, want.len()) == want, "a flushed write is lost");
+    pool.verify().unwrap();
+}
+
 #[test]
 fn a_missing_log_device_stops_the_import_until_the_log_is_given_up() {
     let devs = mem_devs(2, 96 * MB);

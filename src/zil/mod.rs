@@ -43,6 +43,12 @@ pub use wake::after_wakeups;
 /// `log::MAX_BLOCK` bytes encoded in memory.
 const PARALLEL_LOG_WRITES: usize = 4;
 
+/// How long a vdev whose log block write failed gets no new log blocks while another can
+/// take them (`Zil::shun`). A write is the only test of room that means anything on a
+/// sparse file, so the vdev is tried again after this, at the cost of one batch that falls
+/// back to a txg per try while it stays full or failing.
+const LOG_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the log needs from the pool's txg machinery.
 pub trait TxgHooks: Send + Sync {
     /// Commits everything written so far as a txg (the fallback when a log write fails or
@@ -124,6 +130,9 @@ struct LogVdev {
     dedicated: bool,
     /// Being removed: no new log block goes there.
     removing: bool,
+    /// Until when (`Zil::now_ms`) new log blocks go elsewhere if they can: a log block
+    /// write here failed (`Zil::shun`).
+    shunned_until_ms: AtomicU64,
 }
 
 impl LogVdev {
@@ -132,6 +141,10 @@ impl LogVdev {
     fn usable(&self) -> bool {
         !self.removing
             && self.top.children.iter().filter(|c| c.is_offline()).count() <= self.top.redundancy()
+    }
+
+    fn shunned(&self, now_ms: u64) -> bool {
+        self.shunned_until_ms.load(Ordering::Relaxed) > now_ms
     }
 }
 
@@ -150,6 +163,8 @@ pub struct Zil {
     hooks: OnceLock<Box<dyn TxgHooks>>,
     /// Bytes of buffers the queued records of every volume keep alive (`Record::held_bytes`).
     pinned: AtomicU64,
+    /// What `now_ms` counts from.
+    born: std::time::Instant,
 }
 
 impl Zil {
@@ -169,6 +184,7 @@ impl Zil {
             stats: Stats::default(),
             hooks: OnceLock::new(),
             pinned: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         };
         for (top, region, dedicated) in tops {
             zil.add_vdev(top, region, dedicated, false);
@@ -190,7 +206,24 @@ impl Zil {
             top,
             dedicated,
             removing,
+            shunned_until_ms: AtomicU64::new(0),
         });
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// A log block write to vdev `v` failed: for `LOG_RETRY`, new log blocks go to the other
+    /// vdevs if any can take them. A separate log device whose file system is full would
+    /// otherwise fail every batch, each falling back to a txg, while the data vdevs'
+    /// reserves had room (ZFS likewise writes log blocks to the main pool when its log
+    /// device fails them).
+    fn shun(&self, v: u32) {
+        if let Some(Some(lv)) = self.vdevs.read().get(v as usize) {
+            let until = self.now_ms() + LOG_RETRY.as_millis() as u64;
+            lv.shunned_until_ms.fetch_max(until, Ordering::Relaxed);
+        }
     }
 
     /// Keeps new log blocks off vdev `v` (or lets them back).
@@ -291,14 +324,20 @@ impl Zil {
     /// pieces a little smaller than the largest block: three volumes of 4K writes with a
     /// flush every 5th waited about 400 ms per txg for 256K slots while a fifth of the log
     /// was free in pieces of 4-248K.
+    ///
+    /// Vdevs whose last log block write failed a moment ago (`shun`) come last: tried only
+    /// when no other has the space.
     fn alloc_slot(&self, local: &mut usize, want: u32, least: u32) -> Option<BlockAddr> {
         let vdevs = self.vdevs.read();
-        let (dedicated, reserves): (Vec<&LogVdev>, Vec<&LogVdev>) = vdevs
+        let now = self.now_ms();
+        let (shunned, trusted): (Vec<&LogVdev>, Vec<&LogVdev>) = vdevs
             .iter()
             .flatten()
             .filter(|lv| lv.usable())
-            .partition(|lv| lv.dedicated);
-        if dedicated.is_empty() && reserves.is_empty() {
+            .partition(|lv| lv.shunned(now));
+        let (dedicated, reserves): (Vec<&LogVdev>, Vec<&LogVdev>) =
+            trusted.into_iter().partition(|lv| lv.dedicated);
+        if dedicated.is_empty() && reserves.is_empty() && shunned.is_empty() {
             return None;
         }
         let first = match self.placement {
@@ -309,7 +348,7 @@ impl Zil {
             }
         };
         // Dedicated log devices first, each class from the rotor's position.
-        let order: Vec<&TopVdev> = [&dedicated, &reserves]
+        let order: Vec<&TopVdev> = [&dedicated, &reserves, &shunned]
             .into_iter()
             .flat_map(|class| {
                 let n = class.len();
@@ -458,7 +497,10 @@ impl Zil {
                 // No txg's block: a copy some child missed is wanted only until the txg
                 // covering its records commits, and no resilver could give it back.
                 .write_durable(a.offset, &bytes, None)
-                .map_err(|e| format!("log block write to vdev {}: {e}", a.vdev))?;
+                .map_err(|e| {
+                    self.shun(a.vdev);
+                    format!("log block write to vdev {}: {e}", a.vdev)
+                })?;
             Ok((a.vdev, bytes.len() as u64))
         };
         let mut written: Vec<(u32, u64)> = Vec::new();
