@@ -170,6 +170,21 @@ fn while_the_log_device_is_full_log_blocks_go_to_the_data_vdevs() {
         pool.zil.stats().blocks
     );
 
+    // The same rehearsed on a live pool (`zeta inject --full` on the log device).
+    let full = zeta::vdev::Injection {
+        full: true,
+        ..Default::default()
+    };
+    pool.inject("mem2", full).unwrap();
+    let (on_log, on_data) = (
+        blocks_on(&pool, 2),
+        blocks_on(&pool, 0) + blocks_on(&pool, 1),
+    );
+    round(&vol, 3);
+    assert_eq!(blocks_on(&pool, 2), on_log, "the injected fault took");
+    assert!(blocks_on(&pool, 0) + blocks_on(&pool, 1) > on_data);
+    pool.inject("mem2", Default::default()).unwrap();
+
     let cut = power_cut(&devs, PowerCut::DropUnflushed);
     drop(vol);
     drop(pool);

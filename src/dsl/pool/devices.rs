@@ -327,6 +327,30 @@ impl Pool {
         )))
     }
 
+    /// `find_leaf`'s leaf, or one of a separate log device: faults are injected there too
+    /// (a log device whose file system fills, or that fails, is worth rehearsing).
+    fn find_leaf_or_log_leaf(&self, dev: &str) -> Result<Arc<Leaf>, PoolError> {
+        let err = match self.find_leaf(dev) {
+            Ok((_, leaf)) => return Ok(leaf),
+            Err(e) => e,
+        };
+        let cfg = self.config.lock().clone();
+        let named = cfg
+            .tops
+            .iter()
+            .filter(|t| t.log)
+            .flat_map(|t| &t.children)
+            .find(|c| c.path == dev || c.guid.to_string() == dev);
+        let Some(c) = named else { return Err(err) };
+        self.zil
+            .log_devices()
+            .iter()
+            .flat_map(|t| &t.children)
+            .find(|l| l.guid() == c.guid && !l.is_missing())
+            .cloned()
+            .ok_or_else(|| invalid(format!("{dev}: the device is missing")))
+    }
+
     /// Takes a leaf offline (no I/O reaches it; the txgs it misses are recorded) or brings it
     /// back online, which resilvers what it missed. Offline is refused where the vdev would
     /// be left without the redundancy to serve every block.
@@ -527,7 +551,7 @@ impl Pool {
         dev: &str,
         faults: crate::vdev::Injection,
     ) -> Result<(), PoolError> {
-        let (_, leaf) = self.find_leaf(dev)?;
+        let leaf = self.find_leaf_or_log_leaf(dev)?;
         if !(0.0..=1.0).contains(&faults.fail_reads) || !(0.0..=1.0).contains(&faults.fail_writes) {
             return Err(invalid("a failure probability lies between 0 and 1"));
         }
