@@ -467,6 +467,19 @@ fn pool_with_volume(layout: Layout, devs: &[Arc<MemDevice>]) -> (Arc<Pool>, Volu
     (pool, vol)
 }
 
+/// `pool_with_volume` with no timed txg: a txg commits only when asked, so writes stay in
+/// the open one.
+fn untimed_pool_with_volume(layout: Layout, devs: &[Arc<MemDevice>]) -> (Arc<Pool>, Volume) {
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", spec(layout, devs), o).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    (pool, vol)
+}
+
 /// Gives every device of `devs` the faults `f`.
 fn fault_all(devs: &[Arc<MemDevice>], f: Faults) {
     for d in devs {
@@ -704,13 +717,7 @@ fn a_child_that_missed_part_of_a_txg_is_resilvered_once_it_takes_writes_again() 
 fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
     for layout in [Layout::Mirror, Layout::Raidz1] {
         let devs = mem_devs(devs_for(layout), 64 * MB);
-        let o = PoolOptions {
-            txg_timeout: std::time::Duration::from_secs(3600),
-            ..opts()
-        };
-        let pool = Pool::create("tank", spec(layout, &devs), o).unwrap();
-        pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-        let vol = Volume::open(&pool, "v").unwrap();
+        let (pool, vol) = untimed_pool_with_volume(layout, &devs);
         let mut want = pattern(40, 4 * MB as usize);
         vol.write(0, &want).unwrap();
         pool.sync_now().unwrap();
@@ -785,13 +792,7 @@ fn a_txg_that_every_child_missed_part_of_commits_and_is_resilvered() {
 #[test]
 fn a_debt_of_the_open_txg_outlives_a_resilver_asked_for_before_it_commits() {
     let devs = mem_devs(2, 64 * MB);
-    let o = PoolOptions {
-        txg_timeout: std::time::Duration::from_secs(3600),
-        ..opts()
-    };
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), o).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
-    let vol = Volume::open(&pool, "v").unwrap();
+    let (pool, vol) = untimed_pool_with_volume(Layout::Mirror, &devs);
     let mut want = pattern(50, 2 * MB as usize);
     vol.write(0, &want).unwrap();
     pool.sync_now().unwrap();
@@ -1135,15 +1136,9 @@ fn destroying_a_volume_right_after_a_stream_leaks_no_space() {
 #[test]
 fn placed_blocks_read_back_before_their_txg_and_superseded_copies_are_freed() {
     let devs = mem_devs(2, 96 * MB);
-    let o = PoolOptions {
-        txg_timeout: std::time::Duration::from_secs(3600),
-        ..opts()
-    };
-    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), o).unwrap();
-    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let (pool, vol) = untimed_pool_with_volume(Layout::Mirror, &devs);
     pool.sync_now().unwrap();
     let start = pool.space().alloc;
-    let vol = Volume::open(&pool, "v").unwrap();
     let txg = pool.synced_txg();
     let dirty0 = pool.dirty_bytes();
 
