@@ -184,6 +184,8 @@ fn while_the_log_device_is_full_log_blocks_go_to_the_data_vdevs() {
     assert_eq!(blocks_on(&pool, 2), on_log, "the injected fault took");
     assert!(blocks_on(&pool, 0) + blocks_on(&pool, 1) > on_data);
     pool.inject("mem2", Default::default()).unwrap();
+    let e = pool.corrupt_sectors("mem2", 1, 1).unwrap_err().to_string();
+    assert!(e.contains("mem2 is a log device"), "{e}");
 
     let cut = power_cut(&devs, PowerCut::DropUnflushed);
     drop(vol);

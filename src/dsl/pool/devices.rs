@@ -568,7 +568,15 @@ impl Pool {
     /// that hold volume blocks (data or indirect) on that leaf are chosen. Returns how many
     /// were corrupted (fewer if the leaf holds fewer).
     pub fn corrupt_sectors(&self, dev: &str, count: usize, seed: u64) -> Result<usize, PoolError> {
-        let (_, leaf) = self.find_leaf(dev)?;
+        let (_, leaf) = match self.find_leaf(dev) {
+            Err(_) if self.find_leaf_or_log_leaf(dev).is_ok() => {
+                return Err(invalid(format!(
+                    "{dev} is a log device: it holds no volume blocks for --corrupt to pick \
+                     (--fail-reads, --fail-writes, --full and --vanish work there)"
+                )))
+            }
+            found => found?,
+        };
         self.sync_now()?;
         let mut bps = Vec::new();
         for ds in self.datasets() {
