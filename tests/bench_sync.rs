@@ -90,12 +90,24 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
         // The device's writes are counted where the files lie on one block device: every
         // byte at least once on a zeta pool (its log record; then its block, at the sync).
         let amp = r["write_amplification"].as_f64();
+        // With them, the device's write rate, and the reference it is read against: the
+        // device's rate for durable 1M writes, measured once at the start of the run.
+        let rate = r["device_write_mb_per_s"].as_f64();
+        let reference = r["device_durable_mb_per_s"].as_f64();
         if on_block_device(dir.path()) {
             let amp = amp.unwrap_or_else(|| panic!("{r}"));
             assert!(r["device_write_bytes"].as_u64().unwrap() > 0, "{r}");
             assert!(amp >= if zeta_pool { 1.0 } else { 0.3 }, "{r}");
+            let bytes = r["device_write_bytes"].as_f64().unwrap();
+            assert_eq!(rate, Some(bytes / 2.0 / 1e6), "{r}");
+            assert!(reference.unwrap_or_else(|| panic!("{r}")) > 0.0, "{r}");
+            assert_eq!(
+                rows[0]["device_durable_mb_per_s"],
+                r["device_durable_mb_per_s"]
+            );
         } else {
             assert!(amp.is_none() && r["device_write_bytes"].is_null(), "{r}");
+            assert!(rate.is_none() && reference.is_none(), "{r}");
         }
         // The server's processor time is read from its process (zeta's or nbdkit's; the raw
         // files have none), the whole machine's for every row.

@@ -441,7 +441,12 @@ pub enum BenchCmd {
                             more often than --fsync asks at depth 100: the w/flush column shows \
                             what was sent. The wr amp column is the bytes written to the disk \
                             under --dir per byte the clients wrote (the kernel's counters of \
-                            that block device; \"-\" where there is none, as on tmpfs). \
+                            that block device; \"-\" where there is none, as on tmpfs), \
+                            dev MB/s the bytes it wrote to that device per second. Before the \
+                            points, fio measures the device's rate for durable writes (1M \
+                            writes at random offsets of the plain files, O_DIRECT, fdatasync \
+                            every 4, one job per file): a target whose dev MB/s comes near it \
+                            with the processor not all busy is bound by the device. \
                             cpu us/wr is the server process's processor time per write \
                             (none for the raw files), busy the share of the whole machine's \
                             processor time in use: near 100, every target is bound by the \
@@ -451,8 +456,10 @@ pub enum BenchCmd {
                             (writes per flush asked), volblocksize (null for raw and nbdkit), \
                             generator, commit, placement, iops, lat_mean_us, lat_p99_us, \
                             writes_per_flush, log_blocks_per_device, device_write_bytes, \
-                            write_amplification, server_cpu_us_per_write, machine_busy (0 to \
-                            1) (null where not measured)."
+                            write_amplification, device_write_mb_per_s, \
+                            device_durable_mb_per_s (the device's reference, the same in every \
+                            row), server_cpu_us_per_write, machine_busy (0 to 1) (null where \
+                            not measured)."
     )]
     Sync(BenchSyncArgs),
     /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with

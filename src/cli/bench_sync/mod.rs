@@ -35,9 +35,9 @@ mod report;
 mod zeta_server;
 
 use cpustat::CpuFigures;
-use peers::{measure_nbdkit, measure_raw, run_fio, start_nbdkit, zeta_load, Files};
+use peers::{measure_device, measure_nbdkit, measure_raw, run_fio, start_nbdkit, zeta_load, Files};
 use procs::WorkDir;
-use report::{kib, print_header, print_latency_table, print_table};
+use report::{kib, print_device, print_header, print_latency_table, print_table};
 use zeta_server::{measure_zeta, start_zeta, stop_zeta};
 
 /// Volumes, vdevs and client jobs (one job per volume).
@@ -108,6 +108,9 @@ struct Plan {
     /// Each target is measured this many times (`--runs`).
     runs: u32,
     zil_props: bool,
+    /// The device's rate for durable writes (`peers::measure_device`), in MB/s: measured at
+    /// the start of the run, `None` until then and where the files are on no counted device.
+    device_mb_per_s: Option<f64>,
 }
 
 impl Plan {
@@ -144,6 +147,12 @@ impl Measured {
     /// seconds of them), where the server has a process and it was read.
     fn server_cpu_us_per_write(&self, runtime: Duration) -> Option<f64> {
         Some(self.cpu.server_secs? * 1e6 / self.client_writes(runtime)?)
+    }
+
+    /// The device's writes per second in MB/s (10^6 bytes), over `runtime` seconds, where
+    /// they were counted.
+    fn device_mb_per_s(&self, runtime: Duration) -> Option<f64> {
+        Some(self.device_write_bytes? as f64 / runtime.as_secs_f64() / 1e6)
     }
 
     /// The writes the clients made in `runtime` seconds; `None` if none.
@@ -199,6 +208,8 @@ impl Row {
             "log_blocks_per_device": self.m.log_blocks_per_device,
             "device_write_bytes": self.m.device_write_bytes,
             "write_amplification": self.write_amplification(plan),
+            "device_write_mb_per_s": self.m.device_mb_per_s(plan.runtime),
+            "device_durable_mb_per_s": plan.device_mb_per_s,
             "server_cpu_us_per_write": self.m.server_cpu_us_per_write(plan.runtime),
             "machine_busy": self.m.cpu.machine_busy,
             "run": self.run,
@@ -225,7 +236,7 @@ fn check_stop(stop: &AtomicBool) -> Result<()> {
 }
 
 pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
-    let plan = plan(&args)?;
+    let mut plan = plan(&args)?;
     check_tools()?;
     std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
     // Ctrl-C reaches the whole process group: the servers and fio stop by themselves, and this
@@ -258,6 +269,11 @@ pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
         + 2;
     let total = per_run * plan.runs as usize;
     let mut done = 0usize;
+    eprintln!("[device] durable 1M writes on the plain files (fio), for the dev MB/s column");
+    plan.device_mb_per_s = measure_device(&work.sub(0)?, &mut files, &plan, &stop)?;
+    if !args.json {
+        print_device(&plan);
+    }
     for &point in &plan.points {
         let mut rows = Vec::new();
         for run in 1..=plan.runs {
@@ -375,7 +391,7 @@ fn latency_section(
                         "--name=raw".into(),
                         format!("--filename={}", files[0].display()),
                     ];
-                    run_fio(&args, &dir.0, plan, stop).map(|s| Measured {
+                    run_fio(&args, &dir.0, plan.runtime, stop).map(|s| Measured {
                         iops: s.iops,
                         // At queue depth 1 a durable write takes 1 / IOPS: the pwrite and the
                         // fdatasync after it (fio's own latency figures count the pwrite only).
@@ -490,6 +506,7 @@ fn plan(args: &BenchSyncArgs) -> Result<Plan> {
         points,
         runs: args.runs,
         zil_props: !args.no_zil_props,
+        device_mb_per_s: None,
     })
 }
 

@@ -73,6 +73,23 @@ pub(super) fn print_header(plan: &Plan) {
     );
 }
 
+/// The device's reference line (`peers::measure_device`), under the header.
+pub(super) fn print_device(plan: &Plan) {
+    match plan.device_mb_per_s {
+        Some(mb) => println!(
+            "device: {mb:.0} MB/s of durable writes (fio: 1M writes at random offsets of the \
+             plain files, O_DIRECT, fdatasync every 4, one job per file). dev MB/s: what a \
+             target wrote to the device per second; near the device's figure with the \
+             processor not all busy, the device is its bound"
+        ),
+        None => println!(
+            "device: not measured (the files are on no block device whose writes the kernel \
+             counts)"
+        ),
+    }
+    let _ = std::io::stdout().flush();
+}
+
 /// Block and write sizes, all whole KiB here: "4K", "128K".
 pub(super) fn kib(bytes: u32) -> String {
     format!("{}K", bytes / 1024)
@@ -106,7 +123,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         }
     );
     println!(
-        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
+        "{:<10} {:<12} {:<11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
         "generator",
         "commit",
         "placement",
@@ -115,6 +132,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
         "p99 us",
         "w/flush",
         "wr amp",
+        "dev MB/s",
         "cpu us/wr",
         "busy",
         "log blk/dev",
@@ -131,7 +149,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             b.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
         });
         let line = format!(
-            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>7} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
+            "{:<10} {:<12} {:<11} {:>9.0} {:>9} {:>9} {:>7} {:>7} {:>8} {:>9} {:>5} {:>16} {:>6} {:>6} {:>8}",
             r.gen.name(),
             r.zil.commit,
             r.zil.placement,
@@ -140,6 +158,7 @@ pub(super) fn print_table(plan: &Plan, p: Point, vb: u32, rows: &[&Row]) {
             opt(r.m.lat_p99_us, 0),
             opt(r.m.writes_per_flush, 2),
             opt(r.write_amplification(plan), 2),
+            opt(r.m.device_mb_per_s(plan.runtime), 0),
             opt(r.m.server_cpu_us_per_write(plan.runtime), 1),
             opt(r.m.cpu.machine_busy.map(|b| b * 100.0), 0),
             if r.volblocksize.is_some() {
