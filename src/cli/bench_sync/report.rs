@@ -78,9 +78,10 @@ pub(super) fn print_device(plan: &Plan) {
     match plan.device_mb_per_s {
         Some(mb) => println!(
             "device: {mb:.0} MB/s of durable writes (fio: 1M writes at random offsets of the \
-             plain files, O_DIRECT, fdatasync every 4, one job per file). dev MB/s: what a \
-             target wrote to the device per second; near the device's figure with the \
-             processor not all busy, the device is its bound"
+             plain files, O_DIRECT, fdatasync every 4, one job per file), as a commit batch \
+             makes them. dev MB/s: what a target wrote to the device per second (writeback \
+             flushed once a txg or fsync can pass the figure above); near it with the \
+             processor not all busy, the device is the target's bound"
         ),
         None => println!(
             "device: not measured (the files are on no block device whose writes the kernel \
