@@ -442,11 +442,12 @@ pub enum BenchCmd {
                             what was sent. The wr amp column is the bytes written to the disk \
                             under --dir per byte the clients wrote (the kernel's counters of \
                             that block device; \"-\" where there is none, as on tmpfs), \
-                            dev MB/s the bytes it wrote to that device per second. Before the \
-                            points, fio measures the device's rate for durable writes (1M \
-                            writes at random offsets of the plain files, O_DIRECT, fdatasync \
-                            every 4, one job per file): a target whose dev MB/s comes near it \
-                            with the processor not all busy is bound by the device. \
+                            dev MB/s the bytes each target wrote to that device per second. \
+                            Before the points, fio measures the device's rate for durable \
+                            writes (1M writes at random offsets of the plain files, O_DIRECT, \
+                            fdatasync every 4, one job per file): a target whose dev MB/s comes \
+                            near it with the processor not all busy is bound by the device \
+                            (writeback flushed once per txg or fsync can pass it). \
                             cpu us/wr is the server process's processor time per write \
                             (none for the raw files), busy the share of the whole machine's \
                             processor time in use: near 100, every target is bound by the \
