@@ -9,6 +9,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Bytes per sector in the kernel's block statistics, whatever the device's sector size.
 const STAT_SECTOR_BYTES: u64 = 512;
@@ -42,6 +43,12 @@ impl DeviceWrites {
         let end = sectors_written(&std::fs::read_to_string(&self.stat).ok()?)?;
         Some(end.saturating_sub(self.start) * STAT_SECTOR_BYTES)
     }
+}
+
+/// `bytes` written over `over`, in MB/s (10^6 bytes): the scale of both the per-row device
+/// rate and the device's reference, so the two read against each other.
+pub(super) fn mb_per_s(bytes: u64, over: Duration) -> f64 {
+    bytes as f64 / over.as_secs_f64() / 1e6
 }
 
 fn sync_files(files: &[PathBuf]) -> Option<()> {

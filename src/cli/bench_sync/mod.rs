@@ -152,7 +152,7 @@ impl Measured {
     /// The device's writes per second in MB/s (10^6 bytes), over `runtime` seconds, where
     /// they were counted.
     fn device_mb_per_s(&self, runtime: Duration) -> Option<f64> {
-        Some(self.device_write_bytes? as f64 / runtime.as_secs_f64() / 1e6)
+        Some(devstat::mb_per_s(self.device_write_bytes?, runtime))
     }
 
     /// The writes the clients made in `runtime` seconds; `None` if none.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::cpustat::CpuUse;
-use super::devstat::DeviceWrites;
+use super::devstat::{mb_per_s, DeviceWrites};
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
 use super::{io_err, Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
 use crate::cli::nbd_load::{self, LoadSpec};
@@ -162,9 +162,7 @@ pub(super) fn measure_device(
         args.push(format!("--filename={}", f.display()));
     }
     run_fio(&args, &dir.0, runtime, stop)?;
-    Ok(device
-        .finish()
-        .map(|bytes| bytes as f64 / runtime.as_secs_f64() / 1e6))
+    Ok(device.finish().map(|bytes| mb_per_s(bytes, runtime)))
 }
 
 /// `nbdkit file` serving three files of a volume's size as exports `f0`, `f1`, `f2`.
