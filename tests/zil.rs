@@ -93,6 +93,8 @@ fn flushed_writes_survive_a_power_cut_through_the_log_alone() {
         drop(pool);
 
         let pool = reimport(&cut);
+        // The chain ended where nothing was written yet: nothing to say.
+        assert!(pool.import_notes.lock().is_empty(), "{commit:?}");
         let vol = Volume::open(&pool, "v0").unwrap();
         assert_eq!(read(&vol, 1000, 5000), a, "{commit:?}");
         let mut want = b.clone();
@@ -200,6 +202,34 @@ fn log_blocks_on(dev: &MemDevice) -> Vec<(u64, u64)> {
     out
 }
 
+/// The offset and sequence number of the log block on `dev` whose first 16K hold the start
+/// of `data`.
+fn log_block_holding(dev: &MemDevice, data: &[u8]) -> (u64, u64) {
+    let img = dev.power_cut(PowerCut::KeepUnflushed);
+    log_blocks_on(dev)
+        .into_iter()
+        .find(|&(at, _)| {
+            let end = (at as usize + 16384).min(img.len());
+            img[at as usize..end].windows(64).any(|x| x == &data[..64])
+        })
+        .expect("a log block holding the data")
+}
+
+/// A pool of one mirror of two in-memory devices, with volume `v0` (16K blocks) and its log
+/// ready.
+fn mirror_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
+    let devs = mem_devs(2, 96 * MB);
+    let pool = Pool::create(
+        "tank",
+        spec(Layout::Mirror, &devs),
+        log_opts(CommitPolicy::Group, Placement::Global),
+    )
+    .unwrap();
+    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+    pool.ready_logs().unwrap();
+    (devs, pool)
+}
+
 #[test]
 fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
     for damage in ["torn", "corrupt"] {
@@ -229,6 +259,18 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
             _ => cut[0].corrupt(at + 200, &[0xff; 16]),
         }
         let pool = reimport(&cut);
+        // Said, not silent: a block of the chain that fails its checksum. With only one block
+        // after it, it may have been torn by the cut (nothing acknowledged in it).
+        let notes = pool.import_notes.lock().clone();
+        assert_eq!(notes.len(), 1, "{damage}: {notes:?}");
+        let want = format!(
+            "log block {} (vdev 0, offset {}",
+            last - 1,
+            at - RESERVE_BYTES
+        );
+        assert!(notes[0].contains(&want), "{damage}: {notes:?}, want {want}");
+        assert!(notes[0].contains("fails its checksum"), "{notes:?}");
+        assert!(notes[0].contains("lost power"), "{notes:?}");
         let vol = Volume::open(&pool, "v0").unwrap();
         assert_eq!(
             read(&vol, 0, 12288),
@@ -246,6 +288,80 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
     }
 }
 
+/// A log block damaged long after it was written, with more blocks after it than a batch
+/// writes at once: the import says that writes acknowledged in it and after it are lost,
+/// replays the writes before it, and not those after (applying them without the damaged
+/// block's would make a state that never was).
+#[test]
+fn a_log_block_damaged_after_it_was_written_is_reported_as_loss() {
+    let (devs, pool) = one_device(1);
+    let txg = pool.synced_txg();
+    let vol = Volume::open(&pool, "v0").unwrap();
+    let writes: Vec<Vec<u8>> = (0..8).map(|i| pattern(40 + i, 12288)).collect();
+    for (i, w) in writes.iter().enumerate() {
+        vol.write(i as u64 * 16384, w).unwrap();
+        vol.flush().unwrap();
+    }
+    assert_eq!(pool.synced_txg(), txg, "all of it in the log");
+    drop(vol);
+    let cut = power_cut(&devs, PowerCut::DropUnflushed);
+    drop(pool);
+    // Each write's block holds its pattern: the second write's block is damaged.
+    let last = log_blocks_on(&cut[0]).iter().map(|b| b.1).max().unwrap();
+    let (at, seq) = log_block_holding(&cut[0], &writes[1]);
+    assert_ne!(
+        log_block_holding(&cut[0], &writes[0]).0,
+        at,
+        "one write a block"
+    );
+    cut[0].corrupt(at + 300, &[0x5a; 8]);
+    let pool = reimport(&cut);
+    let notes = pool.import_notes.lock().clone();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains(&format!("log block {seq} ")), "{notes:?}");
+    let later = format!("{} later blocks", last - seq);
+    assert!(
+        notes[0].contains(&later) && notes[0].contains("damaged since"),
+        "{notes:?}, want {later}"
+    );
+    assert!(last - seq >= 6, "a block for each write after it");
+    assert!(notes[0].contains(&format!("after txg {txg}")), "{notes:?}");
+    let vol = Volume::open(&pool, "v0").unwrap();
+    assert_eq!(read(&vol, 0, 12288), writes[0]);
+    for i in 1..8u64 {
+        assert_eq!(read(&vol, i * 16384, 12288), vec![0u8; 12288], "write {i}");
+    }
+    pool.verify().unwrap();
+}
+
+/// On a mirror, a log block whose copies both fail (one damaged, the other never written
+/// there) is reported whichever copy the read tried last.
+#[test]
+fn a_log_block_damaged_on_every_mirror_copy_is_reported() {
+    for damaged in 0..2 {
+        let (devs, pool) = mirror_pool();
+        let vol = Volume::open(&pool, "v0").unwrap();
+        let writes: Vec<Vec<u8>> = (0..8).map(|i| pattern(60 + i, 12288)).collect();
+        for (i, w) in writes.iter().enumerate() {
+            vol.write(i as u64 * 16384, w).unwrap();
+            vol.flush().unwrap();
+        }
+        drop(vol);
+        let cut = power_cut(&devs, PowerCut::DropUnflushed);
+        drop(pool);
+        let (at, _) = log_block_holding(&cut[0], &writes[1]);
+        cut[damaged].corrupt(at + 300, &[0x5a; 8]);
+        cut[1 - damaged].corrupt(at, &[0u8; 16384]);
+        let pool = reimport(&cut);
+        let notes = pool.import_notes.lock().clone();
+        assert_eq!(notes.len(), 1, "copy {damaged} damaged: {notes:?}");
+        assert!(notes[0].contains("fails its checksum"), "{notes:?}");
+        let vol = Volume::open(&pool, "v0").unwrap();
+        assert_eq!(read(&vol, 0, 12288), writes[0]);
+        assert_eq!(read(&vol, 16384, 12288), vec![0u8; 12288]);
+    }
+}
+
 /// A mirror child that missed a log block's write (its file system full while the other's
 /// had room) still holds, at that address, what an earlier pass of the log wrote there: an
 /// intact log block, but not the one the chain expects. The import passes over it to the
@@ -254,15 +370,7 @@ fn a_torn_or_corrupt_log_block_ends_the_chain_there() {
 /// flushed in it and after it were lost.)
 #[test]
 fn a_mirror_copy_holding_an_older_log_block_is_passed_over() {
-    let devs = mem_devs(2, 96 * MB);
-    let pool = Pool::create(
-        "tank",
-        spec(Layout::Mirror, &devs),
-        log_opts(CommitPolicy::Group, Placement::Global),
-    )
-    .unwrap();
-    pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
-    pool.ready_logs().unwrap();
+    let (devs, pool) = mirror_pool();
     let vol = Volume::open(&pool, "v0").unwrap();
     for i in 0..12u64 {
         vol.write(i * 16384, &pattern(100 + i, 4096)).unwrap();

@@ -94,6 +94,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
         let devs = super::state::open_devices(&present)?;
         let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
+        super::state::warn_import_notes(&p);
         home.remember(&p, super::state::device_paths(&p))?;
         p
     } else {

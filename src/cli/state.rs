@@ -181,12 +181,21 @@ impl Home {
             r => r?,
         };
         let pool = Pool::import(devs, Some(name), PoolOptions::default())?;
+        warn_import_notes(&pool);
         if pool.guid != entry.guid {
             return Err(usage(format!(
                 "the devices of '{name}' now hold a different pool; re-import it"
             )));
         }
         Ok(PoolRef { pool, owned: true })
+    }
+}
+
+/// Prints what an import found worth a word (`Pool::import_notes`: what a damaged or
+/// discarded intent log lost) to standard error, which a server keeps in its log.
+pub fn warn_import_notes(pool: &Pool) {
+    for note in pool.import_notes.lock().iter() {
+        eprintln!("warning: {note}");
     }
 }
 

@@ -214,6 +214,26 @@ pub enum EndOfChain {
     /// The device holding the block could not be read: whether the chain goes on is unknown.
     #[error("log block unreadable: {0}")]
     Unreadable(String),
+    /// A block whose header names this chain and the sequence number expected there, but
+    /// whose checksum fails: torn by a power cut while it was being written, or damaged
+    /// since. `later`: how many blocks go on from the block its header names, counted up to
+    /// `LOOKAHEAD` and never replayed (see `Damaged::written_whole`).
+    #[error("log block {seq} fails its checksum (torn or damaged)")]
+    Damaged { seq: u64, at: BlockAddr, later: u64 },
+}
+
+/// How far past a damaged block `walk_chain` counts the blocks that go on from it.
+pub const LOOKAHEAD: u64 = 16;
+
+impl EndOfChain {
+    /// Whether a damaged block was certainly written whole before it was damaged, so that
+    /// what it held may have been acknowledged. A batch writes its blocks a few at a time
+    /// (`zil::PARALLEL_LOG_WRITES`) and starts the next few only once those are all written,
+    /// so a block torn by a power cut has at most that many less one written after it; more
+    /// than that, and its own write had completed.
+    pub fn written_whole(&self) -> bool {
+        matches!(self, EndOfChain::Damaged { later, .. } if *later >= crate::zil::PARALLEL_LOG_WRITES as u64)
+    }
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -427,9 +447,64 @@ pub fn walk_chain(
                 seq += 1;
                 out.push(b);
             }
+            Err(EndOfChain::BadChecksum) => {
+                let end = match claimed_next(&bytes, chain, seq) {
+                    Some(next) => EndOfChain::Damaged {
+                        seq,
+                        at,
+                        later: count_later(chain, next, seq + 1, read),
+                    },
+                    None => EndOfChain::BadChecksum,
+                };
+                return (out, end);
+            }
             Err(end) => return (out, end),
         }
     }
+}
+
+/// Whether the header of `bytes` names it block `seq` of chain `chain`, whatever its
+/// checksum says (see `claimed_next`).
+pub fn names_block(bytes: &[u8], chain: u64, seq: u64) -> bool {
+    claimed_next(bytes, chain, seq).is_some()
+}
+
+/// The next block named by `bytes`, if its header names it block `seq` of chain `chain`
+/// (whatever its checksum says): a block of this chain whose checksum fails was written
+/// there, not left over from an older use of the space, which would name another chain
+/// or sequence number.
+fn claimed_next(bytes: &[u8], chain: u64, seq: u64) -> Option<BlockAddr> {
+    let ours = bytes.len() >= HEADER_BYTES
+        && [MAGIC, MAGIC_V1].contains(&u64_at(bytes, 0))
+        && u64_at(bytes, 8) == chain
+        && u64_at(bytes, 16) == seq;
+    ours.then(|| BlockAddr {
+        vdev: u32_at(bytes, 32),
+        len: u32_at(bytes, 36),
+        offset: u64_at(bytes, 40),
+    })
+}
+
+/// How many blocks continue the chain from `at` (block `seq`), up to `LOOKAHEAD`: past a
+/// damaged block, only to tell what its damage lost. Read, never replayed: their records
+/// would apply later writes without the damaged block's.
+fn count_later(
+    chain: u64,
+    mut at: BlockAddr,
+    mut seq: u64,
+    read: &mut dyn FnMut(BlockAddr, u64) -> Result<Vec<u8>, String>,
+) -> u64 {
+    let mut n = 0;
+    while n < LOOKAHEAD && !at.is_none() {
+        let Ok(bytes) = read(at, seq) else { break };
+        let Ok(b) = LogBlock::decode(&bytes, chain, seq) else {
+            break;
+        };
+        n += 1;
+        at = b.next;
+        seq += 1;
+    }
+    n
 }
 
 #[cfg(test)]
@@ -559,12 +634,49 @@ mod tests {
         b[4096..].fill(0);
         let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
         assert_eq!(got, blocks[..2]);
-        assert_eq!(end, EndOfChain::BadChecksum);
-        // One flipped bit in a header field.
-        let (mut disk, _) = chain_on_disk(7, 5);
+        // Its header still names it: told apart from a block never written, with the two
+        // written beside it counted (a batch writes up to four at once: it may be torn).
+        let damaged = EndOfChain::Damaged {
+            seq: 3,
+            at: addr(2),
+            later: 2,
+        };
+        assert_eq!(end, damaged);
+        assert!(!end.written_whole());
+        // One flipped bit in a header field, with more blocks after it than a batch writes
+        // at once: it was written whole, and damaged since.
+        let (mut disk, _) = chain_on_disk(7, 8);
         disk.get_mut(&addr(1)).unwrap()[30] ^= 1;
         let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
-        assert_eq!((got.len(), end), (1, EndOfChain::BadChecksum));
+        let damaged = EndOfChain::Damaged {
+            seq: 2,
+            at: addr(1),
+            later: 6,
+        };
+        assert_eq!((got.len(), &end), (1, &damaged));
+        assert!(end.written_whole());
+        // The count stops at LOOKAHEAD.
+        let (mut disk, _) = chain_on_disk(7, 40);
+        disk.get_mut(&addr(0)).unwrap()[200] ^= 1;
+        let (_, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
+        assert!(
+            matches!(
+                end,
+                EndOfChain::Damaged {
+                    later: LOOKAHEAD,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+        // A header that names another chain or sequence number is not this chain's block,
+        // whatever its checksum: the plain end of a chain, as space never written.
+        for field in [8, 16] {
+            let (mut disk, _) = chain_on_disk(7, 5);
+            disk.get_mut(&addr(1)).unwrap()[field] ^= 1;
+            let (got, end) = walk_chain(7, addr(0), 1, &mut read_from(&disk));
+            assert_eq!((got.len(), end), (1, EndOfChain::BadChecksum), "{field}");
+        }
     }
 
     #[test]

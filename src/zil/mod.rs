@@ -41,7 +41,7 @@ pub use wake::after_wakeups;
 
 /// The most log blocks of a batch written at once (`Zil::write_blocks`), each with up to
 /// `log::MAX_BLOCK` bytes encoded in memory.
-const PARALLEL_LOG_WRITES: usize = 4;
+pub(crate) const PARALLEL_LOG_WRITES: usize = 4;
 
 /// How long a vdev whose log block write failed gets no new log blocks while another can
 /// take them (`Zil::shun`). A write is the only test of room that means anything on a

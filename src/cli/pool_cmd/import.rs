@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::create::absolute;
-use crate::cli::state::{device_paths, open_devices, Home};
+use crate::cli::state::{device_paths, open_devices, warn_import_notes, Home};
 use crate::cli::{usage, CliError, Result};
 use crate::dsl::{probe, Pool, PoolOptions};
 use crate::vdev::FileDevice;
@@ -121,9 +121,7 @@ pub(super) fn import(
         ..Default::default()
     };
     let pool = Pool::import(devs, Some(&target), opts)?;
-    for note in pool.import_notes.lock().iter() {
-        eprintln!("warning: {note}");
-    }
+    warn_import_notes(&pool);
     // Replaying now also moves every log off a device that was given up on.
     crate::zvol::replay_logs(&pool)?;
     if discard_log {

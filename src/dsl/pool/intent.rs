@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::spa::{AllocClass, BlkPtr};
-use crate::zil::block::{is_block_of, walk_chain, EndOfChain};
+use crate::zil::block::{is_block_of, names_block, walk_chain, EndOfChain, LOOKAHEAD};
 use crate::zil::log::MAX_BLOCK;
 use crate::zil::{BlockAddr, Done, Log, Prewrite, Record, ZilHeader};
 
@@ -215,13 +215,24 @@ impl Pool {
             }
             let mut buf = vec![0u8; a.len as usize];
             // A block that does not read back whole, as the block the chain expects there,
-            // is where the chain ends (never written, or torn); a copy holding another
-            // block is passed over for one that holds this one (`is_block_of`).
+            // is where the chain ends (never written, torn or damaged); a copy holding
+            // another block is passed over for one that holds this one (`is_block_of`).
             let this = |b: &[u8]| is_block_of(b, header.chain, seq);
-            match top.read_maybe_absent(a.offset, &mut buf, &this) {
-                Ok(_) => Ok(buf),
-                Err(_) => Ok(Vec::new()),
+            if top.read_maybe_absent(a.offset, &mut buf, &this).is_err() && top.raidz.is_none() {
+                // No copy verifies. What a copy holds tells the walk which end this is: a
+                // copy whose header names the block was written there and is torn or
+                // damaged (`EndOfChain::Damaged`), which the import reports. `buf` holds
+                // the last copy read; one that names the block is looked for in order.
+                let mut copy = vec![0u8; buf.len()];
+                for leaf in top.children.iter().filter(|c| !c.is_offline()) {
+                    if leaf.read_data(&mut copy, a.offset).is_ok()
+                        && names_block(&copy, header.chain, seq)
+                    {
+                        return Ok(copy);
+                    }
+                }
             }
+            Ok(buf)
         };
         let (blocks, end) = walk_chain(header.chain, header.head, header.head_seq, &mut read);
         let mut addrs = Vec::new();
@@ -241,7 +252,7 @@ impl Pool {
             at = b.next;
             records.extend(b.records.iter().filter(|r| r.txg() > after).cloned());
         }
-        if let EndOfChain::Unreadable(why) = end {
+        if let EndOfChain::Unreadable(why) = &end {
             if !discard {
                 return Err(PoolError::CannotImport {
                     pool: self.name.clone(),
@@ -258,6 +269,11 @@ impl Pool {
                 self.name,
                 blocks.len()
             ));
+        }
+        if let EndOfChain::Damaged { seq, at, later } = end {
+            let whole = end.written_whole();
+            let note = damaged_log_note((&self.name, vol), seq, at, (later, whole), after);
+            self.import_notes.lock().push(note);
         }
         let (records, claims) = self.claim_in_place_records(records);
         Ok((Log::imported(header, addrs, records, after), claims))
@@ -291,4 +307,39 @@ impl Pool {
     pub fn read_in_place(&self, bp: &BlkPtr) -> Result<Vec<u8>, PoolError> {
         Ok(self.io.zio.read(bp)?)
     }
+}
+
+/// What the import says of a volume's log that ends at block `seq` of its own chain, at `at`,
+/// whose checksum fails (`EndOfChain::Damaged`, with `later` blocks after it): the chain is
+/// replayed up to it either way, but a block torn by a power cut held nothing acknowledged,
+/// and a block damaged since (`whole`) may have. A pool with redundancy reads another copy
+/// and never gets here; without it, those writes are gone and the user should know, where
+/// a plain end of the chain is silent.
+fn damaged_log_note(
+    (pool, vol): (&str, &str),
+    seq: u64,
+    at: BlockAddr,
+    (later, whole): (u64, bool),
+    after: u64,
+) -> String {
+    let lost = format!(
+        "writes acknowledged after txg {after} that it or the blocks after it held are lost"
+    );
+    let fate = if whole {
+        let more = if later >= LOOKAHEAD { " or more" } else { "" };
+        format!(
+            "{later}{more} later blocks of the log follow it, more than are written at once, \
+             so it was written whole and damaged since: {lost}"
+        )
+    } else {
+        format!(
+            "if the machine lost power while it was being written, nothing in it was \
+             acknowledged; if it was damaged since, {lost}"
+        )
+    };
+    format!(
+        "{pool}/{vol}: intent log block {seq} (vdev {}, offset {}) fails its checksum, so the \
+         log was replayed only up to it; {fate}",
+        at.vdev, at.offset
+    )
 }
