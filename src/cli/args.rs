@@ -142,8 +142,9 @@ pub enum PoolCmd {
         /// Print as JSON (when listing).
         #[arg(long)]
         json: bool,
-        /// Import even if a volume's intent log cannot be read (its device is missing),
-        /// losing the synchronous writes it held since the last txg; says what is lost.
+        /// Import even if a volume's intent log cannot be read (its device is missing, or no
+        /// copy of one of its blocks reads without an I/O error), losing the synchronous
+        /// writes it held past that point since the last txg; says what is lost.
         #[arg(long)]
         discard_log: bool,
     },

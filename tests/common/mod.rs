@@ -167,13 +167,16 @@ pub type WriteHook = Box<dyn Fn(&[u8], u64) + Send + Sync>;
 /// runs before each write (and may block it), `on_read` before each waiting read, and
 /// `nowait` says whether `read_at_nowait` serves a read at once (as a page cache would). A
 /// vectored read counts as one read. `on_write_request` runs once per write request, before
-/// `on_write` runs for each of its buffers (a vectored write is one request).
+/// `on_write` runs for each of its buffers (a vectored write is one request). `fail_read`,
+/// given a waiting read's offset and length, says whether it fails with an I/O error (a
+/// bad sector).
 pub struct Tap {
     pub dev: Arc<MemDevice>,
     pub on_write: WriteHook,
     pub on_write_request: Box<dyn Fn() + Send + Sync>,
     pub on_read: Box<dyn Fn() + Send + Sync>,
     pub nowait: Box<dyn Fn() -> bool + Send + Sync>,
+    pub fail_read: Box<dyn Fn(u64, usize) -> bool + Send + Sync>,
 }
 
 impl Tap {
@@ -185,7 +188,16 @@ impl Tap {
             on_write_request: Box::new(|| {}),
             on_read: Box::new(|| {}),
             nowait: Box::new(|| false),
+            fail_read: Box::new(|_, _| false),
         }
+    }
+
+    fn check_read(&self, offset: u64, len: usize) -> Result<(), zeta::vdev::VdevError> {
+        if (self.fail_read)(offset, len) {
+            let e = std::io::Error::other("injected read error");
+            return Err(zeta::vdev::VdevError::io(self.dev.name(), e));
+        }
+        Ok(())
     }
 
     /// No hooks but a count of waiting reads, returned beside it.
@@ -207,6 +219,7 @@ impl Tap {
 impl BlockDevice for Tap {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
         (self.on_read)();
+        self.check_read(offset, buf.len())?;
         self.dev.read_at(buf, offset)
     }
     fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
@@ -219,6 +232,7 @@ impl BlockDevice for Tap {
         offset: u64,
     ) -> Result<(), zeta::vdev::VdevError> {
         (self.on_read)();
+        self.check_read(offset, bufs.iter().map(|b| b.len()).sum())?;
         self.dev.read_vectored_at(bufs, offset)
     }
     fn read_vectored_at_nowait(&self, bufs: &mut [&mut [u8]], offset: u64) -> bool {

@@ -223,13 +223,24 @@ impl Pool {
                 // copy whose header names the block was written there and is torn or
                 // damaged (`EndOfChain::Damaged`), which the import reports. `buf` holds
                 // the last copy read; one that names the block is looked for in order.
+                // If no copy could be read at all, whether the chain goes on is unknown,
+                // as with a missing device: not an end.
                 let mut copy = vec![0u8; buf.len()];
-                for leaf in top.children.iter().filter(|c| !c.is_offline()) {
-                    if leaf.read_data(&mut copy, a.offset).is_ok()
-                        && names_block(&copy, header.chain, seq)
-                    {
-                        return Ok(copy);
+                let mut failed = Vec::new();
+                let serving: Vec<_> = top.children.iter().filter(|c| !c.is_offline()).collect();
+                for leaf in &serving {
+                    match leaf.read_data(&mut copy, a.offset) {
+                        Ok(()) if names_block(&copy, header.chain, seq) => return Ok(copy),
+                        Ok(()) => {}
+                        Err(e) => failed.push(format!("{}: {e}", leaf.name())),
                     }
+                }
+                if !serving.is_empty() && failed.len() == serving.len() {
+                    return Err(format!(
+                        "no copy of log block {seq} on vdev {} could be read ({})",
+                        a.vdev,
+                        failed.join("; ")
+                    ));
                 }
             }
             Ok(buf)
