@@ -217,7 +217,7 @@ pub enum EndOfChain {
     /// A block whose header names this chain and the sequence number expected there, but
     /// whose checksum fails: torn by a power cut while it was being written, or damaged
     /// since. `later`: how many blocks go on from the block its header names, counted up to
-    /// `LOOKAHEAD` and never replayed (see `Damaged::written_whole`).
+    /// `LOOKAHEAD` and never replayed (see `written_whole`).
     #[error("log block {seq} fails its checksum (torn or damaged)")]
     Damaged { seq: u64, at: BlockAddr, later: u64 },
 }
@@ -232,7 +232,8 @@ impl EndOfChain {
     /// so a block torn by a power cut has at most that many less one written after it; more
     /// than that, and its own write had completed.
     pub fn written_whole(&self) -> bool {
-        matches!(self, EndOfChain::Damaged { later, .. } if *later >= crate::zil::PARALLEL_LOG_WRITES as u64)
+        let at_once = crate::zil::PARALLEL_LOG_WRITES as u64;
+        matches!(self, EndOfChain::Damaged { later, .. } if *later >= at_once)
     }
 }
 
