@@ -223,16 +223,13 @@ fn flushed_one_by_one(
 }
 
 /// The offset and sequence number of the log block on `dev` whose first 16K hold the start
-/// of `data`.
-fn log_block_holding(dev: &MemDevice, data: &[u8]) -> (u64, u64) {
+/// of `data`, if there is one there.
+fn log_block_holding(dev: &MemDevice, data: &[u8]) -> Option<(u64, u64)> {
     let img = dev.power_cut(PowerCut::KeepUnflushed);
-    log_blocks_on(dev)
-        .into_iter()
-        .find(|&(at, _)| {
-            let end = (at as usize + 16384).min(img.len());
-            img[at as usize..end].windows(64).any(|x| x == &data[..64])
-        })
-        .expect("a log block holding the data")
+    log_blocks_on(dev).into_iter().find(|&(at, _)| {
+        let end = (at as usize + 16384).min(img.len());
+        img[at as usize..end].windows(64).any(|x| x == &data[..64])
+    })
 }
 
 /// A pool of one mirror of two in-memory devices, with volume `v0` (16K blocks) and its log
@@ -319,9 +316,11 @@ fn a_log_block_damaged_after_it_was_written_is_reported_as_loss() {
     let (writes, cut) = flushed_one_by_one(&devs, pool, 40, 8);
     // Each write's block holds its pattern: the second write's block is damaged.
     let last = log_blocks_on(&cut[0]).iter().map(|b| b.1).max().unwrap();
-    let (at, seq) = log_block_holding(&cut[0], &writes[1]);
+    let (at, seq) = log_block_holding(&cut[0], &writes[1]).expect("its log block");
     assert_ne!(
-        log_block_holding(&cut[0], &writes[0]).0,
+        log_block_holding(&cut[0], &writes[0])
+            .expect("its log block")
+            .0,
         at,
         "one write a block"
     );
@@ -351,38 +350,66 @@ fn a_log_block_damaged_after_it_was_written_is_reported_as_loss() {
 /// what is lost. (It ended the chain without a word.)
 #[test]
 fn a_log_block_that_cannot_be_read_stops_the_import_as_a_missing_device_does() {
-    let (devs, pool) = one_device(1);
-    let (writes, cut) = flushed_one_by_one(&devs, pool, 80, 4);
-    let (at, _) = log_block_holding(&cut[0], &writes[2]);
-    let leaves = |opts: PoolOptions| {
-        // A bad sector under the block.
-        let dev = Tap {
-            fail_read: Box::new(move |off, len| off < at + 4096 && off + len as u64 > at),
-            ..Tap::new(cut[0].clone())
+    for layout in [Layout::Stripe, Layout::Raidz1] {
+        let devs = mem_devs(devs_for(layout), 96 * MB);
+        let pool = Pool::create(
+            "tank",
+            spec(layout, &devs),
+            log_opts(CommitPolicy::Group, Placement::Global),
+        )
+        .unwrap();
+        pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+        pool.ready_logs().unwrap();
+        let (writes, cut) = flushed_one_by_one(&devs, pool, 80, 4);
+        // The leaf holding the block's header, and the offset of its column there: a raidz
+        // lays a block's columns at one offset on successive leaves.
+        let (first, at) = (0..cut.len())
+            .find_map(|k| log_block_holding(&cut[k], &writes[2]).map(|(at, _)| (k, at)))
+            .expect("the block");
+        // Bad sectors under it: on the one device, or on two of the raidz1's three.
+        let bad: Vec<usize> = (0..cut.len().min(2))
+            .map(|i| (first + i) % cut.len())
+            .collect();
+        let leaves = |opts: PoolOptions| {
+            let leaves = (0..cut.len())
+                .map(|k| {
+                    let fails = bad.contains(&k);
+                    let dev = Tap {
+                        fail_read: Box::new(move |off, len| {
+                            fails && off < at + 16384 && off + len as u64 > at
+                        }),
+                        ..Tap::new(cut[k].clone())
+                    };
+                    (Arc::new(dev) as Arc<dyn BlockDevice>, format!("d{k}"))
+                })
+                .collect();
+            Pool::import(leaves, None, opts)
         };
-        let leaves = vec![(Arc::new(dev) as Arc<dyn BlockDevice>, "d0".to_string())];
-        Pool::import(leaves, None, opts)
-    };
-    let opts = log_opts(CommitPolicy::Group, Placement::Global);
-    let err = leaves(opts.clone())
-        .err()
-        .expect("the import stops")
-        .to_string();
-    assert!(
-        err.contains("could be read") && err.contains("--discard-log"),
-        "{err}"
-    );
-    let pool = leaves(PoolOptions {
-        discard_log: true,
-        ..opts
-    })
-    .unwrap();
-    let notes = pool.import_notes.lock().clone();
-    assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].contains("unreadable after"), "{notes:?}");
-    let vol = Volume::open(&pool, "v0").unwrap();
-    assert_eq!(read(&vol, 16384, 12288), writes[1], "before it");
-    assert_eq!(read(&vol, 32768, 12288), vec![0u8; 12288], "in it");
+        let opts = log_opts(CommitPolicy::Group, Placement::Global);
+        let err = leaves(opts.clone())
+            .err()
+            .expect("the import stops")
+            .to_string();
+        assert!(
+            err.contains("log block") && err.contains("--discard-log"),
+            "{layout:?}: {err}"
+        );
+        let pool = leaves(PoolOptions {
+            discard_log: true,
+            ..opts
+        })
+        .unwrap();
+        let notes = pool.import_notes.lock().clone();
+        assert_eq!(notes.len(), 1, "{layout:?}: {notes:?}");
+        assert!(notes[0].contains("unreadable after"), "{notes:?}");
+        let vol = Volume::open(&pool, "v0").unwrap();
+        assert_eq!(read(&vol, 16384, 12288), writes[1], "{layout:?}: before it");
+        assert_eq!(
+            read(&vol, 32768, 12288),
+            vec![0u8; 12288],
+            "{layout:?}: in it"
+        );
+    }
 }
 
 /// On a mirror, a log block whose copies both fail (one damaged, the other never written
@@ -392,7 +419,7 @@ fn a_log_block_damaged_on_every_mirror_copy_is_reported() {
     for damaged in 0..2 {
         let (devs, pool) = mirror_pool();
         let (writes, cut) = flushed_one_by_one(&devs, pool, 60, 8);
-        let (at, _) = log_block_holding(&cut[0], &writes[1]);
+        let (at, _) = log_block_holding(&cut[0], &writes[1]).expect("its log block");
         cut[damaged].corrupt(at + 300, &[0x5a; 8]);
         cut[1 - damaged].corrupt(at, &[0u8; 16384]);
         let pool = reimport(&cut);

@@ -26,9 +26,13 @@ pub enum VdevError {
     /// The leaf is out of service (offline or faulted); `path` says which.
     #[error("{path}: out of service")]
     Offline { path: String },
-    /// More columns of a raidz stripe are lost than its parity can rebuild.
+    /// More columns of a raidz stripe are lost than its parity can rebuild: none verifies.
     #[error("{0}")]
     Damaged(String),
+    /// More columns of a raidz stripe failed to read (I/O errors) than its parity covers:
+    /// what the block holds is unknown, as on a missing device.
+    #[error("{0}")]
+    ColumnsUnreadable(String),
     /// A raidz write lost more columns than its parity covers; `out_of_space` if every
     /// column that failed did so because its device had no room (`VdevError::out_of_space`).
     #[error("raidz{nparity} write lost {lost} of {of} {parts}: {detail}")]

@@ -643,7 +643,7 @@ impl Raidz {
             ..ReadReport::default()
         };
         if reads.failed.len() > np {
-            return Err(VdevError::Damaged(format!(
+            return Err(VdevError::ColumnsUnreadable(format!(
                 "raidz{np}: {} of {} columns unreadable: {}",
                 reads.failed.len(),
                 map.cols.len(),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::spa::{AllocClass, BlkPtr};
+use crate::vdev::VdevError;
 use crate::zil::block::{is_block_of, names_block, walk_chain, EndOfChain, LOOKAHEAD};
 use crate::zil::log::MAX_BLOCK;
 use crate::zil::{BlockAddr, Done, Log, Prewrite, Record, ZilHeader};
@@ -218,7 +219,12 @@ impl Pool {
             // is where the chain ends (never written, torn or damaged); a copy holding
             // another block is passed over for one that holds this one (`is_block_of`).
             let this = |b: &[u8]| is_block_of(b, header.chain, seq);
-            if top.read_maybe_absent(a.offset, &mut buf, &this).is_err() && top.raidz.is_none() {
+            let read = top.read_maybe_absent(a.offset, &mut buf, &this);
+            if let Err(VdevError::ColumnsUnreadable(why)) = &read {
+                // A raidz that could not read enough columns to rebuild it: unknown, as below.
+                return Err(format!("log block {seq} on vdev {}: {why}", a.vdev));
+            }
+            if read.is_err() && top.raidz.is_none() {
                 // No copy verifies. What a copy holds tells the walk which end this is: a
                 // copy whose header names the block was written there and is torn or
                 // damaged (`EndOfChain::Damaged`), which the import reports. `buf` holds
