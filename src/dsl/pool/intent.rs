@@ -2,6 +2,7 @@
 //! checked), the commit calls the volume layer makes, replay's hand-off, and the whole-block
 //! writes a commit places in their txg's stead (`InPlace`).
 
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use crate::spa::{AllocClass, BlkPtr};
@@ -218,38 +219,33 @@ impl Pool {
             // A block that does not read back whole, as the block the chain expects there,
             // is where the chain ends (never written, torn or damaged); a copy holding
             // another block is passed over for one that holds this one (`is_block_of`).
-            let this = |b: &[u8]| is_block_of(b, header.chain, seq);
-            let read = top.read_maybe_absent(a.offset, &mut buf, &this);
-            if let Err(VdevError::ColumnsUnreadable(why)) = &read {
-                // A raidz that could not read enough columns to rebuild it: unknown, as below.
-                return Err(format!("log block {seq} on vdev {}: {why}", a.vdev));
-            }
-            if read.is_err() && top.raidz.is_none() {
-                // No copy verifies. What a copy holds tells the walk which end this is: a
-                // copy whose header names the block was written there and is torn or
-                // damaged (`EndOfChain::Damaged`), which the import reports. `buf` holds
-                // the last copy read; one that names the block is looked for in order.
-                // If no copy could be read at all, whether the chain goes on is unknown,
-                // as with a missing device: not an end.
-                let mut copy = vec![0u8; buf.len()];
-                let mut failed = Vec::new();
-                let serving: Vec<_> = top.children.iter().filter(|c| !c.is_offline()).collect();
-                for leaf in &serving {
-                    match leaf.read_data(&mut copy, a.offset) {
-                        Ok(()) if names_block(&copy, header.chain, seq) => return Ok(copy),
-                        Ok(()) => {}
-                        Err(e) => failed.push(format!("{}: {e}", leaf.name())),
-                    }
+            // Copies that fail are looked at on the way: the first whose header names the
+            // block was written there and is torn or damaged (`EndOfChain::Damaged`, which
+            // the import reports), whichever copy the read tries last.
+            let (read_one, named) = (Cell::new(false), RefCell::new(None));
+            let this = |b: &[u8]| {
+                read_one.set(true);
+                if is_block_of(b, header.chain, seq) {
+                    return true;
                 }
-                if !serving.is_empty() && failed.len() == serving.len() {
-                    return Err(format!(
-                        "no copy of log block {seq} on vdev {} could be read ({})",
-                        a.vdev,
-                        failed.join("; ")
-                    ));
+                if named.borrow().is_none() && names_block(b, header.chain, seq) {
+                    *named.borrow_mut() = Some(b.to_vec());
                 }
+                false
+            };
+            match top.read_maybe_absent(a.offset, &mut buf, &this) {
+                Ok(_) => Ok(buf),
+                // If no copy could be read at all (a raidz: more columns than its parity),
+                // whether the chain goes on is unknown, as with a missing device: not an end.
+                Err(VdevError::ColumnsUnreadable(why)) => {
+                    Err(format!("log block {seq} on vdev {}: {why}", a.vdev))
+                }
+                Err(e) if !read_one.get() && top.raidz.is_none() => Err(format!(
+                    "no copy of log block {seq} on vdev {} could be read ({e})",
+                    a.vdev
+                )),
+                Err(_) => Ok(named.take().unwrap_or(buf)),
             }
-            Ok(buf)
         };
         let (blocks, end) = walk_chain(header.chain, header.head, header.head_seq, &mut read);
         let mut addrs = Vec::new();
