@@ -552,3 +552,229 @@ fn a_device_faulted_by_reads_stays_faulted_after_a_power_cut() {
     assert!(read_volume(&pool) == data);
     pool.close().unwrap();
 }
+
+/// Holds the scan thread's device reads at chosen moments, so that a test can change the
+/// pool under a resilver that is part-way through its walk. Reads of other threads pass.
+#[derive(Default)]
+struct ScanGate {
+    /// `Some(n)`: n more bytes of scan reads pass, then the next read of the walking thread
+    /// waits; `Some(0)` while it waits.
+    hold_after: std::sync::Mutex<Option<u64>>,
+    moved: std::sync::Condvar,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl ScanGate {
+    /// Called before each read of `len` bytes.
+    fn pass(&self, len: u64) {
+        if !scan_thread() {
+            return;
+        }
+        let mut hold = self.hold_after.lock().unwrap();
+        match *hold {
+            Some(0) if scan_walker() => {}
+            Some(n) => {
+                *hold = Some(n.saturating_sub(len));
+                return;
+            }
+            None => return,
+        }
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.moved.notify_all();
+        while *hold == Some(0) && self.held.load(std::sync::atomic::Ordering::SeqCst) {
+            hold = self.moved.wait(hold).unwrap();
+        }
+    }
+
+    /// Lets `n` bytes of scan reads through (releasing one that waits), then holds the next.
+    fn hold_after(&self, n: u64) {
+        let mut hold = self.hold_after.lock().unwrap();
+        *hold = Some(n);
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.moved.notify_all();
+    }
+
+    /// Waits (at most 30 s) until a scan read is held.
+    fn wait_held(&self) {
+        let hold = self.hold_after.lock().unwrap();
+        let (_hold, timeout) = self
+            .moved
+            .wait_timeout_while(hold, std::time::Duration::from_secs(30), |_| {
+                !self.held.load(std::sync::atomic::Ordering::SeqCst)
+            })
+            .unwrap();
+        assert!(!timeout.timed_out(), "the scan never reached the gate");
+    }
+
+    /// `dev` seen through a tap whose reads pass this gate.
+    fn tap(self: &Arc<Self>, dev: &Arc<MemDevice>) -> Tap {
+        let gate = self.clone();
+        Tap {
+            fail_read: Box::new(move |_, len| {
+                gate.pass(len as u64);
+                false
+            }),
+            ..Tap::new(dev.clone())
+        }
+    }
+
+    fn open(&self) {
+        *self.hold_after.lock().unwrap() = None;
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.moved.notify_all();
+    }
+}
+
+/// Whether this thread may be doing a scan's I/O: the scan's own, or one of the (unnamed)
+/// rayon workers it checks batches of blocks on.
+fn scan_thread() -> bool {
+    std::thread::current().name().is_none_or(|_| scan_walker())
+}
+
+/// Whether this is the scan's own thread, which walks the trees. Only it is held: a rayon
+/// worker held would stall the txg sync, which writes labels on the same workers.
+fn scan_walker() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("scrub-"))
+}
+
+/// Takes `away` offline and rewrites the whole volume with bytes from `seed` (into `data`)
+/// in a txg they miss.
+fn rewrite_while_away(pool: &Arc<Pool>, away: &[&str], seed: u64, data: &mut [u8]) {
+    for l in away {
+        pool.set_offline(l, true).unwrap();
+    }
+    let vol = Volume::open(pool, "v").unwrap();
+    StdRng::seed_from_u64(seed).fill_bytes(data);
+    vol.write(0, data).unwrap();
+    vol.flush().unwrap();
+    pool.sync_now().unwrap();
+}
+
+/// The leaves of `devs` for an import, with leaf `at` seen through `tap`.
+fn with_tap(devs: &[Arc<MemDevice>], at: usize, tap: Tap) -> Vec<(Arc<dyn BlockDevice>, String)> {
+    let mut leaves = as_leaves(devs);
+    leaves[at].0 = Arc::new(tap);
+    leaves
+}
+
+/// A leaf taken offline while its resilver runs and brought back before that resilver ends
+/// missed the blocks the walk passed meanwhile: the resilver must start over rather than go
+/// on where it was and then call the leaf whole.
+#[test]
+fn a_leaf_out_during_its_resilver_gets_every_block_when_it_returns() {
+    let (devs, mut data) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 1);
+    let gate = Arc::new(ScanGate::default());
+    let tap = gate.tap(&devs[0]);
+    let pool = Pool::import(with_tap(&devs, 0, tap), None, opts()).unwrap();
+    // The whole volume is rewritten while mem1 is away: its resilver walks 1024 blocks.
+    rewrite_while_away(&pool, &["mem1"], 3, &mut data);
+
+    gate.hold_after(0);
+    pool.set_offline("mem1", false).unwrap();
+    gate.wait_held();
+    // Away again while the resilver walks 8 MiB more (over 256 blocks, a chunk of its walk,
+    // so its bookmark moves past them), then back.
+    pool.set_offline("mem1", true).unwrap();
+    gate.hold_after(8 * MB);
+    gate.wait_held();
+    gate.open();
+    pool.set_offline("mem1", false).unwrap();
+    mem1_resilvered(&pool, &data, VOL, "mem1 out during its resilver");
+    pool.verify().unwrap();
+    pool.close().unwrap();
+}
+
+/// A leaf that comes back while another leaf's resilver runs is not rebuilt by that one
+/// for the blocks it had passed: when it ends, that leaf must still owe them, and get its
+/// own resilver. (The window is between the leaf's return and the resilver that `online`
+/// starts; a write hook holds the leaf's label update there until the first one ends.)
+#[test]
+fn a_resilver_that_ends_as_another_leaf_returns_leaves_that_leaf_owed() {
+    let (devs, mut data) = filled_pool(Layout::Raidz2, 96 * MB, VOL, 16384, 1);
+    let gate = Arc::new(ScanGate::default());
+    let reads = gate.tap(&devs[0]);
+    // Once armed, the first write to mem4's labels (as it comes back) opens the gate and
+    // waits until the running resilver has finished.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pool_slot: Arc<std::sync::Mutex<Option<std::sync::Weak<Pool>>>> = Default::default();
+    let writes = Tap {
+        on_write: {
+            let (gate, armed, slot) = (gate.clone(), armed.clone(), pool_slot.clone());
+            Box::new(move |_, offset| {
+                let label = offset < zeta::vdev::RESERVE_BYTES;
+                if !label || !armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let pool = slot.lock().unwrap().as_ref().unwrap().upgrade().unwrap();
+                gate.open();
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while pool.scan_status().state == ScanPhase::Scanning {
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "the resilver never ended"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            })
+        },
+        ..Tap::new(devs[4].clone())
+    };
+    let mut leaves = with_tap(&devs, 0, reads);
+    leaves[4].0 = Arc::new(writes);
+    let pool = Pool::import(leaves, None, opts()).unwrap();
+    *pool_slot.lock().unwrap() = Some(Arc::downgrade(&pool));
+    rewrite_while_away(&pool, &["mem1", "mem4"], 4, &mut data);
+
+    // mem1's resilver walks part of the volume, then waits while mem4 comes back.
+    gate.hold_after(MB);
+    pool.set_offline("mem1", false).unwrap();
+    gate.wait_held();
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    pool.set_offline("mem4", false).unwrap();
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the hook never ran"
+    );
+    pool.wait_scrub();
+    let scan = pool.scan_status();
+    assert_eq!(
+        (scan.func, scan.state),
+        (ScanFunc::Resilver, ScanPhase::Finished)
+    );
+    // mem4 must carry its columns of every block: with two others away, raidz2 has no
+    // parity to spare for a stale one.
+    for l in ["mem0", "mem2"] {
+        pool.set_offline(l, true).unwrap();
+    }
+    assert!(read_volume(&pool) == data, "mem4 lacks blocks it missed");
+    pool.verify().unwrap();
+    pool.close().unwrap();
+}
+
+/// A resilver's write to the leaf it rebuilds may fail without the leaf being faulted: the
+/// block is still missing there, so the leaf still owes its txg when that resilver ends,
+/// and the resilver that follows (here, once the faults are cleared) brings it.
+#[test]
+fn a_block_whose_resilver_write_failed_is_still_owed() {
+    let (devs, mut data) = filled_pool(Layout::Mirror, 96 * MB, VOL, 16384, 1);
+    let pool = import(&devs);
+    rewrite_while_away(&pool, &["mem1"], 5, &mut data);
+    // A quarter of mem1's writes fail: never 16 in a row (`FAULT_AFTER`) over 1024 blocks,
+    // but hundreds of the resilver's.
+    let flaky = zeta::vdev::Injection {
+        fail_writes: 0.25,
+        ..Default::default()
+    };
+    pool.inject("mem1", flaky).unwrap();
+    pool.set_offline("mem1", false).unwrap();
+    pool.wait_scrub();
+    let st = &pool.vdev_status()[0].leaves[1];
+    assert!(st.write_errors > 0 && st.state == "ONLINE", "{st:?}");
+    pool.inject("mem1", zeta::vdev::Injection::default())
+        .unwrap();
+    mem1_resilvered(&pool, &data, VOL / 2, "after failed resilver writes");
+    pool.verify().unwrap();
+    pool.close().unwrap();
+}

@@ -22,7 +22,7 @@ use crate::dmu::object::{walk_from, Visit};
 use crate::dmu::DnodePhys;
 use crate::spa::scan_state::{Bookmark, Damage, ScanFunc, ScanPhase, ScanState};
 use crate::spa::BlkPtr;
-use crate::vdev::TxgRanges;
+use crate::vdev::{Leaf, TxgRanges};
 
 /// How often a running scrub saves its bookmark.
 const SAVE_EVERY: Duration = Duration::from_secs(30);
@@ -228,6 +228,17 @@ impl Pool {
         (owed, leaves)
     }
 
+    fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.io.zio.tops.iter().flat_map(|t| &t.children)
+    }
+
+    /// Whether a leaf of `guids` (sorted) came to owe more, or came back into service,
+    /// since the running resilver started (`Leaf::owes_since_scan`).
+    fn owes_since_scan(&self, guids: &[u64]) -> bool {
+        self.leaves()
+            .any(|l| guids.binary_search(&l.guid()).is_ok() && l.owes_since_scan())
+    }
+
     fn start_resilver_in(self: &Arc<Self>, slot: &mut ScanSlot) -> bool {
         if slot.closed {
             return false;
@@ -245,9 +256,13 @@ impl Pool {
                 && st.func == ScanFunc::Resilver
                 && st.txgs == owed.0
                 && st.leaves == leaves
+                && !self.owes_since_scan(&leaves)
             {
-                // The same resilver, paused: go on with it.
+                // The same resilver, paused: go on with it. (Not if one of its leaves was
+                // out of service meanwhile: the blocks the walk passed then were not
+                // written to it.)
             } else {
+                self.leaves().for_each(|l| l.scan_started());
                 // A scrub under way (paused just now, or before) waits for the resilver;
                 // a resilver replaced by a wider one hands on the scrub it was holding.
                 let interrupted = match (st.state, st.func) {
@@ -341,11 +356,13 @@ fn finish(pool: &Pool) -> bool {
         st.end_secs = now_secs();
         st.bookmark = None;
         if st.func == ScanFunc::Resilver {
-            // Every online leaf now holds the blocks of those txgs.
+            // The leaves it rebuilt now hold the blocks of those txgs, if they stayed in
+            // service. Not a leaf that came back while it ran: the walk passed blocks
+            // before that (it owes them still, and the next txg starts its resilver).
             let done = TxgRanges(st.txgs.clone());
-            for top in &pool.io.zio.tops {
-                for leaf in top.children.iter().filter(|l| !l.is_offline()) {
-                    leaf.missed.lock().remove(&done);
+            for leaf in pool.leaves() {
+                if !leaf.is_offline() && st.leaves.binary_search(&leaf.guid()).is_ok() {
+                    leaf.resilvered(&done);
                 }
             }
         }

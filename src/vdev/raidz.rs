@@ -761,7 +761,10 @@ impl Raidz {
                         .fetch_add(c.len as u64, Ordering::Relaxed);
                     report.repaired_bytes += c.len as u64;
                 }
-                Err(e) => self.fail(leaf, &e, &leaf.counters.write_errors),
+                Err(e) => {
+                    self.fail(leaf, &e, &leaf.counters.write_errors);
+                    leaf.repair_failed(&e, birth);
+                }
             }
         }
     }

@@ -62,6 +62,11 @@ pub struct Leaf {
     /// Txgs whose writes this leaf missed (offline, or a failed write): what a resilver must
     /// bring it, as inclusive ranges (ZFS's dirty time log).
     pub missed: parking_lot::Mutex<TxgRanges>,
+    /// The txgs this leaf came to owe since the running resilver started (`Leaf::owes`),
+    /// and all it owed when it came back into service since then (`Leaf::rejoin`): that
+    /// resilver may have passed their blocks while the leaf could not take them, so its end
+    /// must not count them as done.
+    owed_since_scan: parking_lot::Mutex<TxgRanges>,
     /// Faults injected on a live pool (`zeta inject`), for tests and rehearsals.
     pub inject: parking_lot::Mutex<Injection>,
 }
@@ -191,6 +196,7 @@ impl Leaf {
             no_room: AtomicBool::new(false),
             streak: Default::default(),
             missed: parking_lot::Mutex::new(TxgRanges::default()),
+            owed_since_scan: parking_lot::Mutex::new(TxgRanges::default()),
             inject: parking_lot::Mutex::new(Injection::default()),
         }
     }
@@ -253,6 +259,9 @@ impl Leaf {
         for s in &self.streak {
             s.store(0, Ordering::Relaxed);
         }
+        if !faulted && self.is_faulted() {
+            self.rejoin();
+        }
         self.faulted.store(faulted, Ordering::Release);
     }
 
@@ -272,7 +281,44 @@ impl Leaf {
     }
 
     pub fn set_offline(&self, offline: bool) {
+        if !offline && self.is_admin_offline() {
+            self.rejoin();
+        }
         self.offline.store(offline, Ordering::Release);
+    }
+
+    /// Back in service (online, cleared, replaced): all it owes is owed anew, as far as a
+    /// resilver already running is concerned, since that one skipped the leaf while it was
+    /// out. (Recorded before the leaf takes I/O again: a resilver that ends meanwhile must
+    /// not clear the debt.)
+    fn rejoin(&self) {
+        let missed = self.missed.lock().clone();
+        let mut since = self.owed_since_scan.lock();
+        for r in missed.0 {
+            since.add_range(r);
+        }
+    }
+
+    /// A resilver starts from the beginning: what the leaf owes from now on is what it
+    /// must keep at that resilver's end.
+    pub fn scan_started(&self) {
+        self.owed_since_scan.lock().0.clear();
+    }
+
+    /// A resilver of `done` ended having rebuilt this leaf, which was in service throughout:
+    /// it owes `done` no more, except the txgs it came to owe while that resilver ran.
+    pub fn resilvered(&self, done: &TxgRanges) {
+        let mut missed = self.missed.lock();
+        missed.remove(done);
+        for &r in &self.owed_since_scan.lock().0 {
+            missed.add_range(r);
+        }
+    }
+
+    /// Whether the leaf came to owe txgs, or came back into service, since the running
+    /// resilver started: resuming that resilver where it was would leave it short.
+    pub fn owes_since_scan(&self) -> bool {
+        !self.owed_since_scan.lock().is_empty()
     }
 
     fn offline_error(&self) -> VdevError {
@@ -292,6 +338,16 @@ impl Leaf {
     pub fn owes(&self, birth: Option<u64>) {
         if let Some(txg) = birth {
             self.missed.lock().add(txg);
+            self.owed_since_scan.lock().add(txg);
+        }
+    }
+
+    /// A repair write to this leaf (of a block born in txg `birth`, where known) failed: the
+    /// leaf still lacks the block, so it owes that txg, unless it is out of service (a
+    /// leaf taken out owes what it misses already, and it did not miss older blocks).
+    pub fn repair_failed(&self, e: &VdevError, birth: Option<u64>) {
+        if !matches!(e, VdevError::Offline { .. }) {
+            self.owes(birth);
         }
     }
 
@@ -346,6 +402,7 @@ impl Leaf {
         self.guid.store(guid, Ordering::Release);
         self.counters.set([0; 4]);
         *self.missed.lock() = missed;
+        self.rejoin();
         *self.inject.lock() = Injection::default();
         self.offline.store(false, Ordering::Release);
         self.set_faulted(false);
@@ -923,6 +980,7 @@ impl TopVdev {
             let victim = &self.children[b];
             if let Err(e) = victim.write_data(buf, offset) {
                 self.fail(victim, &e, &victim.counters.write_errors);
+                victim.repair_failed(&e, birth);
             } else {
                 victim
                     .counters

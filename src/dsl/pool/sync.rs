@@ -420,7 +420,7 @@ impl Pool {
         // Leaves that missed part of this txg owe it to a resilver.
         let mut whole = !kept_missing;
         for leaf in commit.dropped_leaves() {
-            leaf.missed.lock().add(txg);
+            leaf.owes(Some(txg));
             whole = false;
         }
         let free = {
