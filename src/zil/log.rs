@@ -488,6 +488,7 @@ impl Log {
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             zil.unpin(batch.iter().map(|(_, r)| r));
             st.inflight_first = Some(batch[0].0);
+            let committing = zil.committing();
             let bulk =
                 batch.iter().map(|(_, r)| r.encoded_len()).sum::<usize>() >= zil.bulk_sync_bytes();
             let usable = matches!(st.mode, Mode::Active) && st.durable_chain == st.chain && !bulk;
@@ -546,6 +547,7 @@ impl Log {
             } else {
                 write_plan(zil, plan.as_ref(), batch.len() as u64, &data_vdevs)
             };
+            drop(committing);
             let wrote = written.is_ok();
             if !wrote {
                 // Before the fallback sync, so that the txg it commits carries the new chain.
@@ -699,7 +701,12 @@ impl Log {
                 // that outgrows its slot spills into a second block, a second durable write.
                 (size_for(expect * 2), MIN_BLOCK)
             };
-            let Some(next) = zil.alloc_slot(&mut rotor, next_len, least) else {
+            let slot_for = if at < records.len() {
+                Zil::alloc_continuation
+            } else {
+                Zil::alloc_slot
+            };
+            let Some(next) = slot_for(zil, &mut rotor, next_len, least) else {
                 for a in taken {
                     zil.free_slot(a);
                 }

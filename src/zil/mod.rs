@@ -148,6 +148,18 @@ impl LogVdev {
     }
 }
 
+/// Blocks in a row a lone committer's log keeps to one device (`Zil::global_rotor`).
+const KEEP_BLOCKS: usize = 16;
+
+/// A volume's commit under way (`Zil::committing`).
+pub(crate) struct Committing<'a>(&'a AtomicUsize);
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The pool-wide part of the log: log space, the shared rotor, policies and counters.
 ///
 /// Log blocks go to the separate log devices when the pool has any (in rotation), and to
@@ -157,6 +169,10 @@ pub struct Zil {
     vdevs: RwLock<Vec<Option<LogVdev>>>,
     pub(crate) space: LogSpace,
     rotor: AtomicUsize,
+    /// Volumes whose commit is under way (a batch taken, its blocks not yet written).
+    committing: AtomicUsize,
+    /// Blocks in a row the global rotor has kept to one device for a lone committer.
+    kept: AtomicUsize,
     pub commit: CommitPolicy,
     pub placement: Placement,
     stats: Stats,
@@ -179,6 +195,8 @@ impl Zil {
             vdevs: RwLock::new(Vec::new()),
             space: LogSpace::new(&[]),
             rotor: AtomicUsize::new(0),
+            committing: AtomicUsize::new(0),
+            kept: AtomicUsize::new(0),
             commit,
             placement,
             stats: Stats::default(),
@@ -328,6 +346,22 @@ impl Zil {
     /// Vdevs whose last log block write failed a moment ago (`shun`) come last: tried only
     /// when no other has the space.
     fn alloc_slot(&self, local: &mut usize, want: u32, least: u32) -> Option<BlockAddr> {
+        self.alloc_slot_for(local, want, least, true)
+    }
+
+    /// `alloc_slot` for a further block of the batch being laid out: under global
+    /// placement, on the next device (`global_rotor`).
+    fn alloc_continuation(&self, local: &mut usize, want: u32, least: u32) -> Option<BlockAddr> {
+        self.alloc_slot_for(local, want, least, false)
+    }
+
+    fn alloc_slot_for(
+        &self,
+        local: &mut usize,
+        want: u32,
+        least: u32,
+        keep: bool,
+    ) -> Option<BlockAddr> {
         let vdevs = self.vdevs.read();
         let now = self.now_ms();
         let (shunned, trusted): (Vec<&LogVdev>, Vec<&LogVdev>) = vdevs
@@ -341,7 +375,7 @@ impl Zil {
             return None;
         }
         let first = match self.placement {
-            Placement::Global => self.rotor.fetch_add(1, Ordering::Relaxed),
+            Placement::Global => self.global_rotor(keep),
             Placement::PerVolume => {
                 *local = local.wrapping_add(1);
                 *local - 1
@@ -371,6 +405,34 @@ impl Zil {
             let len = largest_slot(top, self.space.largest(top.id), want)?;
             (len >= least).then(|| take(top, len)).flatten()
         })
+    }
+
+    /// The global rotor's next position. While one volume alone commits (a lone writer: no
+    /// other batch under way to spread over the devices), its blocks keep to the device of
+    /// the last one, up to `KEEP_BLOCKS` in a row, before the rotor moves on.
+    ///
+    /// This is for file vdevs: a file system updates a file's modification time once per
+    /// clock tick in which it is written, and ext4 without a journal (this machine's) then
+    /// writes the file's inode at the next `fdatasync`, a device round trip of its own. A
+    /// lone writer's blocks spread over three files met a new tick at most writes: at queue
+    /// depth 1 with FUA, 1950 of 5244 log writes carried an inode write; keeping to one
+    /// file for 16 blocks, 976 of 5766.
+    ///
+    /// Only for the slot of a batch's first block (`keep`): the further blocks of a large
+    /// batch go to the next devices, to be written at once.
+    fn global_rotor(&self, keep: bool) -> usize {
+        let lone = keep && self.committing.load(Ordering::Relaxed) <= 1;
+        if lone && self.kept.fetch_add(1, Ordering::Relaxed) < KEEP_BLOCKS {
+            return self.rotor.load(Ordering::Relaxed);
+        }
+        self.kept.store(1, Ordering::Relaxed);
+        self.rotor.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
+    /// Counts a volume's commit as under way until the guard drops (`global_rotor`).
+    pub(crate) fn committing(&self) -> Committing<'_> {
+        self.committing.fetch_add(1, Ordering::Relaxed);
+        Committing(&self.committing)
     }
 
     pub(crate) fn free_slot(&self, a: BlockAddr) {
@@ -612,6 +674,43 @@ mod tests {
             Placement::Global,
         );
         assert_eq!(zil.bulk_sync_bytes(), log::BULK_SYNC_BYTES);
+    }
+
+    /// Three stripes, each with a log region, under global placement.
+    fn three_stripe_log() -> Zil {
+        let tops = (0..3)
+            .map(|i| {
+                let (mut top, _devs) = mem_mirror(1, 10 + i);
+                top.id = i as u32;
+                (Arc::new(top), (1 << 20, 4 << 20), false)
+            })
+            .collect();
+        Zil::new(tops, CommitPolicy::Group, Placement::Global)
+    }
+
+    #[test]
+    fn a_lone_committer_keeps_to_one_device_for_a_run_of_blocks() {
+        let zil = three_stripe_log();
+        let vdev = |zil: &Zil| zil.alloc_slot(&mut 0, 4096, 4096).unwrap().vdev;
+        // Alone: 16 blocks in a row on one device, then the next.
+        let lone = zil.committing();
+        let first = vdev(&zil);
+        for _ in 1..KEEP_BLOCKS {
+            assert_eq!(vdev(&zil), first);
+        }
+        let after = vdev(&zil);
+        assert_ne!(after, first, "the run ends after {KEEP_BLOCKS} blocks");
+        // A batch's further blocks go on to the next devices all the same.
+        let further = zil.alloc_continuation(&mut 0, 4096, 4096).unwrap().vdev;
+        assert_ne!(further, after);
+        // Two volumes committing: every block moves on, all devices taken in turn.
+        let other = zil.committing();
+        let turn: Vec<u32> = (0..3).map(|_| vdev(&zil)).collect();
+        let mut sorted = turn.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 1, 2], "{turn:?}");
+        drop((lone, other));
+        assert_eq!(zil.committing.load(Ordering::Relaxed), 0);
     }
 
     #[test]
