@@ -213,21 +213,20 @@ impl Pool {
         let committed = self.synced_txg();
         let mut owed = TxgRanges::default();
         let mut leaves = Vec::new();
-        for top in &self.io.zio.tops {
-            for leaf in top.children.iter().filter(|l| !l.is_offline()) {
-                let missed = leaf.missed.lock().up_to(committed);
-                if !missed.is_empty() {
-                    leaves.push(leaf.guid());
-                }
-                for &r in &missed.0 {
-                    owed.add_range(r);
-                }
+        for leaf in self.leaves().filter(|l| !l.is_offline()) {
+            let missed = leaf.missed.lock().up_to(committed);
+            if !missed.is_empty() {
+                leaves.push(leaf.guid());
+            }
+            for &r in &missed.0 {
+                owed.add_range(r);
             }
         }
         leaves.sort_unstable();
         (owed, leaves)
     }
 
+    /// Every leaf of every top-level vdev.
     fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
         self.io.zio.tops.iter().flat_map(|t| &t.children)
     }
