@@ -1722,3 +1722,39 @@ fn a_batch_writes_its_log_blocks_at_once() {
         );
     }
 }
+
+/// A timed sync waits past `txg_timeout` while the log holds every change (each write was
+/// flushed), up to `logged_txg_stretch` timeouts; a write left unflushed past the timeout is
+/// synced within a look or two, as without the stretch.
+#[test]
+fn a_timed_sync_waits_while_the_log_holds_every_change() {
+    let o = PoolOptions {
+        txg_timeout: Duration::from_millis(300),
+        // 30 s: far from both checks below.
+        logged_txg_stretch: 100,
+        ..log_opts(CommitPolicy::Group, Placement::Global)
+    };
+    let (_devs, pool) = three_stripes(2, &o);
+    pool.ready_logs().unwrap();
+    let v0 = Volume::open(&pool, "v0").unwrap();
+    let v1 = Volume::open(&pool, "v1").unwrap();
+    let synced = pool.synced_txg();
+    // Flushed writes for two seconds, several timeouts.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        let block: u64 = rng.gen_range(0..512);
+        v0.write(block * 16384, &[block as u8 | 1; 4096]).unwrap();
+        v0.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        pool.synced_txg(),
+        synced,
+        "a timed sync came while the log held every change"
+    );
+    // A write no FLUSH covers: at risk, so the timed sync comes.
+    v1.write(0, &[7; 4096]).unwrap();
+    assert!(came_true(|| pool.synced_txg() > synced));
+    assert_eq!(pool.zil.stats().fallback_syncs, 0);
+}

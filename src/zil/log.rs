@@ -153,6 +153,9 @@ struct State {
     committing: bool,
     /// Sync requests: (target id, callback), targets in increasing order.
     waiters: VecDeque<(u64, Done)>,
+    /// Every record with an id below this is durable or covered by a sync request made
+    /// (the newest request's target): only later ones could be lost in a crash.
+    requested: u64,
     chain: u64,
     next_slot: BlockAddr,
     next_seq: u64,
@@ -189,6 +192,13 @@ impl State {
             f = f.min(id);
         }
         f
+    }
+
+    /// Queues a sync request for every record queued so far.
+    fn add_waiter(&mut self, done: Done) {
+        let target = self.next_id;
+        self.requested = self.requested.max(target);
+        self.waiters.push_back((target, done));
     }
 
     fn take_satisfied(&mut self) -> Vec<Done> {
@@ -238,6 +248,7 @@ impl Log {
                 inflight_first: None,
                 committing: false,
                 waiters: VecDeque::new(),
+                requested: 0,
                 chain: header.chain,
                 next_slot: BlockAddr::default(),
                 next_seq: 1,
@@ -290,6 +301,15 @@ impl Log {
         let log = Log::with_mode(mode, header);
         log.state.lock().retired = blocks;
         log
+    }
+
+    /// The id of the oldest record that no sync request covers and that is not durable
+    /// (a write since the last FLUSH, not FUA): what a crash now could lose. `None` if
+    /// every record queued is durable or on its way to be for a request.
+    pub fn oldest_unrequested(&self) -> Option<u64> {
+        let st = self.state.lock();
+        let from = st.frontier().max(st.requested);
+        (st.next_id > from).then_some(from)
     }
 
     /// Whether the log writes nothing (sync requests commit a txg).
@@ -365,8 +385,7 @@ impl Log {
         if !st.committing {
             return Some(done);
         }
-        let target = st.next_id;
-        st.waiters.push_back((target, done));
+        st.add_waiter(done);
         self.requests.fetch_add(1, Ordering::Relaxed);
         None
     }
@@ -419,7 +438,7 @@ impl Log {
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
         let target = st.next_id;
-        st.waiters.push_back((target, done));
+        st.add_waiter(done);
         if st.committing {
             return false;
         }
@@ -1111,5 +1130,40 @@ mod tests {
             Some(Record::Write { data, .. }) => assert_eq!(data[0], 4),
             other => panic!("offset 0 replays as {other:?}"),
         }
+    }
+
+    /// What a crash could lose: records that no sync request covers. Records a request
+    /// waits for (even behind a committer at work), and records a txg committed, are not.
+    #[test]
+    fn only_records_no_sync_request_covers_are_at_risk() {
+        let Rig { zil, log, open, .. } = two_vdev_log();
+        assert_eq!(log.oldest_unrequested(), None);
+        write(&log, &zil, &open, 0, 1, 512);
+        let first = log
+            .oldest_unrequested()
+            .expect("an unflushed write is at risk");
+        write(&log, &zil, &open, 4096, 1, 512);
+        assert_eq!(log.oldest_unrequested(), Some(first));
+        log.commit_wait(&zil, &ByValue).unwrap();
+        assert_eq!(log.oldest_unrequested(), None);
+
+        write(&log, &zil, &open, 0, 2, 512);
+        log.state.lock().committing = true;
+        let answered = Arc::new(AtomicBool::new(false));
+        let a = answered.clone();
+        let joined = log.join(Box::new(move |r| a.store(r.is_ok(), Ordering::SeqCst)));
+        assert!(joined.is_none(), "joined the committer at work");
+        assert_eq!(log.oldest_unrequested(), None);
+        // The stand-in committer steps back; the next commit answers the joined request.
+        log.state.lock().committing = false;
+        log.commit_wait(&zil, &ByValue).unwrap();
+        assert!(answered.load(Ordering::SeqCst));
+
+        write(&log, &zil, &open, 8192, 3, 512);
+        assert!(log.oldest_unrequested().is_some());
+        let txg = open.fetch_add(1, Ordering::SeqCst);
+        log.prepare_sync(txg);
+        log.txg_committed(&zil, txg);
+        assert_eq!(log.oldest_unrequested(), None);
     }
 }

@@ -128,6 +128,21 @@ impl Pool {
         ds.log.append(&self.zil, rec);
     }
 
+    /// Whether some volume holds a change that a crash could lose: a record that no sync
+    /// request covered at the last look (`seen`, the sync thread's memory of each volume's
+    /// oldest such record) and still does not. A record is between its queueing and its
+    /// FUA write's commit for some microseconds, so one look alone would often catch one.
+    pub(super) fn changes_at_risk(&self, seen: &mut Vec<(usize, u64)>) -> bool {
+        let now: Vec<(usize, u64)> = self
+            .datasets()
+            .iter()
+            .filter_map(|ds| Some((Arc::as_ptr(ds) as usize, ds.log.oldest_unrequested()?)))
+            .collect();
+        let at_risk = now.iter().any(|n| seen.contains(n));
+        *seen = now;
+        at_risk
+    }
+
     /// Makes every write to the volume so far durable, then calls `done` (maybe on another
     /// thread, maybe before returning).
     pub fn commit_log(&self, ds: &Dataset, done: Done) {

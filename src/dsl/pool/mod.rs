@@ -131,6 +131,11 @@ impl From<AllocError> for PoolError {
 pub struct PoolOptions {
     pub checksum: ChecksumKind,
     pub txg_timeout: Duration,
+    /// While every change in the open txg is in the intent log (made durable by a FLUSH or
+    /// FUA, or being made so), a timed sync waits up to this many `txg_timeout`s: the
+    /// timeout bounds what a crash could lose, and the log already keeps those changes.
+    /// See `sync::sync_thread`.
+    pub logged_txg_stretch: u32,
     /// Dirty data (open + syncing txgs) above which writers wait for a sync.
     pub dirty_max_bytes: u64,
     pub cache_bytes: u64,
@@ -149,6 +154,7 @@ impl Default for PoolOptions {
         PoolOptions {
             checksum: ChecksumKind::Fletcher4,
             txg_timeout: Duration::from_secs(5),
+            logged_txg_stretch: 3,
             dirty_max_bytes: 128 << 20,
             cache_bytes: 256 << 20,
             force: false,
