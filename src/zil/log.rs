@@ -194,11 +194,12 @@ impl State {
         f
     }
 
-    /// Queues a sync request for every record queued so far.
-    fn add_waiter(&mut self, done: Done) {
+    /// Queues a sync request for every record queued so far; returns its target.
+    fn add_waiter(&mut self, done: Done) -> u64 {
         let target = self.next_id;
         self.requested = self.requested.max(target);
         self.waiters.push_back((target, done));
+        target
     }
 
     fn take_satisfied(&mut self) -> Vec<Done> {
@@ -437,8 +438,7 @@ impl Log {
             return false;
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let target = st.next_id;
-        st.add_waiter(done);
+        let target = st.add_waiter(done);
         if st.committing {
             return false;
         }
