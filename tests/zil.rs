@@ -1561,6 +1561,7 @@ fn wait_commit_returns_with_the_sync_in_flight() {
     vol.write(0, &pattern(1, 16384)).unwrap();
     let before = pool.synced_txg();
     *gate.0.lock().unwrap() = true;
+    let calling = AtomicBool::new(false);
     std::thread::scope(|s| {
         let syncing = s.spawn(|| pool.sync_now().unwrap());
         while held.load(Ordering::SeqCst) == 0 {
@@ -1568,7 +1569,16 @@ fn wait_commit_returns_with_the_sync_in_flight() {
         }
         // Dirty in the next txg: a sync after this one would commit it.
         vol.write(16384, &pattern(2, 16384)).unwrap();
-        let waiter = s.spawn(|| pool.wait_commit().unwrap());
+        // The waiter must be waiting when the gate opens: one that first ran after the sync
+        // in flight committed would rightly ask for the next (a loaded machine can leave a
+        // new thread unscheduled for the whole sleep below).
+        let waiter = s.spawn(|| {
+            calling.store(true, Ordering::SeqCst);
+            pool.wait_commit().unwrap()
+        });
+        while !calling.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(Duration::from_millis(50));
         let early = waiter.is_finished();
         open_gate(&gate);
