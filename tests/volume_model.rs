@@ -611,3 +611,58 @@ fn blocks_rewritten_whole_leave_the_cache_to_live_ones() {
     vol.read(0, &mut all).unwrap();
     assert!(all == model);
 }
+
+/// A txg whose latest short writes land in blocks it has dirtied already grows to half the
+/// dirty limit before it asks for a sync (its sync writes those blocks whole either way); one
+/// whose writes dirty fresh blocks asks at a quarter, as before.
+#[test]
+fn a_txg_of_writes_into_its_dirty_blocks_grows_to_half_the_dirty_limit() {
+    const DIRTY: u64 = 16 * MB;
+    let o = zeta::dsl::PoolOptions {
+        dirty_max_bytes: DIRTY,
+        ..model_opts()
+    };
+    let pool = Pool::create("tank", spec(Layout::Stripe, &mem_devs(1, 256 * MB)), o).unwrap();
+    pool.create_volume("big", 32 * MB, 131072, None).unwrap();
+    pool.create_volume("small", 32 * MB, 16384, None).unwrap();
+    let big = Volume::open(&pool, "big").unwrap();
+    let small = Volume::open(&pool, "small").unwrap();
+    let synced = pool.synced_txg();
+    let settled = || std::thread::sleep(std::time::Duration::from_millis(500));
+    let came = |txg: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pool.synced_txg() == txg && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        pool.synced_txg() > txg
+    };
+    // A 4K piece in each of the 256 blocks (1M held, 32M of blocks for the sync), then more
+    // pieces into the same blocks: held grows, the sync's work does not.
+    let piece = |k: u64| (k % 256) * 131072 + (k / 256) * 4096;
+    for k in 0..6 * MB / 4096 {
+        big.write(piece(k), &pattern(k, 4096)).unwrap();
+    }
+    settled();
+    assert_eq!(
+        pool.synced_txg(),
+        synced,
+        "a sync was asked at 6M held (3/8 of the limit) though its work had stopped growing"
+    );
+    for k in 6 * MB / 4096..9 * MB / 4096 {
+        big.write(piece(k), &pattern(k, 4096)).unwrap();
+    }
+    assert!(came(synced), "no sync past half the dirty limit");
+    pool.sync_now().unwrap();
+    // Each 4K write a fresh 16K block: 4 bytes of work per byte held.
+    let synced = pool.synced_txg();
+    for k in 0..6 * MB / 4096 {
+        small
+            .write(k * 16384 % (32 * MB), &pattern(k, 4096))
+            .unwrap();
+    }
+    assert!(came(synced), "no sync past a quarter of the dirty limit");
+    // And what was written reads back.
+    for k in [0, 255, 256, 9 * MB / 4096 - 1] {
+        assert_eq!(read(&big, piece(k), 4096), pattern(k, 4096));
+    }
+}

@@ -12,6 +12,7 @@
 //! committed. See docs/format.md for why a crash at any point leaves the previous txg intact.
 
 mod devices;
+mod growth;
 mod intent;
 mod labels;
 mod mos;
@@ -380,6 +381,11 @@ pub struct Pool {
     /// The txg the sync thread is committing, 0 between syncs (read without a lock by
     /// `wait_for_room`, whose callers may hold `open_txg`).
     syncing_txg: AtomicU64,
+    /// What the txg being committed held in memory when its sync began, 0 between syncs:
+    /// the rest of `held_bytes` is the open txg's.
+    syncing_held: AtomicU64,
+    /// How the open txg's latest writes grew its sync's work (`sync_if_much_held`).
+    growth: growth::Growth,
     sync: Mutex<SyncState>,
     sync_cv: Condvar,
     /// Held for a whole sync, and by admin changes to the MOS.
@@ -548,6 +554,8 @@ impl Pool {
             opts,
             open_txg: RwLock::new(synced_txg + 1),
             syncing_txg: AtomicU64::new(0),
+            syncing_held: AtomicU64::new(0),
+            growth: growth::Growth::default(),
             sync: Mutex::new(SyncState {
                 synced_txg,
                 request_seq: 0,

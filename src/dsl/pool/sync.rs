@@ -280,9 +280,12 @@ impl Pool {
             let bytes: SyncBytes = datasets.iter().map(|d| d.object.begin_sync()).sum();
             (txg, bytes, datasets)
         };
+        self.syncing_held
+            .store(syncing_bytes.held, Ordering::Release);
         self.syncing_txg.store(txg, Ordering::Release);
         let result = self.sync_txg(mos, txg, syncing_bytes, &datasets);
         self.syncing_txg.store(0, Ordering::Release);
+        self.syncing_held.store(0, Ordering::Release);
         result.map(Some)
     }
 

@@ -14,6 +14,7 @@ use crate::dmu::Dirty;
 use crate::spa::{AllocClass, AllocError, BlkPtr, Space};
 use crate::zio::{WriteProps, ZioError};
 
+use super::growth::Point;
 use super::{Dataset, Pool, PoolError};
 
 /// How many txg commits a write short of space waits for, one at a time (deferred frees come
@@ -48,7 +49,7 @@ impl Pool {
         let txg = *hold;
         self.record_change(ds, txg, blkid, change);
         drop(hold);
-        self.sync_if_much_held();
+        self.sync_if_much_held(txg);
         Ok(Some(txg))
     }
 
@@ -145,7 +146,7 @@ impl Pool {
         };
         self.count_dirty(delta);
         drop(hold);
-        self.sync_if_much_held();
+        self.sync_if_much_held(txg);
         Ok(Some(txg))
     }
 
@@ -156,10 +157,35 @@ impl Pool {
     /// (`reserve_space`) counts usable segments under the allocator's lock, and then forces
     /// syncs itself. (A 512M volume on a 1G pool, random 4K writes: 45k writes/s with a 128M
     /// dirty limit, 33k with 1G before this bound.)
-    fn sync_if_much_held(&self) {
-        if self.memory_held() > self.dirty_max() / 4
+    ///
+    /// While the open txg's latest writes add less than half a byte to its sync's work per
+    /// byte they hold (short writes into blocks it has dirtied already: `Growth`), the txg
+    /// grows to half the dirty limit of its own instead: its sync writes those blocks whole
+    /// either way, so a later sync rewrites them half as often. (4K writes into three 1G
+    /// volumes of 128K blocks, 100 in flight each, 30 s runs: 39.2-44.3k writes/s against
+    /// 33.9-35.6k with a flush every 5th, 24.1-26.2k against 18.0-23.2k with one after each.)
+    /// `txg` is the txg just written.
+    fn sync_if_much_held(&self, txg: u64) {
+        let max = self.dirty_max();
+        let now = Point {
+            held: self.held_bytes(),
+            cost: self.unplaced_bytes(),
+        };
+        let epoch = (txg, self.syncing_txg.load(Ordering::Acquire));
+        let cheap = (self.growth.note(epoch, now, max / 16))
+            .is_some_and(|(held, cost)| cost.saturating_mul(2) < held);
+        let much = if cheap {
+            let syncing = self.syncing_held.load(Ordering::Acquire);
+            now.held
+                .saturating_sub(syncing)
+                .max(self.zil.pinned_bytes())
+                > max / 2
+        } else {
+            self.memory_held() > max / 4
+        };
+        if much
             || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
-            || self.unplaced_bytes() * self.io.zio.max_inflation() > self.space().free / 4
+            || now.cost * self.io.zio.max_inflation() > self.space().free / 4
         {
             self.request_sync();
         }
@@ -283,7 +309,7 @@ impl Pool {
                 .collect();
             self.io.zio.free_all(&superseded, txg, AllocClass::Mos);
             drop(hold);
-            self.sync_if_much_held();
+            self.sync_if_much_held(txg);
             return Ok((txg, bps));
         }
         unreachable!("the loop returns")
