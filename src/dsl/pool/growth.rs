@@ -53,10 +53,9 @@ impl Growth {
             w.prev = Some(w.cur);
             w.cur = now;
         }
+        // Within an epoch the totals only grow (a fall restarted it above), so `start`, an
+        // earlier `cur`, is below `now` in both.
         let start = w.prev?;
-        if now.cost < start.cost {
-            return None;
-        }
         Some((now.held - start.held, now.cost - start.cost))
     }
 }

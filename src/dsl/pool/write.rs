@@ -174,16 +174,14 @@ impl Pool {
         let epoch = (txg, self.syncing_txg.load(Ordering::Acquire));
         let cheap = (self.growth.note(epoch, now, max / 16))
             .is_some_and(|(held, cost)| cost.saturating_mul(2) < held);
-        let much = if cheap {
+        // As `memory_held` counts, but of the open txg alone when it may grow to half.
+        let (held, share) = if cheap {
             let syncing = self.syncing_held.load(Ordering::Acquire);
-            now.held
-                .saturating_sub(syncing)
-                .max(self.zil.pinned_bytes())
-                > max / 2
+            (now.held.saturating_sub(syncing), 2)
         } else {
-            self.memory_held() > max / 4
+            (now.held, 4)
         };
-        if much
+        if held.max(self.zil.pinned_bytes()) > max / share
             || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
             || now.cost * self.io.zio.max_inflation() > self.space().free / 4
         {
