@@ -276,11 +276,34 @@ fn load_drives_a_served_volume_with_exactly_n_writes_per_flush() {
     let text = ok(&[&load[..], &big].concat());
     assert!(text.contains("2.00 writes per flush"), "{text}");
 
+    // --interval: the run's writes, slice by slice; together they are the whole run's.
+    let text = ok(&[&load[..], &["--depth", "4", "--interval", "0.5", "tank/v"]].concat());
+    let mut lines = text.lines();
+    let total: f64 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(lines.next().unwrap().contains("from s"), "{text}");
+    let slices: Vec<Vec<f64>> = lines
+        .map(|l| {
+            l.split_whitespace()
+                .map(|w| w.parse().unwrap_or(-1.0))
+                .collect()
+        })
+        .collect();
+    assert_eq!(slices.len(), 2, "{text}");
+    assert_eq!((slices[0][0], slices[1][0]), (0.0, 0.5), "{text}");
+    let per_slice: f64 = slices.iter().map(|s| s[1] * 0.5).sum();
+    assert!((per_slice - total).abs() <= 2.0, "{text}");
+    assert!(slices.iter().all(|s| s[1] > 0.0 && s[4] >= s[2]), "{text}");
+
     // Errors: one line each, and the server is unharmed.
     for (args, needle) in [
         (&["--bs", "1000"][..], "a multiple of 4K"),
         (&["--bs", "8M"][..], "up to 4096K"),
         (&["--depth", "0"][..], "0 is not in 1..=256"),
+        (&["--interval", "0"][..], "at least 0.001"),
         (&["tank/nope"][..], "tank/nope"),
     ] {
         let mut all = load.to_vec();

@@ -468,7 +468,8 @@ pub enum BenchCmd {
     /// exactly one flush every N (or FUA on each), a connection per export: IOPS, and the
     /// latency of writes and of flushes.
     #[command(after_help = "Example, against `zeta up`:\n  \
-                            zeta bench load --flush-every 5 --depth 100 zeta/vol0\n\
+                            zeta bench load --flush-every 5 --depth 100 zeta/vol0\n  \
+                            zeta bench load --fua --depth 1 --runtime 30 --interval 1 zeta/vol0\n\
                             Writes random data over the exports: only for scratch volumes.")]
     Load(BenchLoadArgs),
 }
@@ -496,6 +497,18 @@ pub struct BenchLoadArgs {
     /// Every write with NBD_CMD_FLAG_FUA and no flushes.
     #[arg(long)]
     pub fua: bool,
+    /// Also print the writes answered in each slice of the run this many seconds long
+    /// (writes/s, mean, p99 and longest latency): a stall the run's mean hides shows there.
+    #[arg(long, value_name = "SECS", value_parser = parse_interval)]
+    pub interval: Option<f64>,
+}
+
+/// `--interval`: seconds, at least a millisecond.
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
+        _ => Err("a number of seconds, at least 0.001".into()),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -56,6 +56,8 @@ pub struct LoadSpec {
     /// Every write carries NBD_CMD_FLAG_FUA (durable when answered) and no FLUSH is sent;
     /// `writes_per_flush` is then ignored.
     pub fua: bool,
+    /// Also measure the writes answered in each slice of the run this long (`slices`).
+    pub interval: Option<Duration>,
 }
 
 /// What one run measured, summed over its connections.
@@ -72,6 +74,21 @@ pub struct LoadResult {
     /// Every request sent, including those of the last group that finished after the run time.
     pub writes_sent: u64,
     pub flushes_sent: u64,
+    /// With `LoadSpec::interval`: the writes answered in each slice of the run, in order,
+    /// empty slices included. A run's mean hides a stall of a second (a txg's writeback that
+    /// every flush waits behind, say); its slice shows it.
+    pub slices: Vec<Slice>,
+}
+
+/// The writes answered within one slice of a run (`LoadSpec::interval`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    /// When the slice starts, in seconds from the start of the run.
+    pub start_s: f64,
+    pub writes_per_sec: f64,
+    pub lat_mean_us: Option<f64>,
+    pub lat_p99_us: Option<f64>,
+    pub lat_max_us: Option<f64>,
 }
 
 impl LoadResult {
@@ -97,6 +114,7 @@ pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
         runtime: Duration::from_secs(a.runtime),
         seed: SEED,
         fua: a.fua,
+        interval: a.interval.map(Duration::from_secs_f64),
     };
     let r = run(a.addr, &a.exports, &spec, &AtomicBool::new(false)).map_err(|e| {
         super::CliError::Io {
@@ -115,6 +133,22 @@ pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
         us(r.flush_lat_mean_us),
         us(r.flush_lat_p99_us),
     );
+    if !r.slices.is_empty() {
+        println!(
+            "{:>8} {:>10} {:>9} {:>9} {:>9}",
+            "from s", "writes/s", "mean us", "p99 us", "max us"
+        );
+        for sl in &r.slices {
+            println!(
+                "{:>8.1} {:>10.0} {:>9} {:>9} {:>9}",
+                sl.start_s,
+                sl.writes_per_sec,
+                us(sl.lat_mean_us),
+                us(sl.lat_p99_us),
+                us(sl.lat_max_us)
+            );
+        }
+    }
     Ok(())
 }
 
@@ -159,11 +193,16 @@ pub fn run(
         let o = o.map_err(|err| context(e, err))?;
         total.window_writes += o.window_writes;
         total.lat_ns.extend_from_slice(&o.lat_ns);
+        total.done_ns.extend_from_slice(&o.done_ns);
         total.flush_lat_ns.extend_from_slice(&o.flush_lat_ns);
         total.writes_sent += o.writes_sent;
         total.flushes_sent += o.flushes_sent;
     }
     assert_eq!(total.window_writes, total.lat_ns.len() as u64);
+    // Before the run's percentile, which reorders the latencies.
+    let slices = spec.interval.map_or_else(Vec::new, |every| {
+        slices_of(&total.done_ns, &total.lat_ns, every, spec.runtime)
+    });
     let (lat_mean_us, lat_p99_us) = mean_and_p99_us(&mut total.lat_ns);
     let (flush_lat_mean_us, flush_lat_p99_us) = mean_and_p99_us(&mut total.flush_lat_ns);
     Ok(LoadResult {
@@ -174,7 +213,37 @@ pub fn run(
         flush_lat_p99_us,
         writes_sent: total.writes_sent,
         flushes_sent: total.flushes_sent,
+        slices,
     })
+}
+
+/// Splits the run into slices `every` long (the last one shorter if the run time is not a
+/// multiple) and measures the writes answered in each: `done_ns[i]` is when write i was
+/// answered, `lat_ns[i]` how long it took.
+fn slices_of(done_ns: &[u64], lat_ns: &[u64], every: Duration, runtime: Duration) -> Vec<Slice> {
+    let every_ns = (every.as_nanos() as u64).max(1);
+    let run_ns = runtime.as_nanos() as u64;
+    let count = run_ns.div_ceil(every_ns).max(1) as usize;
+    let mut lats: Vec<Vec<u64>> = vec![Vec::new(); count];
+    for (&done, &lat) in done_ns.iter().zip(lat_ns) {
+        lats[((done / every_ns) as usize).min(count - 1)].push(lat);
+    }
+    lats.into_iter()
+        .enumerate()
+        .map(|(i, mut l)| {
+            let start = i as u64 * every_ns;
+            let len_s = (run_ns.min(start + every_ns) - start).max(1) as f64 / 1e9;
+            let max = l.iter().max().map(|&m| m as f64 / 1e3);
+            let (mean, p99) = mean_and_p99_us(&mut l);
+            Slice {
+                start_s: start as f64 / 1e9,
+                writes_per_sec: l.len() as f64 / len_s,
+                lat_mean_us: mean,
+                lat_p99_us: p99,
+                lat_max_us: max,
+            }
+        })
+        .collect()
 }
 
 fn context(export: &str, e: io::Error) -> io::Error {
@@ -279,6 +348,8 @@ fn decode_cookie(c: u64) -> (u32, bool, u64) {
 struct Outcome {
     window_writes: u64,
     lat_ns: Vec<u64>,
+    /// When each write of `lat_ns` was answered (with `LoadSpec::interval` only).
+    done_ns: Vec<u64>,
     flush_lat_ns: Vec<u64>,
     writes_sent: u64,
     flushes_sent: u64,
@@ -290,6 +361,7 @@ struct Replies {
     count: u64,
     window_writes: u64,
     lat_ns: Vec<u64>,
+    done_ns: Vec<u64>,
     flush_lat_ns: Vec<u64>,
 }
 
@@ -335,6 +407,7 @@ fn run_connection(
         Ok(Outcome {
             window_writes: replies.window_writes,
             lat_ns: replies.lat_ns,
+            done_ns: replies.done_ns,
             flush_lat_ns: replies.flush_lat_ns,
             writes_sent,
             flushes_sent,
@@ -509,6 +582,9 @@ fn read_replies(
             } else {
                 out.window_writes += 1;
                 out.lat_ns.push(now_ns - sent_ns);
+                if spec.interval.is_some() {
+                    out.done_ns.push(now_ns);
+                }
             }
         }
         // Fails only if the writer already gave up; then no one waits for the slot.
@@ -530,6 +606,37 @@ mod tests {
             assert_eq!(decode_cookie(cookie(slot, flush, ns)), (slot, flush, ns));
         }
         assert_ne!(cookie(1, false, 5), cookie(2, false, 5));
+    }
+
+    #[test]
+    fn slices_split_writes_by_when_they_were_answered() {
+        // A 2.5 s run in 1 s slices: three writes in the first, none in the second, and two
+        // in the last half second, one of them answered exactly at the end of the run.
+        let done = [100, 500_000_000, 999_999_999, 2_000_000_000, 2_500_000_000];
+        let lat = [10_000, 20_000, 30_000, 4_000_000, 1_000];
+        let s = slices_of(
+            &done,
+            &lat,
+            Duration::from_secs(1),
+            Duration::from_millis(2500),
+        );
+        assert_eq!(s.len(), 3);
+        assert_eq!(
+            s[0],
+            Slice {
+                start_s: 0.0,
+                writes_per_sec: 3.0,
+                lat_mean_us: Some(20.0),
+                lat_p99_us: Some(30.0),
+                lat_max_us: Some(30.0),
+            }
+        );
+        assert_eq!((s[1].start_s, s[1].writes_per_sec), (1.0, 0.0));
+        assert_eq!((s[1].lat_mean_us, s[1].lat_max_us), (None, None));
+        // The last slice is half a second long: two writes in it are four a second.
+        assert_eq!((s[2].start_s, s[2].writes_per_sec), (2.0, 4.0));
+        assert_eq!(s[2].lat_max_us, Some(4000.0));
+        assert_eq!(s[2].lat_mean_us, Some(2000.5));
     }
 
     #[test]

@@ -467,6 +467,7 @@ fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Re
         runtime: plan.runtime,
         seed: nbd_load::SEED,
         fua: true,
+        interval: None,
     };
     zeta_load(addr, &[export.to_string()], &spec, stop)
 }

@@ -227,6 +227,7 @@ pub(super) fn drive(
                 runtime: plan.runtime,
                 seed: nbd_load::SEED,
                 fua: false,
+                interval: None,
             };
             zeta_load(addr, exports, &spec, stop)
         }
