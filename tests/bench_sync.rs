@@ -154,6 +154,11 @@ fn quick_run_has_a_row_per_generator_and_configuration() {
             // Measured per write, so it has a tail too; and no FLUSH was sent.
             assert!(r["lat_p99_us"].as_f64().unwrap() > 0.0, "{r}");
             assert!(r["writes_per_flush"].is_null(), "{r}");
+            // The run's mean is a weighted mean of its seconds': the slowest is no faster.
+            let worst = r["worst_second_lat_mean_us"].as_f64().unwrap();
+            assert!(worst >= r["lat_mean_us"].as_f64().unwrap() * 0.999, "{r}");
+        } else {
+            assert!(r["worst_second_lat_mean_us"].is_null(), "{r}");
         }
     }
     // Nothing left behind.

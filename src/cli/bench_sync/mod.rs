@@ -133,6 +133,10 @@ struct Measured {
     device_write_bytes: Option<u64>,
     /// The server's and the machine's processor time meanwhile (`cpustat`).
     cpu: CpuFigures,
+    /// The latency section's zeta-load rows: the mean latency of the run's slowest second
+    /// (`nbd_load::Slice`), where a txg's writeback, which every log commit waits behind,
+    /// shows; the run's mean spreads it over 30.
+    worst_second_lat_mean_us: Option<f64>,
 }
 
 impl Measured {
@@ -204,6 +208,7 @@ impl Row {
             "iops": self.m.iops,
             "lat_mean_us": self.m.lat_mean_us,
             "lat_p99_us": self.m.lat_p99_us,
+            "worst_second_lat_mean_us": self.m.worst_second_lat_mean_us,
             "writes_per_flush": self.m.writes_per_flush,
             "log_blocks_per_device": self.m.log_blocks_per_device,
             "device_write_bytes": self.m.device_write_bytes,
@@ -467,7 +472,7 @@ fn fua_qd1(addr: SocketAddr, export: &str, plan: &Plan, stop: &AtomicBool) -> Re
         runtime: plan.runtime,
         seed: nbd_load::SEED,
         fua: true,
-        interval: None,
+        interval: Some(Duration::from_secs(1)),
     };
     zeta_load(addr, &[export.to_string()], &spec, stop)
 }

@@ -252,6 +252,13 @@ pub(super) fn zeta_load(
         lat_p99_us: r.lat_p99_us,
         // None where no flush was sent (FUA writes).
         writes_per_flush: r.writes_per_flush(),
+        // Slices with no writes have no mean: a second with none is not taken for a fast one,
+        // and a run with no writes at all has no worst second.
+        worst_second_lat_mean_us: r
+            .slices
+            .iter()
+            .filter_map(|s| s.lat_mean_us)
+            .max_by(f64::total_cmp),
         ..Measured::default()
     })
 }

@@ -13,11 +13,12 @@ pub(super) fn print_latency_table(rows: &[&Row]) {
     println!();
     println!(
         "4K random writes at queue depth 1, each durable when answered (NBD FUA; raw: pwrite + \
-         fdatasync). xraw: mean latency over the raw file's"
+         fdatasync). xraw: mean latency over the raw file's. worst 1s: the mean latency of the \
+         run's slowest second (zeta-load)"
     );
     println!(
-        "{:<10} {:<22} {:>9} {:>9} {:>9} {:>6}",
-        "generator", "target", "IOPS", "mean us", "p99 us", "xraw"
+        "{:<10} {:<22} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "generator", "target", "IOPS", "mean us", "p99 us", "worst 1s", "xraw"
     );
     for r in rows {
         let target = match r.volblocksize {
@@ -29,12 +30,13 @@ pub(super) fn print_latency_table(rows: &[&Row]) {
             _ => String::new(),
         };
         let line = format!(
-            "{:<10} {:<22} {:>9.0} {:>9} {:>9} {:>6}",
+            "{:<10} {:<22} {:>9.0} {:>9} {:>9} {:>9} {:>6}",
             r.gen.name(),
             target,
             r.m.iops,
             opt(r.m.lat_mean_us, 0),
             opt(r.m.lat_p99_us, 0),
+            opt(r.m.worst_second_lat_mean_us, 0),
             x
         );
         println!("{}", line.trim_end());
