@@ -458,7 +458,8 @@ pub enum BenchCmd {
                             (writes per flush asked), volblocksize (null for raw and nbdkit), \
                             generator, commit, placement, iops, lat_mean_us, lat_p99_us, \
                             worst_second_lat_mean_us (the queue-depth-1 rows of zeta-load: \
-                            the mean latency of the run's slowest second), writes_per_flush, log_blocks_per_device, device_write_bytes, \
+                            the mean latency of the run's slowest second), writes_per_flush, \
+                            log_blocks_per_device, device_write_bytes, \
                             write_amplification, device_write_mb_per_s, \
                             device_durable_mb_per_s (the device's reference, the same in every \
                             row), server_cpu_us_per_write, machine_busy (0 to 1) (null where \

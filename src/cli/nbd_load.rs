@@ -40,6 +40,9 @@ const SEND_BATCH_BYTES: usize = 64 << 10;
 /// Most requests one connection keeps in flight.
 pub const MAX_DEPTH: u32 = 1 << SLOT_BITS;
 
+/// Most slices `--interval` may cut a run into: each is a line of output.
+const MAX_SLICES: u64 = 100_000;
+
 /// The seed of the offsets and data: the same for every target, so every server a run (or
 /// `zeta bench load`) drives sees the same writes.
 pub const SEED: u64 = 0x5eed;
@@ -106,6 +109,14 @@ pub fn load_cmd(a: super::args::BenchLoadArgs) -> super::Result<()> {
             a.bs,
             MAX_BS_BYTES >> 10
         )));
+    }
+    if let Some(every) = a.interval {
+        if a.runtime as f64 / every > MAX_SLICES as f64 {
+            return Err(super::usage(format!(
+                "--interval {every}: at most {MAX_SLICES} slices in a run of {} s",
+                a.runtime
+            )));
+        }
     }
     let spec = LoadSpec {
         bs_bytes: bs as u32,
