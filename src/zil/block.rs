@@ -352,7 +352,7 @@ impl LogBlock {
                 1 => {
                     let n = usize::try_from(len)
                         .ok()
-                        .filter(|&n| at + n <= body.len())
+                        .filter(|&n| at.checked_add(n).is_some_and(|end| end <= body.len()))
                         .ok_or(EndOfChain::Malformed("record data past the end"))?;
                     let data = Payload::owned(body[at..at + n].to_vec());
                     at += n.next_multiple_of(8);
@@ -717,19 +717,36 @@ mod tests {
             let junk: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
             assert!(LogBlock::decode(&junk, 1, 1).is_err());
         }
-        // A valid checksum over a record count that lies: malformed, not a panic.
-        let mut b = LogBlock {
-            chain: 1,
-            seq: 1,
-            max_txg: 1,
-            next: BlockAddr::default(),
-            records: vec![write(1, 0, 1, 8)],
-        }
-        .encode(4096);
-        b[52] = 5;
-        let body_len = u32_at(&b, 48) as usize;
-        let sum = checksum_v2(&b[..64], &b[HEADER_BYTES..HEADER_BYTES + body_len]);
-        b[64..96].copy_from_slice(&sum);
+        // A block of one write record, its header or record changed by `edit` and its
+        // checksum made valid again: what only a crafted block holds.
+        let resealed = |edit: &dyn Fn(&mut [u8])| {
+            let mut b = LogBlock {
+                chain: 1,
+                seq: 1,
+                max_txg: 1,
+                next: BlockAddr::default(),
+                records: vec![write(1, 0, 1, 8)],
+            }
+            .encode(4096);
+            edit(&mut b);
+            let body_len = u32_at(&b, 48) as usize;
+            let sum = checksum_v2(&b[..64], &b[HEADER_BYTES..HEADER_BYTES + body_len]);
+            b[64..96].copy_from_slice(&sum);
+            b
+        };
+        // A record count that lies: malformed, not a panic.
+        let b = resealed(&|b| b[52] = 5);
+        assert!(matches!(
+            LogBlock::decode(&b, 1, 1),
+            Err(EndOfChain::Malformed(_))
+        ));
+        // A write record whose length runs past the end of the address space (the offset
+        // after it would wrap to the block's start): malformed, not a panic.
+        let b = resealed(&|b| {
+            let len_at = HEADER_BYTES + 24;
+            let len = u64::MAX - RECORD_HEADER as u64 + 1;
+            b[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+        });
         assert!(matches!(
             LogBlock::decode(&b, 1, 1),
             Err(EndOfChain::Malformed(_))

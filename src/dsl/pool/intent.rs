@@ -226,7 +226,7 @@ impl Pool {
                 ));
             }
             if a.len > MAX_BLOCK
-                || a.offset.checked_add(top.asize_of(a.len as u64)) > Some(top.asize_bytes)
+                || !lies_within(a.offset, top.asize_of(a.len as u64), top.asize_bytes)
             {
                 return Ok(Vec::new());
             }
@@ -370,4 +370,26 @@ fn damaged_log_note(
          log was replayed only up to it; {fate}",
         at.vdev, at.offset
     )
+}
+
+/// Whether `asize` bytes from `offset` lie within a vdev's `vdev_bytes`. A log block's address
+/// comes from disk (a header, or the `next` of a block that may be damaged), so the end may
+/// not even be a number: such a block is not there.
+fn lies_within(offset: u64, asize: u64, vdev_bytes: u64) -> bool {
+    offset
+        .checked_add(asize)
+        .is_some_and(|end| end <= vdev_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lies_within;
+
+    #[test]
+    fn a_log_block_address_past_the_end_of_the_numbers_lies_nowhere() {
+        assert!(lies_within(0, 4096, 4096));
+        assert!(!lies_within(1, 4096, 4096));
+        assert!(!lies_within(u64::MAX - 100, 4096, 1 << 30));
+        assert!(!lies_within(u64::MAX, 1, u64::MAX));
+    }
 }
