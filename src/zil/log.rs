@@ -168,6 +168,9 @@ struct State {
     syncing: Vec<(u64, ZilHeader, Vec<BlockAddr>)>,
     /// Blocks of the previous chain, freed once a header of the current one commits.
     retired: Vec<BlockAddr>,
+    /// A new chain began while the old one held records no committed txg covers: until a txg
+    /// that covers them syncs, the old chain's header stays in the directory (`Switch`).
+    switch: Option<Switch>,
     rotor: usize,
     /// The bytes of recent batches, as a maximum that decays by an eighth per batch: what
     /// the slot for the next one is sized from (`plan`).
@@ -179,6 +182,22 @@ struct State {
     /// No log space was left for a new chain (after a failed write, or at import): each
     /// batch tries again to start one (`begin_chain`).
     abandoned: bool,
+}
+
+/// The move from one chain to the next, pending until txg `until` syncs.
+///
+/// Every txg sync writes the header the log gives it. A txg closed before a new chain began
+/// may reach its directory write after, and a header naming the new chain would then be
+/// committed by a txg that does not hold the old chain's records: a write acknowledged from
+/// the old chain (a txg later than the one syncing) or a replay's writes still in the open
+/// txg. A crash before the next commit would find an empty chain and lose them. So the old
+/// header, with the replay's `replay_after`, is what every txg before `until` writes, and
+/// the old chain's blocks are kept until a txg writing the new header commits.
+struct Switch {
+    /// The first txg whose commit covers every record of the old chain.
+    until: u64,
+    /// What the directory entry said while the old chain was being replayed (else 0).
+    replay_after: u64,
 }
 
 impl State {
@@ -258,6 +277,7 @@ impl Log {
                 durable_chain: header.chain,
                 syncing: Vec::new(),
                 retired: Vec::new(),
+                switch: None,
                 rotor: 0,
                 recent: 0,
                 failed: None,
@@ -279,7 +299,7 @@ impl Log {
     /// requests commit a txg, which writes it.
     pub fn new_chain(zil: &Zil) -> Log {
         let log = Log::with_mode(Mode::Off, ZilHeader::default());
-        log.start_chain(zil);
+        log.start_chain(zil, 0);
         log
     }
 
@@ -332,16 +352,22 @@ impl Log {
     /// records', yet only the whole replay covers them: a crash before it ends must find
     /// them all again. 0 once replayed.
     pub fn replay_after(&self) -> u64 {
-        match &self.state.lock().mode {
+        let st = self.state.lock();
+        if let Some(sw) = &st.switch {
+            return sw.replay_after;
+        }
+        match &st.mode {
             Mode::NeedsReplay { after, .. } => *after,
             _ => 0,
         }
     }
 
-    /// Starts a fresh chain (after a replay, or for a new log). The old chain's blocks are
-    /// freed once a txg has committed the new header.
-    pub fn start_chain(&self, zil: &Zil) {
-        begin_chain(zil, &mut self.state.lock());
+    /// Starts a fresh chain (after a replay, or for a new log). The old chain's header stays
+    /// in the directory until txg `covered_by` syncs (the open txg, after a replay: it holds
+    /// the replay's last writes; 0 if no txg need wait), and its blocks are freed once a txg
+    /// has committed the new header.
+    pub fn start_chain(&self, zil: &Zil, covered_by: u64) {
+        begin_chain(zil, &mut self.state.lock(), covered_by);
     }
 
     /// Queues a record (called with the volume's range lock held, so records of overlapping
@@ -502,7 +528,7 @@ impl Log {
                 return false;
             }
             if st.abandoned {
-                begin_chain(zil, &mut st);
+                begin_chain(zil, &mut st, 0);
             }
             let mut batch: Vec<(u64, Record)> = st.queue.drain(..n).collect();
             zil.unpin(batch.iter().map(|(_, r)| r));
@@ -773,6 +799,14 @@ impl Log {
         if !matches!(st.mode, Mode::Active) {
             return (st.header, false);
         }
+        if let Some(sw) = &st.switch {
+            if txg < sw.until {
+                // The old chain's header, as the last sync wrote it (see `Switch`). The new
+                // chain has no blocks yet: nothing is logged on it before its header commits.
+                return (st.header, false);
+            }
+            st.switch = None;
+        }
         let k = st
             .blocks
             .iter()
@@ -858,9 +892,29 @@ impl Log {
 
 /// `Log::start_chain` with the state locked. Every slot of the chain left behind (its blocks,
 /// and the slot its next block would have taken) is retired: kept until a txg commits the new
-/// header, as a crash before then replays the old chain. With no log space for the new
-/// chain's first block, the log is off (sync requests commit txgs) until a batch finds some.
-fn begin_chain(zil: &Zil, st: &mut State) {
+/// header, as a crash before then replays the old chain. That header is written by no txg
+/// before the one covering the old blocks' records and txg `covered_by` (`Switch`). With no
+/// log space for the new chain's first block, the log is off (sync requests commit txgs)
+/// until a batch finds some.
+fn begin_chain(zil: &Zil, st: &mut State, covered_by: u64) {
+    let until = (st.blocks.iter().map(|b| b.max_txg).max())
+        .unwrap_or(0)
+        .max(covered_by);
+    let replay_after = match &st.mode {
+        Mode::NeedsReplay { after, .. } => *after,
+        _ => 0,
+    };
+    match &mut st.switch {
+        // A switch still pending: the directory holds the chain before it, whatever began since.
+        Some(sw) => sw.until = sw.until.max(until),
+        None if until > 0 => {
+            st.switch = Some(Switch {
+                until,
+                replay_after,
+            })
+        }
+        None => {}
+    }
     let old: Vec<BlockAddr> = st.blocks.drain(..).map(|b| b.addr).collect();
     st.retired.extend(old);
     if matches!(st.mode, Mode::Active) {
@@ -941,7 +995,7 @@ fn settle(zil: &Zil, st: &mut State, plan: Option<&Plan>, wrote: bool) {
         // retires with the chain's blocks).
         st.retired.extend(p.taken.iter().copied());
         st.next_slot = p.slots[0];
-        begin_chain(zil, st);
+        begin_chain(zil, st, 0);
     }
 }
 
@@ -1130,6 +1184,102 @@ mod tests {
             Some(Record::Write { data, .. }) => assert_eq!(data[0], 4),
             other => panic!("offset 0 replays as {other:?}"),
         }
+    }
+
+    /// A batch's write fails after an earlier batch of the chain was acknowledged, its
+    /// records in a txg later than one whose sync is on its way: a new chain begins. That
+    /// sync must still write the old chain's header, and its commit must not free the old
+    /// blocks: it does not hold the acknowledged write, which a crash before the next commit
+    /// could find only in the old chain. The first txg that holds it switches.
+    #[test]
+    fn a_new_chain_is_not_committed_by_a_txg_older_than_the_records_of_the_old_one() {
+        let Rig {
+            zil,
+            log,
+            devs,
+            open,
+            room,
+        } = two_vdev_log();
+        // Txg `closed` closes; its sync has yet to write its directory.
+        let closed = open.fetch_add(1, Ordering::SeqCst);
+        write(&log, &zil, &open, 0, 1, 512);
+        log.commit_wait(&zil, &ByValue).unwrap();
+        let old = log.header();
+        let acked_in = log.state.lock().blocks.back().expect("a logged block").addr;
+
+        // The next batch's write fails, and its fallback sync finds no room: a new chain.
+        for d in &devs {
+            d.set_faults(Faults {
+                full: true,
+                ..Faults::default()
+            });
+        }
+        room.store(false, Ordering::SeqCst);
+        write(&log, &zil, &open, 4096, 2, 512);
+        assert!(log.commit_wait(&zil, &ByValue).is_err());
+        assert_ne!(log.state.lock().chain, old.chain, "a new chain began");
+
+        let (header, changed) = log.prepare_sync(closed);
+        assert_eq!(header, old, "txg {closed} writes the old chain's header");
+        assert!(!changed);
+        log.txg_committed(&zil, closed);
+        assert!(
+            log.state.lock().retired.contains(&acked_in),
+            "the block of the acknowledged write is kept"
+        );
+
+        for d in &devs {
+            d.set_faults(Faults::default());
+        }
+        room.store(true, Ordering::SeqCst);
+        let covering = open.fetch_add(1, Ordering::SeqCst);
+        let (header, changed) = log.prepare_sync(covering);
+        assert_eq!(header.chain, log.state.lock().chain);
+        assert!(changed);
+        log.txg_committed(&zil, covering);
+        assert!(log.state.lock().retired.is_empty());
+        // The new chain takes commits from here.
+        write(&log, &zil, &open, 0, 3, 512);
+        let blocks_before = zil.stats().blocks.iter().sum::<u64>();
+        log.commit_wait(&zil, &ByValue).unwrap();
+        assert!(zil.stats().blocks.iter().sum::<u64>() > blocks_before);
+    }
+
+    /// The end of a replay: its last writes are in the open txg. A sync of an older txg
+    /// that writes its directory after the new chain began keeps the old header and the
+    /// txg the replay counts from; only a txg holding the whole replay ends it.
+    #[test]
+    fn a_replay_ends_only_with_a_txg_that_holds_all_of_it() {
+        let Rig { zil, .. } = two_vdev_log();
+        let old = ZilHeader {
+            chain: 77,
+            head: BlockAddr {
+                vdev: 0,
+                len: 4096,
+                offset: 1 << 20,
+            },
+            head_seq: 1,
+        };
+        let rec = Record::Write {
+            txg: 4,
+            offset: 0,
+            data: Payload::owned(vec![1; 512]),
+        };
+        let log = Log::imported(old, vec![old.head], vec![rec], 3);
+        assert_eq!(log.replay_after(), 3);
+        assert_eq!(log.prepare_sync(9), (old, false));
+        // Replayed into txgs up to 10, the open one.
+        log.start_chain(&zil, 10);
+        assert_eq!(log.prepare_sync(9), (old, false));
+        assert_eq!(log.replay_after(), 3);
+        log.txg_committed(&zil, 9);
+        assert_eq!(log.state.lock().retired.first(), Some(&old.head));
+
+        let (header, changed) = log.prepare_sync(10);
+        assert!(changed && header.chain != old.chain);
+        assert_eq!(log.replay_after(), 0);
+        log.txg_committed(&zil, 10);
+        assert!(log.state.lock().retired.is_empty());
     }
 
     /// What a crash could lose: records that no sync request covers. Records a request

@@ -439,7 +439,7 @@ impl Pool {
         // chains' headers go out with the next txg.
         for ds in self.datasets.read().values() {
             if ds.log.is_off() {
-                ds.log.start_chain(&self.zil);
+                ds.log.start_chain(&self.zil, 0);
                 mos.dir_dirty = true;
             }
         }

@@ -185,8 +185,12 @@ impl Pool {
 
     /// After the replayed records are applied: starts a new chain and commits both in one
     /// txg. A crash before that commit replays the old chain again, to the same result.
+    ///
+    /// The replay's last writes are in the open txg. A sync of an older one, closed before
+    /// this and writing its directory after, keeps the old chain's header and the replay's
+    /// `replay_after` (`Log::start_chain`): only a txg holding the whole replay may end it.
     pub fn finish_replay(&self, ds: &Dataset) -> Result<(), PoolError> {
-        ds.log.start_chain(&self.zil);
+        ds.log.start_chain(&self.zil, self.open_txg());
         self.mos.lock().dir_dirty = true;
         self.sync_now()?;
         // The replay's copies are committed: the blocks its records pointed at can go.

@@ -909,7 +909,7 @@ impl Pool {
                     // Every chain is claimed: the logs with nothing to replay start anew.
                     for ds in &opened {
                         if ds.log.pending_replay().is_none() {
-                            ds.log.start_chain(&pool.zil);
+                            ds.log.start_chain(&pool.zil, 0);
                         }
                     }
                     {
