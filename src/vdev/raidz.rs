@@ -656,9 +656,13 @@ impl Raidz {
             data: buf.to_vec(),
             parity: parity.clone(),
         };
-        if data_ok && reads.failed.is_empty() {
-            // A scrub of a good block: only the parity can be wrong.
-            self.repair(&map, buf, &orig, &[], birth, &mut report);
+        if data_ok {
+            // A scrub of a good block: only the parity can be wrong, or unread (its device out
+            // of service, or failing). There is nothing to rebuild; the parity is recomputed
+            // from the data and rewritten where it differs or failed. (Sent on to the search
+            // below, a block whose parity alone failed was called damaged: no combination of
+            // data columns was left to try.)
+            self.repair(&map, buf, &orig, &reads.failed, birth, &mut report);
             return Ok(report);
         }
         let known: Vec<usize> = reads.failed.clone();
