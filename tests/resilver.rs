@@ -232,6 +232,39 @@ fn raidz2_with_two_devices_gone_gets_both_replaced_and_rebuilt() {
     assert!(err.contains("already part of"), "{err}");
 }
 
+/// A replacement gets every block the pool needs: after its resilver, it alone imports the
+/// pool and serves the volume. The volume's objset block, written once when the volume was
+/// and never again while the volume sits unchanged, is one of them, as is the MOS's, which
+/// no txg rewrites while nothing changes.
+#[test]
+fn a_replaced_mirror_side_alone_imports_the_pool_after_its_resilver() {
+    let (devs, data) = filled_pool(Layout::Mirror, 64 * MB, VOL, 16384, 11);
+    let pool = import(&devs);
+    let fresh = Arc::new(MemDevice::new("new1", 64 * MB));
+    pool.replace(
+        "mem1",
+        fresh.clone() as Arc<dyn BlockDevice>,
+        "new1".into(),
+        false,
+    )
+    .unwrap();
+    pool.wait_scrub();
+    let scan = pool.scan_status();
+    assert_eq!(
+        (scan.func, scan.state, scan.errors),
+        (ScanFunc::Resilver, ScanPhase::Finished, 0),
+        "{scan:?}"
+    );
+    pool.close().unwrap();
+    drop(pool);
+    let pool = match Pool::import(as_leaves(&[fresh]), None, opts()) {
+        Ok(p) => p,
+        Err(e) => panic!("the replacement alone does not import the pool: {e}"),
+    };
+    assert!(read_volume(&pool) == data, "the replacement lacks data");
+    pool.verify().unwrap();
+}
+
 /// A device failing every I/O is faulted once its vdev can spare it (no more I/O is sent to
 /// it, the txgs it misses are recorded); `clear` puts it back and resilvers it. A device the
 /// pool cannot spare is never faulted.

@@ -134,7 +134,11 @@ fn a_scrub_of_a_degraded_raidz_finds_no_damage_in_good_blocks() {
         let pool = Pool::import(as_leaves(&present), None, opts()).unwrap();
         let st = scrub(&pool);
         assert_eq!(st.errors, 0, "{layout:?}: first: {:?}", st.damaged.first());
-        assert!(st.examined_bytes >= VOL, "{layout:?}: {}", st.examined_bytes);
+        assert!(
+            st.examined_bytes >= VOL,
+            "{layout:?}: {}",
+            st.examined_bytes
+        );
         assert!(read_volume(&pool) == data, "{layout:?}");
     }
 }

@@ -349,8 +349,9 @@ fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
 /// Ends the scan that just walked its last block; returns whether a scrub the resilver had
 /// interrupted goes on from where it stopped (on the same thread).
 fn finish(pool: &Pool) -> bool {
-    let resumed = {
+    let (resumed, resilvered) = {
         let mut st = pool.scan.lock();
+        let resilvered = st.func == ScanFunc::Resilver;
         st.state = ScanPhase::Finished;
         st.end_secs = now_secs();
         st.bookmark = None;
@@ -365,15 +366,20 @@ fn finish(pool: &Pool) -> bool {
                 }
             }
         }
-        match st.interrupted.take() {
+        let resumed = match st.interrupted.take() {
             Some(scrub) => {
                 *st = *scrub;
                 true
             }
             None => false,
-        }
+        };
+        (resumed, resilvered)
     };
     let _ = pool.save_config();
+    if resilvered {
+        // Not under the scan's lock: writing the labels takes the MOS lock, then the scan's.
+        pool.commit_soon();
+    }
     resumed
 }
 
@@ -411,6 +417,24 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 chunk_of: None,
             };
             scrub_tree(&t, &dn, 0, u64::MAX);
+        }
+        // The objset blocks, which no tree reaches. A volume's is written when the volume
+        // changes, so an idle volume's may be older than anything else a resilver rebuilds:
+        // left out, a replaced device lacked it, and the pool did not import from the new
+        // device once the old one was gone.
+        for (label, bp) in pool.objset_bps() {
+            if filter.is_some_and(|f| !f.contains(bp.birth_txg.get())) {
+                continue;
+            }
+            let t = TreeScan {
+                pool,
+                label: &label,
+                block_bytes: 0,
+                filter,
+                stop,
+                chunk_of: None,
+            };
+            check(&t, &bp, 0, 0);
         }
         pool.io.zio.alloc.lock().release_frees(tree_txg);
         if !stop.load(Ordering::SeqCst) {

@@ -1276,6 +1276,27 @@ impl Pool {
         v
     }
 
+    /// Asks for a txg that commits even with nothing else to write (it rewrites the
+    /// directory): after a resilver, so that the rebuilt leaves get an uberblock of their own
+    /// and the MOS objset block of the txgs they missed is superseded by one they hold. On an
+    /// idle pool no txg would come, and a replacement alone could not import the pool.
+    pub(super) fn commit_soon(&self) {
+        self.mos.lock().dir_dirty = true;
+        self.request_sync();
+    }
+
+    /// The objset blocks, as of the last sync: the MOS's (labelled with the pool's name) and
+    /// each volume's (`POOL/VOL`). No tree walk reaches them (the uberblock and the
+    /// directory point at them), so a scan checks them on their own.
+    pub(super) fn objset_bps(&self) -> Vec<(String, BlkPtr)> {
+        let mut v = vec![(self.name.clone(), self.mos.lock().objset_bp)];
+        for ds in self.datasets() {
+            v.push((format!("{}/{}", self.name, ds.name), *ds.objset_bp.lock()));
+        }
+        v.retain(|(_, bp)| !bp.is_hole());
+        v
+    }
+
     /// Records that a volume read or wrote just now.
     pub fn note_foreground_io(&self) {
         let now = self.born.elapsed().as_nanos() as u64;
@@ -1341,6 +1362,10 @@ impl Pool {
             for sm in &mos.sms {
                 walk(&self.io, &sm.dnode(), &mut count)?;
             }
+        }
+        for (_, bp) in self.objset_bps() {
+            self.io.zio.read(&bp)?;
+            count(&bp, 0)?;
         }
         for ds in self.datasets() {
             // Data blocks are read uncached so a verify really touches the media.
