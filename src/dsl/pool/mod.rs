@@ -884,6 +884,12 @@ impl Pool {
                     let discard_log = opts.discard_log;
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     let mut opened = Vec::new();
+                    // Whether a log waits for its replay: then the first txg to commit,
+                    // whatever it holds, must carry the txg counted from
+                    // (`Log::replay_after`). Marked only once the volumes are the pool's:
+                    // the sync thread runs already, and a txg committed in between wrote a
+                    // directory without them (a crash then lost every volume).
+                    let mut replaying = false;
                     for LoadedVolume {
                         mut ds,
                         zil: header,
@@ -897,11 +903,7 @@ impl Pool {
                             t => t.min(ub.tree_txg()),
                         };
                         let (log, claims) = pool.open_log(&ds.name, header, after, discard_log)?;
-                        if log.replay_after() != 0 {
-                            // The first txg to commit, whatever it holds, must carry the
-                            // txg counted from (`Log::replay_after`).
-                            pool.mos.lock().dir_dirty = true;
-                        }
+                        replaying |= log.replay_after() != 0;
                         ds.log = log;
                         *ds.replay_claims.lock() = claims;
                         opened.push(ds);
@@ -917,6 +919,9 @@ impl Pool {
                         for ds in opened {
                             map.insert(ds.name.clone(), Arc::new(ds));
                         }
+                    }
+                    if replaying {
+                        pool.mos.lock().dir_dirty = true;
                     }
                     *pool.scan.lock() = scan;
                     pool.import_notes.lock().extend(log_notes);
