@@ -514,6 +514,55 @@ fn a_vdev_that_lost_every_leaf_suspends_the_pool() {
     ));
 }
 
+/// A panic in a txg sync (here a device that panics on write, standing in for a bug or
+/// bytes no check caught) suspends the pool with a clear error: the sync waited for, and the
+/// writes after it, are answered instead of waiting for ever on a sync thread that is gone.
+#[test]
+fn a_panic_in_a_txg_sync_suspends_the_pool_rather_than_hang_it() {
+    use std::sync::atomic::AtomicBool;
+    let dev = mem_devs(1, 96 * MB).remove(0);
+    let armed = Arc::new(AtomicBool::new(false));
+    let tap = Tap {
+        on_write_request: {
+            let armed = armed.clone();
+            Box::new(move || {
+                if armed.load(Ordering::SeqCst) {
+                    panic!("injected: a write of the txg sync panics");
+                }
+            })
+        },
+        ..Tap::new(dev.clone())
+    };
+    let leaf = (Arc::new(tap) as Arc<dyn BlockDevice>, "mem0".to_string());
+    let o = PoolOptions {
+        txg_timeout: std::time::Duration::from_secs(3600),
+        ..opts()
+    };
+    let pool = Pool::create("tank", vec![zeta::dsl::TopSpec::stripe(leaf)], o).unwrap();
+    pool.create_volume("v", 8 * MB, 16384, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &pattern(6, 65536)).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(p.sync_now());
+    });
+    let err = match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(r) => r.expect_err("the sync must fail"),
+        Err(_) => panic!("the sync never answered: the sync thread died with its panic"),
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, PoolError::Suspended { .. }), "{msg}");
+    assert!(
+        msg.contains("internal error") && msg.contains("injected"),
+        "{msg}"
+    );
+    assert!(pool.suspension().is_some());
+    assert!(vol.write(0, &[1u8; 4096]).is_err());
+    armed.store(false, Ordering::SeqCst);
+}
+
 /// Waits until `pool` is suspended (or 10 s), and returns how.
 fn until_suspended(pool: &Pool) -> zeta::dsl::Suspension {
     for _ in 0..1000 {

@@ -101,7 +101,19 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             }
             (st.request_seq, st.shutdown)
         };
-        let mut result = p.sync_once();
+        // A panic in a sync (a bug, or on-disk bytes no check caught) suspends the pool as a
+        // failed sync does. Left to end the thread, it left every flush, throttled write and
+        // close waiting for a sync that would never come. Nothing more is written: what the
+        // panic left half done in memory never reaches the disk.
+        let mut result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.sync_once()))
+            .unwrap_or_else(|panic| {
+                Err(PoolError::Invalid(format!(
+                    "pool '{}': a txg sync stopped on an internal error ({}); the pool is \
+                     suspended and writes nothing more: import it again",
+                    p.name,
+                    panic_text(panic.as_ref())
+                )))
+            });
         let whole = matches!(&result, Ok(Some(c)) if c.whole);
         if matches!(result, Ok(Some(_))) && !whole && p.labels_behind() {
             // A leaf that missed part of this txg and may take the next whole owes it: into
@@ -141,6 +153,13 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             return;
         }
     }
+}
+
+/// What a panic said, if it said it as text.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    (panic.downcast_ref::<&str>().copied())
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 /// After an import fell back to `imported` past newer uberblocks (up to txg `newest_seen`) whose
