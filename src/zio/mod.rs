@@ -71,10 +71,18 @@ fn verifier(bp: &BlkPtr) -> Result<(usize, impl Fn(&[u8]) -> bool), ZioError> {
             format!("unknown checksum algorithm {}", bp.checksum_kind),
         ));
     };
+    // Every block is written whole sectors long: another size comes only from a pointer no
+    // writer made, and would reach layouts that assume a sector at least (a raidz of a
+    // block under 4 KiB has no columns).
+    let psize = bp.psize.get() as u64;
+    if psize == 0 || !psize.is_multiple_of(SECTOR) {
+        return Err(unrecoverable(
+            bp,
+            format!("impossible size of {psize} bytes"),
+        ));
+    }
     let expected = bp.checksum();
-    Ok((bp.psize.get() as usize, move |b: &[u8]| {
-        kind.compute(b) == expected
-    }))
+    Ok((psize as usize, move |b: &[u8]| kind.compute(b) == expected))
 }
 
 impl Zio {
@@ -416,7 +424,7 @@ impl Zio {
             assert!(!bp.is_hole());
             assert_eq!(buf.len(), bp.psize.get() as usize);
             let d = &bp.dva[0];
-            let runnable = bp.checksum_kind().is_some() && self.vdev_of(d, buf.len()).is_ok();
+            let runnable = verifier(bp).is_ok() && self.vdev_of(d, buf.len()).is_ok();
             if runnable
                 && open
                     .as_mut()
@@ -678,5 +686,25 @@ impl Zio {
     /// (`Allocator::free_all`).
     pub fn free_all(&self, bps: &[BlkPtr], txg: u64, class: AllocClass) {
         self.alloc.lock().free_all(copies_in_order(bps), txg, class);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pointer_to_a_block_of_no_whole_sectors_is_refused_before_any_read() {
+        let mut bp = BlkPtr::HOLE;
+        bp.birth_txg = 5.into();
+        bp.checksum_kind = ChecksumKind::Sha256 as u8;
+        bp.kind = BlockKind::Data as u8;
+        for bad in [0u32, 100, 4095, 4097] {
+            bp.psize = bad.into();
+            let err = verifier(&bp).err().expect("refused").to_string();
+            assert!(err.contains("impossible size"), "{bad}: {err}");
+        }
+        bp.psize = 8192.into();
+        assert_eq!(verifier(&bp).ok().map(|(n, _)| n), Some(8192));
     }
 }
