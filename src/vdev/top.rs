@@ -95,6 +95,18 @@ enum IoKind {
 /// Failed data I/Os in a row after which a leaf is faulted (if its vdev can spare it).
 pub const FAULT_AFTER: u32 = 16;
 
+/// Held while a leaf is taken out of service for a reason that needs its siblings in service
+/// (a fault, an administrator's offline): the count of those out and the change are one step.
+/// Counted apart, two leaves of a vdev that can lose one, failing at the same moment, each saw
+/// the other in service, and both went. Process-wide: such changes are rare.
+static SERVICE_CHANGE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Serializes a change of which leaves are in service with every such decision
+/// (`SERVICE_CHANGE`): held by `Pool::set_offline` while it counts and takes a leaf offline.
+pub fn service_change() -> parking_lot::MutexGuard<'static, ()> {
+    SERVICE_CHANGE.lock()
+}
+
 /// Faults `leaf` after a run of failures if, counting it, no more of `siblings` are out of
 /// service than `tolerable`; the vdev then stops sending it I/O instead of failing on it.
 pub(super) fn maybe_fault<'a>(
@@ -102,6 +114,7 @@ pub(super) fn maybe_fault<'a>(
     siblings: impl Iterator<Item = Option<&'a Arc<Leaf>>>,
     tolerable: usize,
 ) {
+    let _one_at_a_time = service_change();
     if leaf.is_offline() {
         return;
     }
@@ -1039,6 +1052,46 @@ pub(crate) fn mem_mirror(n: usize, guid: u64) -> (TopVdev, Vec<Arc<super::mem::M
 mod tests {
     use super::super::mem::{Faults, MemDevice};
     use super::*;
+
+    /// Two leaves of a vdev that can lose one reach their fault threshold at the same moment
+    /// (a controller reset, parallel column reads): one is faulted at most. Deciding without
+    /// a lock, each saw the other in service and both went, and the vdev failed every I/O
+    /// until an administrator cleared them.
+    #[test]
+    fn two_leaves_failing_at_once_are_not_both_faulted_beyond_redundancy() {
+        use std::sync::Barrier;
+        let leaves: Vec<Arc<Leaf>> = (0..3)
+            .map(|i| {
+                let dev = Arc::new(MemDevice::new(&format!("m{i}"), 1 << 20));
+                Arc::new(Leaf::new(dev as Arc<dyn BlockDevice>, 1 + i as u64))
+            })
+            .collect();
+        const ROUNDS: usize = 20_000;
+        let start = Barrier::new(2);
+        let end = Barrier::new(2);
+        let both = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for me in 0..2 {
+                let (leaves, start, end, both) = (&leaves, &start, &end, &both);
+                s.spawn(move || {
+                    for _ in 0..ROUNDS {
+                        start.wait();
+                        maybe_fault(&leaves[me], leaves.iter().map(Some), 1);
+                        end.wait();
+                        if me == 0 {
+                            if leaves[0].is_faulted() && leaves[1].is_faulted() {
+                                both.fetch_add(1, Ordering::Relaxed);
+                            }
+                            leaves[0].set_faulted(false);
+                            leaves[1].set_faulted(false);
+                        }
+                        end.wait();
+                    }
+                });
+            }
+        });
+        assert_eq!(both.load(Ordering::Relaxed), 0, "rounds of {ROUNDS}");
+    }
 
     #[test]
     fn waiting_in_parallel_runs_every_item_at_once_and_keeps_their_order() {

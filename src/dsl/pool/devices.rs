@@ -356,14 +356,14 @@ impl Pool {
     /// be left without the redundancy to serve every block.
     pub fn set_offline(self: &Arc<Self>, dev: &str, offline: bool) -> Result<(), PoolError> {
         let (t, leaf) = self.find_leaf(dev)?;
-        if offline && !leaf.is_admin_offline() {
+        // Missing devices are leaves out of service too.
+        let spare = || -> Result<(), PoolError> {
             let top = &self.io.zio.tops[t];
-            let cfg = self.config.lock().clone();
-            let tc = &cfg.tops[t];
-            // Missing devices are leaves out of service too.
             let unavailable = top.children.iter().filter(|l| l.is_offline()).count() + 1;
             let tolerable = top.redundancy();
             if unavailable > tolerable {
+                let cfg = self.config.lock().clone();
+                let tc = &cfg.tops[t];
                 return Err(invalid(format!(
                     "cannot take {dev} offline: vdev {} ({}) would have {unavailable} of {} \
                      devices unavailable, more than it can lose ({tolerable})",
@@ -372,6 +372,10 @@ impl Pool {
                     tc.children.len()
                 )));
             }
+            Ok(())
+        };
+        if offline && !leaf.is_admin_offline() {
+            spare()?;
         }
         if leaf.is_admin_offline() == offline {
             return Ok(());
@@ -379,7 +383,15 @@ impl Pool {
         // Writes already in the open txg must not reach a leaf taken offline half-way: sync
         // first, so the leaf misses whole txgs only.
         self.sync_now()?;
-        leaf.set_offline(offline);
+        {
+            // Counted again with the change, as one step: a sibling may have been faulted
+            // during the sync.
+            let _one_at_a_time = crate::vdev::top::service_change();
+            if offline && !leaf.is_offline() {
+                spare()?;
+            }
+            leaf.set_offline(offline);
+        }
         {
             let _mos = self.mos.lock();
             let state = self.config.lock().state;
