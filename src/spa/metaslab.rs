@@ -546,7 +546,9 @@ impl Allocator {
         let corrupt = |what: String| AllocError::Corrupt { vdev, ms, what };
         let before = m.free.space();
         let applied = records.iter().try_for_each(|r| {
-            if r.len == 0 || r.offset < m.start || r.offset + r.len > m.start + m.size {
+            // Checked add: the record comes from disk, and a wrapped end passed the test.
+            let end = r.offset.checked_add(r.len);
+            if r.len == 0 || r.offset < m.start || end.is_none_or(|e| e > m.start + m.size) {
                 return Err(corrupt(format!("record {r:?} outside the metaslab")));
             }
             let res = if r.free {
@@ -909,6 +911,17 @@ mod tests {
         // A record that frees free space is corruption, reported, not a panic.
         assert!(matches!(
             b.load_records(0, 0, &recs[1..]),
+            Err(AllocError::Corrupt { .. })
+        ));
+        // So is one whose end is past the numbers (wrapped, it looked inside the metaslab).
+        let wraps = SmRecord {
+            offset: 4096,
+            len: u64::MAX - 4095,
+            free: true,
+        };
+        let mut c = Allocator::new(&[(0, 8 * MB, 20)]);
+        assert!(matches!(
+            c.load_records(0, 0, &[wraps]),
             Err(AllocError::Corrupt { .. })
         ));
     }

@@ -169,16 +169,6 @@ pub(super) fn load_mos(
         .map(|t| t.metaslabs.len())
         .collect();
     let mut mos = empty_mos(&ms_per_top);
-    let check_dnode = |dn: &DnodePhys, kind: ObjectKind| -> Result<(), PoolError> {
-        if dn.kind != kind as u8
-            || dn.nlevels == 0
-            || dn.nlevels > 8
-            || ChecksumKind::from_u8(dn.checksum).is_none()
-        {
-            return Err(invalid(format!("malformed {kind:?} dnode")));
-        }
-        Ok(())
-    };
     check_dnode(&os.dnodes[0], ObjectKind::Directory)?;
     check_dnode(&os.dnodes[1], ObjectKind::MetaslabTable)?;
     mos.dir = Object::new(os.dnodes[0], BlockKind::Directory, AllocClass::Mos);
@@ -241,6 +231,11 @@ pub(super) fn load_mos(
         let checksum = ChecksumKind::from_u8(e.checksum)
             .ok_or_else(|| invalid(format!("volume {name}: unknown checksum")))?;
         let volblocksize = e.volblocksize.get();
+        if !volblocksize.is_power_of_two() || !(4096..=131072).contains(&volblocksize) {
+            return Err(invalid(format!(
+                "volume {name}: block size {volblocksize} is not one a volume can have"
+            )));
+        }
         check_volsize(e.volsize.get(), volblocksize)
             .map_err(|_| invalid(format!("volume {name}: bad size")))?;
         let dn = if e.objset.is_hole() {
@@ -279,4 +274,47 @@ pub(super) fn load_mos(
         });
     }
     Ok((mos, datasets))
+}
+
+/// Whether a dnode read from disk is one this pool could have written as an object of `kind`:
+/// reading one that is not (a block size of 0, or not a power of two; copies the allocator
+/// cannot place) would panic or fail an assert later, in import or in the sync thread.
+fn check_dnode(dn: &DnodePhys, kind: ObjectKind) -> Result<(), PoolError> {
+    let bs = dn.data_block_bytes.get();
+    if dn.kind != kind as u8
+        || dn.nlevels == 0
+        || dn.nlevels > 8
+        || ChecksumKind::from_u8(dn.checksum).is_none()
+        || !bs.is_power_of_two()
+        || !(4096..=131072).contains(&bs)
+        || !(1..=3).contains(&dn.copies)
+    {
+        return Err(invalid(format!("malformed {kind:?} dnode")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dnodes_no_writer_makes_are_refused() {
+        let good = DnodePhys::new(ObjectKind::VolumeData, 16384, ChecksumKind::Sha256 as u8, 1);
+        assert!(check_dnode(&good, ObjectKind::VolumeData).is_ok());
+        assert!(check_dnode(&good, ObjectKind::Directory).is_err());
+        for bs in [0u32, 2048, 6144, 1 << 20] {
+            let mut dn = good;
+            dn.data_block_bytes = bs.into();
+            assert!(check_dnode(&dn, ObjectKind::VolumeData).is_err(), "{bs}");
+        }
+        for copies in [0u8, 4] {
+            let mut dn = good;
+            dn.copies = copies;
+            assert!(
+                check_dnode(&dn, ObjectKind::VolumeData).is_err(),
+                "{copies}"
+            );
+        }
+    }
 }
