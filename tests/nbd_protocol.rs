@@ -613,3 +613,56 @@ fn partial_writes_in_flight_to_one_raidz_block_all_complete() {
     server.shutdown();
     pool.close().unwrap();
 }
+
+/// A panic below a request (here a device that panics on read, standing in for a bug or
+/// bytes no check caught) answers that request EIO. The connection goes on, and the server
+/// stops cleanly: unanswered, the request kept its connection from draining and the server
+/// from stopping (or, run by the connection's own thread, ended the connection).
+#[test]
+fn a_panic_under_a_request_answers_it_eio_and_the_connection_goes_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use zeta::vdev::BlockDevice;
+    use zeta::zvol::Volume;
+    let dev = mem_devs(1, 64 * MB).remove(0);
+    let data = pattern(65536, 9);
+    {
+        let pool = Pool::create(
+            "tank",
+            spec(Layout::Stripe, std::slice::from_ref(&dev)),
+            opts(),
+        )
+        .unwrap();
+        pool.create_volume("v", VOLSIZE, 16384, None).unwrap();
+        Volume::open(&pool, "v").unwrap().write(0, &data).unwrap();
+        pool.close().unwrap();
+    }
+    // Imported again, so the volume's blocks are read from the device, not a cache.
+    let armed = Arc::new(AtomicBool::new(false));
+    let tap = Tap {
+        on_read: {
+            let armed = armed.clone();
+            Box::new(move || {
+                if armed.load(Ordering::SeqCst) {
+                    panic!("injected: a device read panics");
+                }
+            })
+        },
+        ..Tap::new(dev.clone())
+    };
+    let leaves = vec![(Arc::new(tap) as Arc<dyn BlockDevice>, "mem0".to_string())];
+    let pool = Pool::import(leaves, None, opts()).unwrap();
+    let exports = Arc::new(PoolExports::new(vec![pool.clone()], None));
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..ServerConfig::default()
+    };
+    let server = Server::start(cfg, exports).unwrap();
+    let mut c = Client::open(server.local_addr(), "tank/v");
+    armed.store(true, Ordering::SeqCst);
+    assert_eq!(c.read(0, 16384), Err(EIO));
+    armed.store(false, Ordering::SeqCst);
+    assert_eq!(c.read(0, 65536).unwrap(), data, "the connection goes on");
+    drop(c);
+    server.shutdown();
+    pool.close().unwrap();
+}

@@ -421,6 +421,22 @@ fn error_code(e: &VolError) -> u32 {
     }
 }
 
+/// Runs a volume operation of a request. A panic in it (a bug below, or bytes no check
+/// caught) becomes this request's error, answered EIO: left to unwind, it left the request
+/// unanswered, the connection waiting for it to drain and the server's stop waiting for the
+/// connection (or, on the connection's own thread, ended the connection and kept its slot).
+fn caught<T>(vol: &Volume, op: impl FnOnce() -> Result<T, VolError>) -> Result<T, VolError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(op)).unwrap_or_else(|panic| {
+        let said = (panic.downcast_ref::<&str>().copied())
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        Err(VolError::Pool {
+            vol: vol.name().to_string(),
+            source: PoolError::Invalid(format!("internal error: {said}")),
+        })
+    })
+}
+
 /// Runs one request and replies; the request counts as in flight until its reply is sent,
 /// which for a FLUSH or FUA write may be after this returns (see `reply_when_durable`).
 /// `inline`: run by the connection's reader itself, which must not stay on as the log's
@@ -442,7 +458,7 @@ fn execute(
         CMD_READ => {
             let len = req.length as usize;
             let mut buf = take_read_buffer(len);
-            match vol.read(req.offset, &mut buf[..len]) {
+            match caught(vol, || vol.read(req.offset, &mut buf[..len])) {
                 Ok(()) => sh.reply_read(&req, buf, len, grant),
                 Err(e) => {
                     give_back_read_buffer(buf);
@@ -455,20 +471,23 @@ fn execute(
         }
         CMD_WRITE => {
             let payload = payload.unwrap_or_default();
-            let written = vol.write(req.offset, &payload);
+            let written = caught(vol, || vol.write(req.offset, &payload));
             // The volume has what it needs of the bytes (copied or placed on disk).
             grant.keep(payload);
             Some((written, fua))
         }
         CMD_FLUSH => Some((Ok(()), true)),
-        CMD_TRIM => Some((vol.trim(req.offset, req.length as u64), fua)),
+        CMD_TRIM => Some((caught(vol, || vol.trim(req.offset, req.length as u64)), fua)),
         CMD_WRITE_ZEROES => {
             let punch = req.flags & CMD_FLAG_NO_HOLE == 0;
-            Some((vol.write_zeroes(req.offset, req.length as u64, punch), fua))
+            let zeroed = caught(vol, || {
+                vol.write_zeroes(req.offset, req.length as u64, punch)
+            });
+            Some((zeroed, fua))
         }
         CMD_CACHE => {
             let len = (req.length as u64).min(MAX_CACHE_SPAN);
-            match vol.prefetch(req.offset, len) {
+            match caught(vol, || vol.prefetch(req.offset, len)) {
                 Ok(()) => sh.reply_ok(&req),
                 Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
             }
