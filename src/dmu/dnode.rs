@@ -6,6 +6,13 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::spa::BlkPtr;
 
+/// Whether an object may have data blocks of `bytes`: a power of two from 4 KiB to 128 KiB.
+/// A volume chooses its own (`Pool::create_volume`); the MOS objects' are 4K and 16K. Import
+/// holds what it reads from disk to the same rule.
+pub fn is_data_block_size(bytes: u32) -> bool {
+    bytes.is_power_of_two() && (4096..=131072).contains(&bytes)
+}
+
 /// Indirect blocks are 16 KiB: 128 block pointers each.
 pub const IND_BLOCK_BYTES: usize = 16 * 1024;
 pub const IND_SHIFT: u32 = 7;

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::dmu::dnode::is_data_block_size;
 use crate::dmu::object::walk;
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind};
 use crate::dsl::dir::valid_volume_name;
@@ -1148,7 +1149,7 @@ impl Pool {
                 "invalid volume name '{name}': use letters, digits, '-', '_', '.', ':'"
             )));
         }
-        if !volblocksize.is_power_of_two() || !(4096..=131072).contains(&volblocksize) {
+        if !is_data_block_size(volblocksize) {
             return Err(invalid(format!(
                 "volblocksize {volblocksize} must be a power of two from 4K to 128K"
             )));

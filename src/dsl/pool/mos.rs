@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use zerocopy::FromBytes;
 
-use crate::dmu::dnode::{OBJSET_MOS, OBJSET_VOLUME};
+use crate::dmu::dnode::{is_data_block_size, OBJSET_MOS, OBJSET_VOLUME};
 use crate::dmu::object::{spans, walk};
 use crate::dmu::{Dirty, DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
 use crate::dsl::dir::{DirEntryPhys, ENTRY_BYTES};
@@ -231,7 +231,7 @@ pub(super) fn load_mos(
         let checksum = ChecksumKind::from_u8(e.checksum)
             .ok_or_else(|| invalid(format!("volume {name}: unknown checksum")))?;
         let volblocksize = e.volblocksize.get();
-        if !volblocksize.is_power_of_two() || !(4096..=131072).contains(&volblocksize) {
+        if !is_data_block_size(volblocksize) {
             return Err(invalid(format!(
                 "volume {name}: block size {volblocksize} is not one a volume can have"
             )));
@@ -280,13 +280,11 @@ pub(super) fn load_mos(
 /// reading one that is not (a block size of 0, or not a power of two; copies the allocator
 /// cannot place) would panic or fail an assert later, in import or in the sync thread.
 fn check_dnode(dn: &DnodePhys, kind: ObjectKind) -> Result<(), PoolError> {
-    let bs = dn.data_block_bytes.get();
     if dn.kind != kind as u8
         || dn.nlevels == 0
         || dn.nlevels > 8
         || ChecksumKind::from_u8(dn.checksum).is_none()
-        || !bs.is_power_of_two()
-        || !(4096..=131072).contains(&bs)
+        || !is_data_block_size(dn.data_block_bytes.get())
         || !(1..=3).contains(&dn.copies)
     {
         return Err(invalid(format!("malformed {kind:?} dnode")));
