@@ -639,14 +639,7 @@ fn a_panic_under_a_request_answers_it_eio_and_the_connection_goes_on() {
     // Imported again, so the volume's blocks are read from the device, not a cache.
     let armed = Arc::new(AtomicBool::new(false));
     let tap = Tap {
-        on_read: {
-            let armed = armed.clone();
-            Box::new(move || {
-                if armed.load(Ordering::SeqCst) {
-                    panic!("injected: a device read panics");
-                }
-            })
-        },
+        on_read: panics_while(&armed, "injected: a device read panics"),
         ..Tap::new(dev.clone())
     };
     let leaves = vec![(Arc::new(tap) as Arc<dyn BlockDevice>, "mem0".to_string())];

@@ -523,14 +523,7 @@ fn a_panic_in_a_txg_sync_suspends_the_pool_rather_than_hang_it() {
     let dev = mem_devs(1, 96 * MB).remove(0);
     let armed = Arc::new(AtomicBool::new(false));
     let tap = Tap {
-        on_write_request: {
-            let armed = armed.clone();
-            Box::new(move || {
-                if armed.load(Ordering::SeqCst) {
-                    panic!("injected: a write of the txg sync panics");
-                }
-            })
-        },
+        on_write_request: panics_while(&armed, "injected: a write of the txg sync panics"),
         ..Tap::new(dev.clone())
     };
     let leaf = (Arc::new(tap) as Arc<dyn BlockDevice>, "mem0".to_string());

@@ -10,6 +10,6 @@ pub mod pool;
 pub mod scan;
 
 pub use pool::{
-    probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, Suspension, TopSpec, TopStatus,
-    IN_PLACE_MIN_BYTES,
+    panic_text, probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, Suspension, TopSpec,
+    TopStatus, IN_PLACE_MIN_BYTES,
 };

@@ -25,7 +25,7 @@ use super::replies::{
     give_back_read_buffer, take_read_buffer, with_read_buffer, Replies, QUEUED_REPLY_BYTES,
 };
 use super::workers::Workers;
-use crate::dsl::PoolError;
+use crate::dsl::{panic_text, PoolError};
 use crate::zvol::{after_wakeups, Done, VolError, Volume};
 
 /// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
@@ -427,12 +427,9 @@ fn error_code(e: &VolError) -> u32 {
 /// connection (or, on the connection's own thread, ended the connection and kept its slot).
 fn caught<T>(vol: &Volume, op: impl FnOnce() -> Result<T, VolError>) -> Result<T, VolError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(op)).unwrap_or_else(|panic| {
-        let said = (panic.downcast_ref::<&str>().copied())
-            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-            .unwrap_or("no message");
         Err(VolError::Pool {
             vol: vol.name().to_string(),
-            source: PoolError::Invalid(format!("internal error: {said}")),
+            source: PoolError::Invalid(format!("internal error: {}", panic_text(panic.as_ref()))),
         })
     })
 }

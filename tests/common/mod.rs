@@ -179,6 +179,20 @@ pub struct Tap {
     pub fail_read: Box<dyn Fn(u64, usize) -> bool + Send + Sync>,
 }
 
+/// A `Tap` hook that panics with `what` while `armed` is set: a bug or unchecked bytes below
+/// the code under test, at a moment the test picks.
+pub fn panics_while(
+    armed: &Arc<std::sync::atomic::AtomicBool>,
+    what: &'static str,
+) -> Box<dyn Fn() + Send + Sync> {
+    let armed = armed.clone();
+    Box::new(move || {
+        if armed.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("{what}");
+        }
+    })
+}
+
 impl Tap {
     /// No hooks; reads never served at once (the trait's default).
     pub fn new(dev: Arc<MemDevice>) -> Tap {

@@ -452,6 +452,14 @@ fn check_kernels() -> Result<(), PoolError> {
     crate::math::parity::check_override().map_err(|e| PoolError::Invalid(e.to_string()))
 }
 
+/// What a caught panic said, if it said it as text: for the error that stands in for it (a
+/// txg sync's, a request's).
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    (panic.downcast_ref::<&str>().copied())
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
 fn invalid(msg: impl Into<String>) -> PoolError {
     PoolError::Invalid(msg.into())
 }

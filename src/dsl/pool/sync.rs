@@ -111,7 +111,7 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
                     "pool '{}': a txg sync stopped on an internal error ({}); the pool is \
                      suspended and writes nothing more: import it again",
                     p.name,
-                    panic_text(panic.as_ref())
+                    super::panic_text(panic.as_ref())
                 )))
             });
         let whole = matches!(&result, Ok(Some(c)) if c.whole);
@@ -153,13 +153,6 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             return;
         }
     }
-}
-
-/// What a panic said, if it said it as text.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    (panic.downcast_ref::<&str>().copied())
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message")
 }
 
 /// After an import fell back to `imported` past newer uberblocks (up to txg `newest_seen`) whose
