@@ -149,7 +149,7 @@ fn bad_arguments_are_one_clear_line_and_change_nothing() {
     let other = t.path().join("home2");
     fails_with(
         &zeta(&other, d, &["pool", "create", "q", "a"]),
-        "belongs to pool 'p'",
+        "is a device of pool 'p'",
     );
     fails_with(
         &zeta(&home, d, &["vol", "create", "p/w", "10000"]),

@@ -133,13 +133,34 @@ pub enum PoolCmd {
     },
     /// Import a pool from the devices in DIR (repeatable); without POOL, list what is there
     /// or import the only pool found.
+    #[command(
+        after_help = "A device that is missing, truncated, unreadable or now part of \
+                            another pool counts as missing: the pool imports DEGRADED when \
+                            its redundancy allows, and says which devices it went without and \
+                            why. A pool whose devices another process holds open (a running \
+                            `zeta serve`) is refused as in use.\n\n\
+                            Examples:\n  zeta pool import -d /var/zeta\n  \
+                            zeta pool import -d /var/zeta tank\n  \
+                            zeta pool import -d /var/zeta tank tank2    # under a new name\n  \
+                            zeta pool import -d /var/zeta -f tank       # last held elsewhere"
+    )]
     Import {
         /// A directory to look for devices in (default /dev); repeatable.
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// Import a pool that was not exported and whose labels say another host or another
+        /// state directory ($ZETA_HOME) had it last: only once sure that nothing uses it
+        /// there (a pool open in two places at once is destroyed). Devices a process on this
+        /// host holds open are refused even so.
+        #[arg(short, long)]
+        force: bool,
         /// The pool to import (its name as the listing shows it).
         pool: Option<String>,
-        /// Print as JSON (when listing).
+        /// Import it under this name instead (the new name is written to its labels).
+        #[arg(requires = "pool")]
+        new_name: Option<String>,
+        /// Print as JSON: with no POOL, list what is there (even a single pool) rather than
+        /// import it.
         #[arg(long)]
         json: bool,
         /// Import even if a volume's intent log cannot be read (its device is missing, or no
@@ -278,6 +299,17 @@ pub enum PoolCmd {
         /// The pool's name.
         pool: String,
     },
+    /// Clear the zeta labels of a device no pool uses any more (one replaced or removed by an
+    /// older zeta, or of a pool given up on), so that no import finds it and any pool can
+    /// take it without -f.
+    Labelclear {
+        /// Clear the labels of a device of a pool that is not imported here and was not
+        /// destroyed (exported, or not exported at all): that pool loses the device.
+        #[arg(short, long)]
+        force: bool,
+        /// The device (file or block device).
+        device: PathBuf,
+    },
     /// Destroy a pool: its devices are marked free for reuse and its data is gone.
     Destroy {
         /// Required: destroying a pool cannot be undone.
@@ -333,12 +365,17 @@ pub enum VolCmd {
         #[arg(long, default_value = "0")]
         offset: String,
     },
-    /// Copy the volume's whole contents into FILE.
+    /// Copy the volume's whole contents into FILE, sparse: the volume's holes and blocks
+    /// of zeros stay holes in the file (as `cp --sparse=always` does).
     Get {
         /// POOL/VOL
         name: String,
-        /// The file to copy out to (created or overwritten).
+        /// The file to copy out to: created; an existing one only with --force, and never
+        /// a device of a pool that is open or imported here.
         file: PathBuf,
+        /// Overwrite FILE if it exists.
+        #[arg(short, long)]
+        force: bool,
     },
 }
 

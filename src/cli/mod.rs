@@ -12,6 +12,7 @@ pub mod bench_scrub;
 pub mod bench_sync;
 pub mod control;
 pub mod fmt;
+pub mod guard;
 pub mod memory;
 pub mod nbd_load;
 pub mod pool_cmd;

@@ -93,7 +93,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         // present (a pool made by an older zeta may have fewer).
         let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
         let devs = super::state::open_devices(&present)?;
-        let p = Pool::import(devs, Some(UP_POOL), Default::default())?;
+        let p = Pool::import(devs, Some(UP_POOL), home.pool_options())?;
         super::state::warn_import_notes(&p);
         home.remember(&p, super::state::device_paths(&p))?;
         p

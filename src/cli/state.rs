@@ -84,6 +84,23 @@ impl Home {
         }
     }
 
+    /// Who this state directory is, as the labels of the pools it imports record it (with
+    /// the host's name): its absolute path.
+    pub fn holder(&self) -> String {
+        std::path::absolute(&self.dir)
+            .unwrap_or_else(|_| self.dir.clone())
+            .display()
+            .to_string()
+    }
+
+    /// The options every pool this state directory creates or imports is opened with.
+    pub fn pool_options(&self) -> PoolOptions {
+        PoolOptions {
+            holder: Some(self.holder()),
+            ..PoolOptions::default()
+        }
+    }
+
     pub fn served_pools(&self) -> &[Arc<Pool>] {
         &self.served
     }
@@ -180,7 +197,7 @@ impl Home {
             }
             r => r?,
         };
-        let pool = Pool::import(devs, Some(name), PoolOptions::default())?;
+        let pool = Pool::import(devs, Some(name), self.pool_options())?;
         warn_import_notes(&pool);
         if pool.guid != entry.guid {
             return Err(usage(format!(

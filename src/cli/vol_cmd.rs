@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::args::VolCmd;
 use super::fmt::{human, parse_size};
+use super::guard::{check_overwrite, Writing};
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
@@ -130,8 +131,9 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
             writeln!(out, "wrote {} to '{name}'", human(n)).map_err(stdout_err)?;
             Ok(())
         }
-        VolCmd::Get { name, file } => {
+        VolCmd::Get { name, file, force } => {
             let (pool, vol) = split_name(&name)?;
+            check_overwrite(home, &file, Writing::Copy, force)?;
             let p = home.open(pool)?;
             let r = get(&p, vol, &file);
             p.close()?;
@@ -194,21 +196,57 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Copies a volume's contents into a file; returns the bytes read.
+/// Copies a volume's contents into a file; returns the bytes read. Into a regular file the
+/// copy is sparse, as `cp --sparse=always` makes it: the volume's holes, and blocks of
+/// zeros, stay holes in the file. A block device gets every byte, zeros too (its old
+/// contents would otherwise show through).
 pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
+    use std::os::unix::fs::{FileExt, FileTypeExt};
     let v = Volume::open(pool, vol)?;
-    let mut f = std::fs::File::create(file).map_err(|e| io_err(file, e))?;
+    let is_block_device = std::fs::metadata(file).is_ok_and(|m| m.file_type().is_block_device());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(!is_block_device)
+        .open(file)
+        .map_err(|e| io_err(file, e))?;
+    let size = v.size();
+    if !is_block_device {
+        f.set_len(size).map_err(|e| io_err(file, e))?;
+    }
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut at = 0;
-    while at < v.size() {
-        let n = (v.size() - at).min(COPY_CHUNK as u64) as usize;
-        v.read(at, &mut buf[..n])?;
-        f.write_all(&buf[..n]).map_err(|e| io_err(file, e))?;
-        at += n as u64;
+    while at < size {
+        let window = (size - at).min(SPARSE_WINDOW);
+        let extents = if is_block_device {
+            vec![crate::zvol::Extent {
+                offset: at,
+                len: window,
+                hole: false,
+            }]
+        } else {
+            v.allocation(at, window)?
+        };
+        for e in extents.iter().filter(|e| !e.hole) {
+            let mut pos = e.offset;
+            while pos < e.offset + e.len {
+                let n = (e.offset + e.len - pos).min(COPY_CHUNK as u64) as usize;
+                v.read(pos, &mut buf[..n])?;
+                if is_block_device || buf[..n].iter().any(|&b| b != 0) {
+                    f.write_all_at(&buf[..n], pos)
+                        .map_err(|e| io_err(file, e))?;
+                }
+                pos += n as u64;
+            }
+        }
+        at += window;
     }
     f.sync_all().map_err(|e| io_err(file, e))?;
-    Ok(at)
+    Ok(size)
 }
+
+/// How much of a volume `get` asks the data-and-holes map of at once.
+const SPARSE_WINDOW: u64 = 1 << 30;
 
 /// The rows `zeta vol list --json` prints for one pool.
 pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {

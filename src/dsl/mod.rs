@@ -10,6 +10,6 @@ pub mod pool;
 pub mod scan;
 
 pub use pool::{
-    panic_text, probe, Dataset, LeafStatus, Pool, PoolError, PoolOptions, Suspension, TopSpec,
-    TopStatus, IN_PLACE_MIN_BYTES,
+    examine, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool, PoolError,
+    PoolOptions, Suspension, TopSpec, TopStatus, IN_PLACE_MIN_BYTES,
 };

@@ -11,6 +11,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::bp::BlkPtr;
 use crate::math::ChecksumKind;
+use crate::vdev::layout::FREED_MAGIC;
 use crate::vdev::{Leaf, RaidzConfig, TopKind, VdevError, LABEL_COUNT, LABEL_SIZE};
 
 /// The version written. 2: intent log blocks carry a Fletcher-4 checksum (`ZETAZIL2`), which
@@ -168,6 +169,12 @@ pub struct PoolConfig {
     pub zil_commit: super::props::CommitPolicy,
     #[serde(default)]
     pub zil_placement: super::props::Placement,
+    /// The host that last created or imported the pool, and who there (`zeta`'s state
+    /// directory): an import elsewhere of a pool not exported needs `-f`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -192,6 +199,21 @@ fn config_digest(header_head: &[u8], payload: &[u8]) -> [u8; 32] {
 /// The longest pool or volume name, in bytes (`dsl::dir::valid_volume_name`): a config
 /// records one in a scan's bookmark, and its room is kept.
 pub const MAX_NAME_BYTES: usize = 200;
+
+/// The longest host name and holder (`PoolConfig::hostname`, `holder`) a config records;
+/// longer ones are cut (`holder_within`).
+pub const MAX_HOSTNAME_BYTES: usize = 64;
+pub const MAX_HOLDER_BYTES: usize = 256;
+
+/// `s`, cut to its last `max` bytes (at a character boundary): of a long path, the end
+/// tells most.
+pub fn cut_to(s: &str, max: usize) -> String {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}
 
 /// The most bytes of JSON a config area holds.
 pub const CONFIG_PAYLOAD_MAX: usize = CONFIG_AREA as usize - CONFIG_HEADER;
@@ -277,6 +299,14 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
     use super::scan_state::{Bookmark, ScanFunc, ScanPhase, ScanState};
     let mut worst = cfg.clone();
     worst.leaf_guid = u64::MAX;
+    // GUIDs are random, and the JSON of a longer one takes more room: count the longest.
+    worst.pool_guid = u64::MAX;
+    for top in worst.tops.iter_mut() {
+        top.guid = u64::MAX;
+        for leaf in top.children.iter_mut() {
+            leaf.guid = u64::MAX;
+        }
+    }
     let mut guids = Vec::new();
     for leaf in worst.tops.iter_mut().flat_map(|t| t.children.iter_mut()) {
         leaf.errors = LeafErrors::default();
@@ -310,6 +340,8 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
         interrupted: Some(Box::new(scrub.clone())),
         ..scrub
     });
+    worst.hostname = Some("h".repeat(MAX_HOSTNAME_BYTES));
+    worst.holder = Some("h".repeat(MAX_HOLDER_BYTES));
     within_area(json_len(&worst))
 }
 
@@ -530,9 +562,10 @@ pub fn write_uberblock(leaf: &Leaf, ub: &Uberblock) -> Result<(), VdevError> {
 /// Erases all labels of a leaf (pool destroy marks them destroyed instead; this is for tests
 /// and for reclaiming a device).
 pub fn clear_labels(leaf: &Leaf) -> Result<(), VdevError> {
-    let zeros = vec![0u8; LABEL_SIZE as usize];
+    let mut cleared = vec![0u8; LABEL_SIZE as usize];
+    cleared[..FREED_MAGIC.len()].copy_from_slice(FREED_MAGIC);
     for index in 0..LABEL_COUNT {
-        leaf.write_label(index, 0, &zeros)?;
+        leaf.write_label(index, 0, &cleared)?;
     }
     leaf.flush()
 }
@@ -555,6 +588,8 @@ mod tests {
             scan: None,
             zil_commit: Default::default(),
             zil_placement: Default::default(),
+            hostname: None,
+            holder: None,
             tops: vec![TopConfig {
                 raidz: None,
                 log_bytes: 0,
@@ -618,11 +653,14 @@ mod tests {
     /// `cfg()` with `leaves` leaves of paths `path_len` bytes long, in one stripe vdev each.
     fn wide(leaves: usize, path_len: usize) -> PoolConfig {
         let mut c = cfg();
+        // GUIDs as long as random ones may be.
+        c.pool_guid = u64::MAX;
         let top = c.tops[0].clone();
         c.tops = (0..leaves)
             .map(|i| {
                 let mut t = top.clone();
                 t.id = i as u32;
+                t.guid = u64::MAX - i as u64;
                 t.children[0].guid = u64::MAX - i as u64;
                 t.children[0].path = format!("/{:0>1$}", i, path_len - 1);
                 t

@@ -127,6 +127,86 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// Opens a file or block device read-only and without its lock, to look at what it holds
+    /// before a command writes over it (`dsl::examine`). Writes through it fail.
+    pub fn open_to_inspect(path: &Path) -> Result<FileDevice, VdevError> {
+        let name = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => VdevError::Missing { path: name.clone() },
+            _ => VdevError::io(&name, e),
+        })?;
+        let ft = meta.file_type();
+        if !ft.is_file() && !ft.is_block_device() {
+            return Err(VdevError::NotAFileOrBlockDevice { path: name });
+        }
+        let file = File::open(path).map_err(|e| VdevError::io(&name, e))?;
+        let len_bytes = if ft.is_block_device() {
+            block_device_size(&file, &name)?
+        } else {
+            meta.len()
+        };
+        Ok(FileDevice {
+            file,
+            direct: None,
+            path: name,
+            len_bytes,
+            is_block_device: ft.is_block_device(),
+            unstarted: std::sync::atomic::AtomicUsize::new(0),
+            nowait_reads: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// The byte ranges that may hold data, in order: a regular file's data extents as the
+    /// file system reports them (`SEEK_DATA`/`SEEK_HOLE`; the whole file where it cannot
+    /// tell), at most `max` of them; a block device, which has no holes, its whole length.
+    pub fn data_extents(&self, max: usize) -> Vec<(u64, u64)> {
+        let whole = vec![(0, self.len_bytes)];
+        if self.is_block_device || self.len_bytes == 0 {
+            return if self.len_bytes == 0 {
+                Vec::new()
+            } else {
+                whole
+            };
+        }
+        let fd = self.file.as_raw_fd();
+        let seek = |at: u64, whence: libc::c_int| -> Option<u64> {
+            // SAFETY: lseek on a descriptor this device owns; no memory is passed. Its file
+            // offset is not used by any other call here (all I/O is positioned).
+            let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
+            (r >= 0).then_some(r as u64)
+        };
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < self.len_bytes && out.len() < max {
+            let Some(start) = seek(at, libc::SEEK_DATA) else {
+                // ENXIO: no data past `at`; any other failure: the file system cannot say.
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+                    break;
+                }
+                return whole;
+            };
+            let end = seek(start, libc::SEEK_HOLE).unwrap_or(self.len_bytes);
+            out.push((start, end.min(self.len_bytes)));
+            at = end;
+        }
+        out
+    }
+}
+
+/// Whether another open descriptor of `path`, in this process or another, holds the
+/// exclusive device lock that `FileDevice::open` takes: the path is a device of a pool that
+/// is open right now. A path that cannot be opened is not held.
+pub fn held_as_device(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor owned here; no memory is passed. A shared lock conflicts
+    // only with an exclusive one, and it goes with `file` at the end of this function.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
 /// Free bytes of the file system holding `path`, as an unprivileged writer sees them.
 pub fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt as _;

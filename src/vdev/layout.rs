@@ -9,6 +9,12 @@ pub const LABEL_COUNT: usize = 4;
 /// Bytes reserved at each end of a leaf for its two labels.
 pub const RESERVE_BYTES: u64 = 2 * LABEL_SIZE;
 
+/// What a label cleared by zeta starts with (`spa::label::clear_labels`: a device removed
+/// from a pool, replaced, or given `zeta pool labelclear`): no pool's label, and a sign
+/// that the blocks after it were a pool's, not someone's data, so a new pool may take the
+/// device without `-f`.
+pub const FREED_MAGIC: &[u8; 8] = b"ZETAFREE";
+
 /// Byte offset of label `index` (0..4) on a leaf of `leaf_bytes` bytes (already sector-aligned).
 pub fn label_offset(index: usize, leaf_bytes: u64) -> u64 {
     assert!(index < LABEL_COUNT);

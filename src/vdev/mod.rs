@@ -10,6 +10,7 @@ pub mod layout;
 pub mod mem;
 pub mod raidz;
 pub mod sector_vec;
+pub mod sniff;
 pub mod top;
 
 pub use device::{BlockDevice, VdevError};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::cli::control;
 use crate::cli::fmt::{human, parse_size};
+use crate::cli::guard::{check_overwrite, Writing};
 use crate::cli::state::{device_paths, Home};
 use crate::cli::{usage, Result};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
@@ -212,6 +213,7 @@ pub fn create_pool(
             if !seen.insert(abs.clone()) {
                 return Err(usage(format!("{}: named twice", p.display())));
             }
+            check_overwrite(home, p, Writing::Device, force)?;
             if !p.exists() && props.size.is_none() {
                 return Err(usage(format!(
                     "{}: does not exist (give -o size=SIZE to create file vdevs)",
@@ -234,7 +236,7 @@ pub fn create_pool(
             force,
             zil_commit: props.zil_commit,
             zil_placement: props.zil_placement,
-            ..Default::default()
+            ..home.pool_options()
         };
         Ok(Pool::create(name, spec, opts)?)
     })();
@@ -319,6 +321,11 @@ pub(super) fn add(
             _ => absolute(Path::new(w)).display().to_string(),
         })
         .collect();
+    for w in &words[1..] {
+        if w != "mirror" {
+            check_overwrite(home, Path::new(w), Writing::Device, force)?;
+        }
+    }
     parse_vdevs(&words)?;
     let ids = match control::connect(home, name) {
         Some(conn) => control::remote_add_log(conn, name, &words, size, force)?,

@@ -76,6 +76,7 @@ fn describe(f: &crate::vdev::Injection) -> String {
 
 pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
     let new_path = absolute(new);
+    crate::cli::guard::check_overwrite(home, &new_path, crate::cli::guard::Writing::Device, force)?;
     let created = !new.exists();
     let served = control::connect(home, name);
     let is_served = served.is_some();

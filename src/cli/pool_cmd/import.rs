@@ -1,15 +1,13 @@
 //! `zeta pool import`: finding pools among the files of a directory and opening one.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde_json::json;
 
 use super::create::absolute;
 use crate::cli::state::{device_paths, open_devices, warn_import_notes, Home};
 use crate::cli::{usage, CliError, Result};
-use crate::dsl::{probe, Pool, PoolOptions};
-use crate::vdev::FileDevice;
+use crate::dsl::{examine, Pool, PoolOptions};
 
 /// Files and block devices directly inside `dir`.
 fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -31,13 +29,23 @@ fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// How `zeta pool import` takes a pool, beyond which one.
+pub(super) struct ImportOpts {
+    pub json: bool,
+    pub discard_log: bool,
+    /// Take a pool whose labels say another host or state directory had it last.
+    pub force: bool,
+    /// Import it under this name.
+    pub new_name: Option<String>,
+}
+
 pub(super) fn import(
     home: &Home,
     dirs: &[PathBuf],
     name: Option<&str>,
-    json: bool,
-    discard_log: bool,
+    opts: &ImportOpts,
 ) -> Result<()> {
+    let (json, discard_log) = (opts.json, opts.discard_log);
     let dirs = if dirs.is_empty() {
         vec![PathBuf::from("/dev")]
     } else {
@@ -47,21 +55,24 @@ pub(super) fn import(
     for d in &dirs {
         paths.extend(candidates(d)?);
     }
-    // Probe labels, skipping devices that are not zeta leaves or are in use.
+    // Probe labels without taking the devices' locks, skipping devices that are not zeta
+    // leaves; note those a process holds open (a pool served or opened elsewhere).
     let mut found: Vec<(PathBuf, String, u64, String)> = Vec::new();
+    let mut held: Vec<(PathBuf, u64)> = Vec::new();
     for p in &paths {
-        let Ok(dev) = FileDevice::open(p) else {
+        let Ok((contents, in_use)) = examine(p) else {
             continue;
         };
-        if let Some(cfg) = probe(Arc::new(dev)) {
-            if cfg.state != crate::spa::label::PoolState::Destroyed {
-                found.push((
-                    p.clone(),
-                    cfg.name,
-                    cfg.pool_guid,
-                    format!("{:?}", cfg.state).to_lowercase(),
-                ));
+        if let Some(cfg) = contents.live_pool() {
+            if in_use {
+                held.push((p.clone(), cfg.pool_guid));
             }
+            found.push((
+                p.clone(),
+                cfg.name.clone(),
+                cfg.pool_guid,
+                format!("{:?}", cfg.state).to_lowercase(),
+            ));
         }
     }
     let mut pools: Vec<(String, u64, String)> = found
@@ -72,12 +83,13 @@ pub(super) fn import(
     pools.dedup_by_key(|p| p.1);
     let target = match name {
         Some(n) => n.to_string(),
-        None if pools.len() == 1 => pools[0].0.clone(),
+        // With --json a script asks for the listing: it imports nothing unnamed.
+        None if pools.len() == 1 && !json => pools[0].0.clone(),
         None => {
             if json {
                 let rows: Vec<_> = pools
                     .iter()
-                    .map(|p| json!({"name": p.0, "guid": p.1, "state": p.2}))
+                    .map(|p| json!({"name": p.0, "guid": p.1.to_string(), "state": p.2}))
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&rows).unwrap());
             } else if pools.is_empty() {
@@ -97,9 +109,38 @@ pub(super) fn import(
             return Ok(());
         }
     };
+    let guids: Vec<u64> = found
+        .iter()
+        .filter(|f| f.1 == target)
+        .map(|f| f.2)
+        .collect();
+    let open_elsewhere: Vec<String> = held
+        .iter()
+        .filter(|h| guids.contains(&h.1))
+        .map(|h| h.0.display().to_string())
+        .collect();
+    if !open_elsewhere.is_empty() {
+        return Err(usage(format!(
+            "pool '{target}' is in use: a process holds its devices open ({}), `zeta serve` \
+             perhaps; stop it, or reach the pool through it",
+            open_elsewhere.join(", ")
+        )));
+    }
+    let new_name = opts.new_name.as_deref().unwrap_or(&target).to_string();
+    let cache = home.load()?;
     // A pool that cannot open for a missing log device is imported again with --discard-log.
-    if home.load()?.pools.contains_key(&target) && !discard_log {
-        return Err(usage(format!("pool '{target}' is already imported")));
+    if cache.pools.contains_key(&new_name) && !(discard_log && new_name == target) {
+        return Err(usage(format!(
+            "a pool named '{new_name}' is already imported{}",
+            if new_name == target { "" } else { " here" }
+        )));
+    }
+    if let Some((name, _)) = cache.pools.iter().find(|(_, c)| guids.contains(&c.guid)) {
+        if !(discard_log && *name == target) {
+            return Err(usage(format!(
+                "pool '{target}' is already imported here, as '{name}'"
+            )));
+        }
     }
     let members: Vec<PathBuf> = found
         .iter()
@@ -116,11 +157,14 @@ pub(super) fn import(
         )));
     }
     let devs = open_devices(&members)?;
-    let opts = PoolOptions {
+    let pool_opts = PoolOptions {
         discard_log,
-        ..Default::default()
+        force: opts.force,
+        rename: opts.new_name.clone(),
+        ..home.pool_options()
     };
-    let pool = Pool::import(devs, Some(&target), opts)?;
+    let pool = Pool::import(devs, Some(&target), pool_opts)?;
+    let (old_name, target) = (target, new_name);
     warn_import_notes(&pool);
     // Replaying now also moves every log off a device that was given up on.
     crate::zvol::replay_logs(&pool)?;
@@ -139,6 +183,10 @@ pub(super) fn import(
     }
     home.remember(&pool, device_paths(&pool))?;
     pool.close()?;
-    println!("imported '{target}'");
+    if opts.new_name.is_some() {
+        println!("imported '{old_name}' as '{target}'");
+    } else {
+        println!("imported '{target}'");
+    }
     Ok(())
 }

@@ -28,10 +28,20 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         } => create(home, force, &props, &pool, &vdevs),
         PoolCmd::Import {
             dirs,
+            force,
             pool,
+            new_name,
             json,
             discard_log,
-        } => import(home, &dirs, pool.as_deref(), json, discard_log),
+        } => {
+            let opts = ImportOpts {
+                json,
+                discard_log,
+                force,
+                new_name,
+            };
+            import(home, &dirs, pool.as_deref(), &opts)
+        }
         PoolCmd::Export { pool } => {
             let p = home.open(&pool)?;
             p.export()?;
@@ -81,6 +91,11 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
                 }
             }
             println!("synced '{pool}'");
+            Ok(())
+        }
+        PoolCmd::Labelclear { force, device } => {
+            super::guard::labelclear(home, &device, force)?;
+            println!("cleared the zeta labels of {}", device.display());
             Ok(())
         }
         PoolCmd::Destroy { force, pool } => {
@@ -263,11 +278,28 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
         (None, true) => "DEGRADED",
         (None, false) => "ONLINE",
     };
-    json!({"name": p.name, "guid": p.guid, "state": state, "suspended": suspended,
+    let mut scan = serde_json::to_value(p.scan_status()).expect("scan state serializes");
+    guids_as_strings(&mut scan);
+    json!({"name": p.name, "guid": p.guid.to_string(), "state": state, "suspended": suspended,
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
-           "volumes": p.datasets().len(), "scan": p.scan_status(),
+           "volumes": p.datasets().len(), "scan": scan,
            "lost_writes": p.io.zio.stats.lost_patches.load(std::sync::atomic::Ordering::Relaxed)})
+}
+
+/// A scan's leaf GUIDs (`leaves`, and those of the scrub it interrupted) as strings, as
+/// every GUID in `--json` output is.
+fn guids_as_strings(scan: &mut serde_json::Value) {
+    if let Some(leaves) = scan.get_mut("leaves").and_then(|l| l.as_array_mut()) {
+        for g in leaves.iter_mut() {
+            if let Some(n) = g.as_u64() {
+                *g = json!(n.to_string());
+            }
+        }
+    }
+    if let Some(inner) = scan.get_mut("interrupted").filter(|i| i.is_object()) {
+        guids_as_strings(inner);
+    }
 }
 
 fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {

@@ -240,9 +240,16 @@ impl Pool {
             let area = encode_config(&c, generation).map_err(|e| config_too_large(&e))?;
             write_config(&probe, &area, &[0, 1, 2, 3])?;
             probe.flush()?;
+            let old_dev = (!leaf.is_missing()).then(|| leaf.dev());
             leaf.swap(new_dev, new_guid, missed);
             let state = self.config.lock().state;
             self.write_config(state)?;
+            // The device that left reads as free from now on: its labels would otherwise
+            // still name it a member, and an import given only it would take the pool
+            // with the wrong devices. Best effort: a device that failed may not take it.
+            if let Some(dev) = old_dev {
+                let _ = crate::spa::label::clear_labels(&Leaf::new(dev, 0));
+            }
         }
         self.start_resilver();
         Ok(())

@@ -12,6 +12,7 @@
 //! committed. See docs/format.md for why a crash at any point leaves the previous txg intact.
 
 mod devices;
+mod examine;
 mod growth;
 mod intent;
 mod labels;
@@ -34,8 +35,9 @@ use crate::dsl::dir::valid_volume_name;
 use crate::dsl::scan::ScanSlot;
 use crate::math::ChecksumKind;
 use crate::spa::label::{
-    encode_config, fit_config, fits_as_it_grows, read_labels, write_config, ConfigTooLarge,
-    LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
+    cut_to, encode_config, fit_config, fits_as_it_grows, read_labels, write_config, ConfigTooLarge,
+    LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION, MAX_HOLDER_BYTES,
+    MAX_HOSTNAME_BYTES,
 };
 use crate::spa::props::{CommitPolicy, Placement};
 use crate::spa::scan_state::{ScanPhase, ScanState};
@@ -49,6 +51,7 @@ use labels::LabelUpdate;
 use mos::{alloc_geometry, empty_mos, load_mos, LoadedVolume};
 use sync::{commit_above_skipped, sync_thread, PoolHooks};
 
+pub use examine::{examine, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -149,6 +152,13 @@ pub struct PoolOptions {
     /// At import: go on when a volume's intent log cannot be read (a missing log device),
     /// dropping what it held.
     pub discard_log: bool,
+    /// Who opens the pool (the CLI: its state directory), recorded in the labels with the
+    /// host's name. An import with a holder refuses a pool that was not exported and that
+    /// another host or holder had last, unless `force`; one without a holder (tests,
+    /// tools) takes any pool.
+    pub holder: Option<String>,
+    /// At import: the pool's new name.
+    pub rename: Option<String>,
 }
 
 impl Default for PoolOptions {
@@ -163,6 +173,8 @@ impl Default for PoolOptions {
             zil_commit: CommitPolicy::default(),
             zil_placement: Placement::default(),
             discard_log: false,
+            holder: None,
+            rename: None,
         }
     }
 }
@@ -212,10 +224,18 @@ impl TopSpec {
     }
 }
 
+/// Serializes a 64-bit identifier as a decimal string (for `--json`: JavaScript and `jq`
+/// read numbers as doubles, exact only up to 2^53).
+pub fn guid_as_string<S: serde::Serializer>(guid: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&guid.to_string())
+}
+
 /// Error counters of one leaf, for status displays.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LeafStatus {
     pub path: String,
+    /// As a string in JSON: 64-bit identifiers lose precision as JavaScript numbers.
+    #[serde(serialize_with = "guid_as_string")]
     pub guid: u64,
     pub read_errors: u64,
     pub write_errors: u64,
@@ -460,6 +480,16 @@ pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("no message")
 }
 
+/// This machine's host name, as a config records it.
+pub fn hostname() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name = name.trim();
+    cut_to(
+        if name.is_empty() { "unknown" } else { name },
+        MAX_HOSTNAME_BYTES,
+    )
+}
+
 fn invalid(msg: impl Into<String>) -> PoolError {
     PoolError::Invalid(msg.into())
 }
@@ -509,6 +539,8 @@ impl Pool {
             scan: None,
             zil_commit: opts.zil_commit,
             zil_placement: opts.zil_placement,
+            hostname: Some(hostname()),
+            holder: opts.holder.as_deref().map(|h| cut_to(h, MAX_HOLDER_BYTES)),
         };
         Pool::check_config_room(&config)?;
         let alloc = Allocator::new(&alloc_geometry(&config));
@@ -742,6 +774,29 @@ impl Pool {
             pool: pool_name.clone(),
             why,
         };
+        if let Some(holder) = &opts.holder {
+            let (host, holder) = (Some(hostname()), Some(cut_to(holder, MAX_HOLDER_BYTES)));
+            // A config from before zeta recorded holders tells nothing either way.
+            let recorded = config.hostname.is_some() || config.holder.is_some();
+            let elsewhere = config.hostname != host || config.holder != holder;
+            if config.state == PoolState::Active && recorded && elsewhere && !opts.force {
+                return Err(cannot(format!(
+                    "it was not exported, and was last imported on host {} by {}: it may be \
+                     in use there. If it is not, import it with -f",
+                    config.hostname.as_deref().unwrap_or("?"),
+                    config.holder.as_deref().unwrap_or("?")
+                )));
+            }
+            (config.hostname, config.holder) = (host, holder);
+        }
+        if let Some(new) = &opts.rename {
+            if !valid_volume_name(new) || new.contains(':') {
+                return Err(invalid(format!(
+                    "invalid pool name '{new}': use letters, digits, '-', '_', '.'"
+                )));
+            }
+            config.name = new.clone();
+        }
 
         // Assemble the vdev tree from the config, matching leaves by GUID.
         let mut by_guid: HashMap<u64, (Arc<dyn BlockDevice>, String)> = HashMap::new();
@@ -774,6 +829,9 @@ impl Pool {
         }
         let mut tops = Vec::new();
         let mut log_notes = Vec::new();
+        // Why each device the config names is not part of the import (beside those not
+        // found at all), for the notes and for an import that fails for want of them.
+        let mut absent_notes = Vec::new();
         for t in config.tops.iter_mut() {
             // Each leaf holds the whole vdev's space, or its share of a raidz's.
             let leaf_asize = match &t.raidz {
@@ -784,13 +842,24 @@ impl Pool {
             let mut missing = Vec::new();
             for c in t.children.iter_mut() {
                 match by_guid.get(&c.guid) {
-                    Some((dev, path)) => {
+                    Some((dev, path))
                         if dev.len_bytes() < MIN_LEAF_BYTES
                             || crate::vdev::layout::usable_bytes(dev.len_bytes()).unwrap_or(0)
-                                < leaf_asize
-                        {
-                            return Err(cannot(format!("{path}: device is smaller than when the pool was created (truncated?)")));
-                        }
+                                < leaf_asize =>
+                    {
+                        // Counted as missing: its redundancy may do without it.
+                        let why = format!(
+                            "{path}: {} bytes, smaller than the {} it had when it joined \
+                             the pool (truncated?)",
+                            dev.len_bytes(),
+                            leaf_asize + 2 * crate::vdev::RESERVE_BYTES
+                        );
+                        missing.push(why);
+                        let leaf = Leaf::missing(&c.path, 0, c.guid);
+                        leaf.missed.lock().0 = c.missed.clone();
+                        slots.push(Some(Arc::new(leaf)));
+                    }
+                    Some((dev, path)) => {
                         c.path = path.clone();
                         let leaf = Leaf::new(dev.clone(), c.guid);
                         let e = c.errors;
@@ -834,14 +903,29 @@ impl Pool {
                     missing[0]
                 ));
             } else if lost {
+                let also = if unreadable.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (devices given that could not be used: {})",
+                        unreadable.join("; ")
+                    )
+                };
                 return Err(cannot(format!(
-                    "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}",
+                    "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}{also}",
                     t.id,
                     t.kind_name(),
                     missing.len(),
                     t.children.len(),
                     missing.join(", ")
                 )));
+            } else if !missing.is_empty() {
+                absent_notes.push(format!(
+                    "vdev {} ({}) is DEGRADED, without {}",
+                    t.id,
+                    t.kind_name(),
+                    missing.join(", ")
+                ));
             }
             let vdev = match t.raidz {
                 Some(rz) => TopVdev::new_raidz(t.id, t.guid, rz, slots).map_err(&cannot)?,
@@ -934,6 +1018,7 @@ impl Pool {
                     }
                     *pool.scan.lock() = scan;
                     pool.import_notes.lock().extend(log_notes);
+                    pool.import_notes.lock().extend(absent_notes);
                     pool.write_config(PoolState::Active)?;
                     // A scrub or resilver that was running when the pool closed goes on
                     // where it was; leaves owed txgs get a resilver.

@@ -1,0 +1,89 @@
+//! What a path holds, looked at before a command writes over it, without taking the device
+//! lock: a zeta label (whose pool and state), a damaged one, someone else's data, or nothing.
+//! And `labelclear`, which makes a former device read as free.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::spa::label::{clear_labels, read_labels, LabelError, PoolConfig};
+use crate::vdev::sniff::foreign_contents;
+use crate::vdev::{BlockDevice, FileDevice, Leaf};
+
+use super::{PoolError, PoolState};
+
+/// What `examine` found on a device.
+#[derive(Debug)]
+pub enum Contents {
+    /// Every byte looked at is zero (or the file is empty).
+    Empty,
+    /// A zeta label: the newest config on it.
+    Zeta(Box<PoolConfig>),
+    /// A zeta label that cannot be read (damaged, or of a newer format): nobody can tell
+    /// whether its pool is in use.
+    DamagedLabel(String),
+    /// Something else, in words ("an ext2/3/4 file system", "data (...)").
+    Foreign(String),
+}
+
+/// Looks at what `path` (an existing file or block device) holds. `in_use` is whether some
+/// descriptor, in this process or another, holds its device lock: a pool has it open now.
+pub fn examine(path: &Path) -> Result<(Contents, bool), PoolError> {
+    let in_use = crate::vdev::file::held_as_device(path);
+    let dev = FileDevice::open_to_inspect(path)?;
+    let extents = dev.data_extents(4096);
+    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+    if dev.len_bytes() == 0 {
+        return Ok((Contents::Empty, in_use));
+    }
+    let leaf = Leaf::new(dev.clone(), 0);
+    let contents = match read_labels(&leaf) {
+        Ok(l) => match l.config {
+            Some((_, cfg)) => Contents::Zeta(Box::new(cfg)),
+            None if l.errors.iter().any(|(_, e)| e.label_present()) => {
+                Contents::DamagedLabel(l.describe_errors(LabelError::label_present))
+            }
+            None => match foreign_contents(dev.as_ref(), &extents)? {
+                Some(what) => Contents::Foreign(what),
+                None => Contents::Empty,
+            },
+        },
+        Err(e) if e.label_present() => Contents::DamagedLabel(e.to_string()),
+        // A device too small for labels, or one that fails reads: judge its bytes.
+        Err(LabelError::Io(_)) => match foreign_contents(dev.as_ref(), &extents)? {
+            Some(what) => Contents::Foreign(what),
+            None => Contents::Empty,
+        },
+        Err(e) => {
+            return Err(PoolError::UnreadableLabel {
+                path: path.display().to_string(),
+                why: e.to_string(),
+            })
+        }
+    };
+    Ok((contents, in_use))
+}
+
+/// Clears the zeta labels of `path` (`zeta pool labelclear`), so that no import finds it and
+/// any pool may take it. Refused while a pool has the device open (its lock is held); the
+/// caller decides about labels of pools that are not open.
+pub fn labelclear(path: &Path) -> Result<(), PoolError> {
+    let dev = FileDevice::open(path)?;
+    if dev.len_bytes() < 2 * crate::vdev::RESERVE_BYTES {
+        return Err(PoolError::Invalid(format!(
+            "{}: too small to hold zeta labels",
+            path.display()
+        )));
+    }
+    clear_labels(&Leaf::new(Arc::new(dev), 0))?;
+    Ok(())
+}
+
+impl Contents {
+    /// The pool a zeta label names, if it names one that is not destroyed.
+    pub fn live_pool(&self) -> Option<&PoolConfig> {
+        match self {
+            Contents::Zeta(cfg) if cfg.state != PoolState::Destroyed => Some(cfg),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The doors a careless user can open around a pool, through the `zeta` binary as a user
+//! meets them: writing over a live pool's device, creating a pool over someone's data,
+//! devices that left a pool, a truncated member, a served pool imported from a second state
+//! directory, and identifiers in `--json`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output};
+
+use common::procs::spawn_server;
+
+fn zeta(home: &Path, cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zeta"))
+        .args(args)
+        .env("ZETA_HOME", home)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "failed: {err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split(' ').collect()
+}
+
+/// `zeta serve` of `pool` from `home` on a free port; killed when dropped.
+struct Server(Child);
+
+impl Server {
+    fn start(home: &Path, cwd: &Path, pool: &str) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", pool])
+            .env("ZETA_HOME", home)
+            .current_dir(cwd);
+        Server(spawn_server(cmd).0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn file_bytes(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+#[test]
+fn a_served_pools_devices_are_never_written_over_nor_imported_twice() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 8M")));
+    std::fs::write(d.join("img"), vec![0x5a; 1 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    let _server = Server::start(&home, d, "tank");
+    let before = file_bytes(&d.join("a"));
+
+    // `vol get` (run by the server, through its control socket) onto the pool's own device.
+    fails_with(&zeta(&home, d, &words("vol get tank/v a")), "--force");
+    fails_with(
+        &zeta(&home, d, &words("vol get --force tank/v a")),
+        "in use as a device of an open pool",
+    );
+    // Another state directory: every command that would write to the device refuses.
+    fails_with(
+        &zeta(&other, d, &words("pool create -f other a")),
+        "in use as a device of an open pool",
+    );
+    fails_with(
+        &zeta(&other, d, &words("pool labelclear -f a")),
+        "in use as a device of an open pool",
+    );
+    std::fs::create_dir(d.join("sub")).unwrap();
+    let dir = d.display().to_string();
+    fails_with(
+        &zeta(&other, d, &["pool", "import", "-d", &dir, "tank"]),
+        "pool 'tank' is in use: a process holds its devices open",
+    );
+    fails_with(
+        &zeta(&other, d, &["pool", "import", "-f", "-d", &dir, "tank"]),
+        "is in use",
+    );
+    let listed = zeta(&other, d, &words("pool list --json"));
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows, serde_json::json!([]), "nothing imported in {other:?}");
+    assert!(
+        file_bytes(&d.join("a")) == before,
+        "the served device was written to"
+    );
+}
+
+#[test]
+fn vol_get_needs_force_to_overwrite_and_writes_holes_as_holes() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=256M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 96M")));
+    // 1M of data at the start and 1M at 64M; the rest was never written.
+    std::fs::write(d.join("img"), vec![0xa5; 1 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    ok(&zeta(&home, d, &words("vol put --offset 64M tank/v img")));
+    std::fs::write(d.join("out"), b"precious").unwrap();
+    fails_with(&zeta(&home, d, &words("vol get tank/v out")), "out exists");
+    assert_eq!(file_bytes(&d.join("out")), b"precious");
+    ok(&zeta(&home, d, &words("vol get --force tank/v out")));
+    let out = file_bytes(&d.join("out"));
+    assert_eq!(out.len(), 96 << 20);
+    assert!(out[..1 << 20].iter().all(|&b| b == 0xa5));
+    assert!(out[64 << 20..65 << 20].iter().all(|&b| b == 0xa5));
+    assert!(out[1 << 20..64 << 20].iter().all(|&b| b == 0));
+    use std::os::unix::fs::MetadataExt;
+    let on_disk = std::fs::metadata(d.join("out")).unwrap().blocks() * 512;
+    assert!(
+        on_disk <= 4 << 20,
+        "a 96M copy holding 2M of data takes {on_disk} bytes on disk"
+    );
+    // A device of the pool, even with --force, while the pool is imported here.
+    fails_with(
+        &zeta(&home, d, &words("vol get --force tank/v a")),
+        "is a device of pool 'tank', which is imported here",
+    );
+}
+
+#[test]
+fn pool_create_refuses_someone_elses_data_and_says_what_it_found() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    let mut fs = vec![0u8; 128 << 20];
+    fs[1080..1082].copy_from_slice(&[0x53, 0xef]);
+    std::fs::write(d.join("ext4"), &fs).unwrap();
+    fails_with(
+        &zeta(&home, d, &words("pool create p ext4")),
+        "ext4 holds an ext2/3/4 file system; give -f",
+    );
+    let mut data = vec![0u8; 128 << 20];
+    data[100 << 20] = 1;
+    std::fs::write(d.join("data"), &data).unwrap();
+    fails_with(
+        &zeta(&home, d, &words("pool create p data")),
+        "data holds data (non-zero bytes at offset 104857600)",
+    );
+    assert_eq!(file_bytes(&d.join("data")), data, "refused, yet changed");
+    // Zeros (sparse or written) are free to take; -f takes the rest.
+    std::fs::write(d.join("zeros"), vec![0u8; 128 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("pool create p zeros")));
+    ok(&zeta(&home, d, &words("pool create -f q data")));
+    // A device of a pool imported here is refused even with -f.
+    fails_with(
+        &zeta(&home, d, &words("pool create -f r zeros")),
+        "is a device of pool 'p', which is imported here",
+    );
+}
+
+#[test]
+fn a_replaced_device_leaves_the_pool_and_labelclear_frees_a_device() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    std::fs::create_dir(d.join("pool")).unwrap();
+    let p = d.join("pool");
+    ok(&zeta(
+        &home,
+        &p,
+        &words("pool create -o size=128M tank mirror a b"),
+    ));
+    ok(&zeta(&home, &p, &words("vol create tank/v 8M")));
+    let (b, c) = (
+        p.join("b").display().to_string(),
+        p.join("c").display().to_string(),
+    );
+    ok(&zeta(&home, &p, &["pool", "replace", "tank", &b, &c]));
+    // Given only the device that left, an import finds nothing to take.
+    std::fs::create_dir(d.join("old")).unwrap();
+    std::fs::rename(p.join("b"), d.join("old/b")).unwrap();
+    let old = d.join("old").display().to_string();
+    let listed = ok(&zeta(&other, d, &["pool", "import", "-d", &old]));
+    assert!(listed.contains("no pools available"), "{listed}");
+    ok(&zeta(&home, &p, &words("pool export tank")));
+
+    // labelclear: refused for a member of a pool imported here and for one not exported
+    // elsewhere (unless -f); it frees an exported pool's device with -f.
+    ok(&zeta(
+        &home,
+        &p,
+        &["pool", "import", "-d", &p.display().to_string()],
+    ));
+    fails_with(
+        &zeta(&home, &p, &words("pool labelclear a")),
+        "is a device of pool 'tank', which is imported here",
+    );
+    ok(&zeta(&home, &p, &words("pool export tank")));
+    fails_with(
+        &zeta(&home, &p, &words("pool labelclear a")),
+        "is a device of the exported pool 'tank' (last imported on ",
+    );
+    ok(&zeta(&home, &p, &words("pool labelclear -f a")));
+    fails_with(
+        &zeta(&home, &p, &words("pool labelclear a")),
+        "no zeta label",
+    );
+    // The pool goes on from `c` alone (a mirror may lose one side).
+    let out = zeta(
+        &home,
+        &p,
+        &["pool", "import", "-d", &p.display().to_string()],
+    );
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("DEGRADED"), "{err}");
+}
+
+#[test]
+fn a_truncated_member_counts_as_missing_and_the_pool_imports_degraded() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=128M tank raidz1 a b c"),
+    ));
+    ok(&zeta(&home, d, &words("vol create tank/v 8M")));
+    std::fs::write(d.join("img"), vec![0x3c; 4 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    ok(&zeta(&home, d, &words("pool export tank")));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("b"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let dir = d.display().to_string();
+    let out = zeta(&home, d, &["pool", "import", "-d", &dir, "tank"]);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("DEGRADED") && err.contains("b: 67108864 bytes") && err.contains("truncated"),
+        "{err}"
+    );
+    ok(&zeta(&home, d, &words("vol get tank/v back")));
+    assert!(file_bytes(&d.join("back"))[..4 << 20]
+        .iter()
+        .all(|&b| b == 0x3c));
+    // Two of three truncated is more than a raidz1 can lose: refused, naming why.
+    ok(&zeta(&home, d, &words("pool export tank")));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("c"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    fails_with(
+        &zeta(&home, d, &["pool", "import", "-d", &dir, "tank"]),
+        "is missing 2 of 3 devices",
+    );
+}
+
+#[test]
+fn a_pool_not_exported_elsewhere_needs_import_f_and_can_take_a_new_name() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 8M")));
+    let dir = d.display().to_string();
+    // Imported in `home`, not exported: another state directory needs -f.
+    fails_with(
+        &zeta(&other, d, &["pool", "import", "-d", &dir, "tank"]),
+        "it was not exported, and was last imported on host",
+    );
+    ok(&zeta(
+        &other,
+        d,
+        &["pool", "import", "-f", "-d", &dir, "tank"],
+    ));
+    ok(&zeta(&other, d, &words("pool export tank")));
+    // Exported: any state directory takes it, and under a new name.
+    let out = ok(&zeta(
+        &other,
+        d,
+        &["pool", "import", "-d", &dir, "tank", "data"],
+    ));
+    assert!(out.contains("imported 'tank' as 'data'"), "{out}");
+    let vols = ok(&zeta(&other, d, &words("vol list data")));
+    assert!(vols.contains("data/v"), "{vols}");
+    ok(&zeta(&other, d, &words("pool export data")));
+    let listed = ok(&zeta(&other, d, &["pool", "import", "-d", &dir, "--json"]));
+    let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(rows[0]["name"], "data", "{listed}");
+}
+
+#[test]
+fn json_prints_guids_as_strings() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=128M tank mirror a b"),
+    ));
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&zeta(&home, d, &words("pool status --json tank")))).unwrap();
+    let guid = st[0]["guid"].as_str().expect("pool guid is a string");
+    assert!(guid.parse::<u64>().is_ok(), "{guid}");
+    for leaf in st[0]["vdevs"][0]["leaves"].as_array().unwrap() {
+        let g = leaf["guid"].as_str().expect("leaf guid is a string");
+        assert!(g.parse::<u64>().is_ok(), "{g}");
+    }
+    ok(&zeta(&home, d, &words("pool export tank")));
+    let dir = d.display().to_string();
+    let listed: serde_json::Value = serde_json::from_str(&ok(&zeta(
+        &home,
+        d,
+        &["pool", "import", "-d", &dir, "--json"],
+    )))
+    .unwrap();
+    assert_eq!(listed[0]["guid"].as_str(), Some(guid));
+}
