@@ -332,3 +332,60 @@ fn json_prints_guids_as_strings() {
     .unwrap();
     assert_eq!(listed[0]["guid"].as_str(), Some(guid));
 }
+
+#[test]
+fn pool_list_shows_usable_space_after_parity_and_a_destroy_frees_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    let out = ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=256M tank raidz2 d0 d1 d2 d3 d4 d5"),
+    ));
+    assert!(
+        out.contains("raw") && out.contains("usable after parity"),
+        "{out}"
+    );
+    let list = |home: &Path| -> serde_json::Value {
+        let rows: serde_json::Value =
+            serde_json::from_str(&ok(&zeta(home, d, &words("pool list --json")))).unwrap();
+        rows[0].clone()
+    };
+    let row = list(&home);
+    let (size, usable) = (
+        row["size"].as_u64().unwrap(),
+        row["usable_size"].as_u64().unwrap(),
+    );
+    // A 16K block on a raidz2 of six: 4 data sectors, 2 parity; two thirds of the raw space.
+    let expect = size / 3 * 2;
+    assert!(
+        usable.abs_diff(expect) < expect / 100,
+        "usable {usable} of raw {size}"
+    );
+    ok(&zeta(&home, d, &words("vol create tank/v 128M")));
+    std::fs::write(d.join("img"), vec![0x77; 64 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    let _server = Server::start(&home, d, "tank");
+    let full = list(&home);
+    ok(&zeta(&home, d, &words("vol destroy tank/v")));
+    let after = list(&home);
+    let freed = after["free"].as_u64().unwrap() - full["free"].as_u64().unwrap();
+    assert!(
+        freed >= 64 << 20,
+        "the destroyed volume's space is not free: {full} then {after}"
+    );
+    assert!(
+        after["freeing"].as_u64().unwrap() < 1 << 20,
+        "still freeing: {after}"
+    );
+    // Overwrites free the old copies; `pool sync` brings the txgs that release them.
+    ok(&zeta(&home, d, &words("vol create tank/w 128M")));
+    ok(&zeta(&home, d, &words("vol put tank/w img")));
+    ok(&zeta(&home, d, &words("vol put tank/w img")));
+    ok(&zeta(&home, d, &words("pool sync tank")));
+    let synced = list(&home);
+    assert!(
+        synced["freeing"].as_u64().unwrap() < 1 << 20,
+        "still freeing after pool sync: {synced}"
+    );
+}

@@ -174,7 +174,10 @@ pub enum PoolCmd {
         /// The pool's name.
         pool: String,
     },
-    /// List imported pools with their space.
+    /// List imported pools with their space: SIZE, ALLOC, FREE and CAP raw, as `zpool
+    /// list` counts them (parity included); FREEING freed but not yet allocatable (frees wait
+    /// two txgs; `zeta pool sync` brings them); USABLE and AVAIL what volumes of 16K blocks
+    /// can hold, after raidz parity and padding, as `zfs list` counts it.
     List {
         /// Print as JSON, for scripts.
         #[arg(long)]
@@ -189,7 +192,8 @@ pub enum PoolCmd {
         json: bool,
     },
     /// Commit a transaction group now: everything written so far goes into the pool's
-    /// block tree (not only into the intent log), as `zpool sync` does.
+    /// block tree (not only into the intent log), as `zpool sync` does; then the txgs that
+    /// make the space freed until then (FREEING in `pool list`) allocatable again.
     Sync {
         /// The pool's name.
         pool: String,

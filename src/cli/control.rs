@@ -6,7 +6,8 @@
 //! line and reads one JSON line back:
 //!
 //! - `{"op": "status"}` → `{"ok": true, "value": <pool status --json object>}`
-//! - `{"op": "sync"}` commits a txg → `{"ok": true}`
+//! - `{"op": "sync"}` commits a txg, and the txgs that make what was freed reusable →
+//!   `{"ok": true}`
 //! - `{"op": "iostat"}` → `{"ok": true, "value": <pool iostat --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
@@ -345,7 +346,7 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
     match req["op"].as_str() {
         Some("status") => Ok(json!({"ok": true, "value": super::pool_cmd::status_json(&pool)})),
         Some("sync") => {
-            pool.sync_now()?;
+            pool.sync_frees()?;
             Ok(json!({"ok": true}))
         }
         Some("iostat") => Ok(json!({"ok": true, "value": super::pool_cmd::iostat_json(&pool)})),

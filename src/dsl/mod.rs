@@ -11,5 +11,6 @@ pub mod scan;
 
 pub use pool::{
     examine, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool, PoolError,
-    PoolOptions, Suspension, TopSpec, TopStatus, IN_PLACE_MIN_BYTES,
+    PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace, DEFAULT_VOLBLOCKSIZE,
+    IN_PLACE_MIN_BYTES,
 };

@@ -186,8 +186,14 @@ pub fn create(
 ) -> Result<()> {
     let pool = create_pool(home, force, props, name, vdevs)?;
     let space = pool.space();
+    let usable = pool.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE);
     pool.close()?;
-    println!("created pool '{name}' ({} usable)", human(space.size));
+    println!(
+        "created pool '{name}' ({} raw, {} usable after parity for {} blocks)",
+        human(space.size),
+        human(usable.size),
+        human(usable.block_bytes)
+    );
     // `serve` and `up` warn again at each start (`serve_cmd::run`).
     crate::cli::room::warn(name, &device_paths(&pool));
     Ok(())

@@ -86,7 +86,7 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
                 Some(conn) => super::control::remote_sync(conn, &pool)?,
                 None => {
                     let p = home.open(&pool)?;
-                    p.sync_now()?;
+                    p.sync_frees()?;
                     p.close()?;
                 }
             }
@@ -125,7 +125,10 @@ fn list(home: &Home, json: bool) -> Result<()> {
                     st["alloc"].as_u64().unwrap_or(0),
                 );
                 json!({"name": name, "size": size, "alloc": alloc, "free": st["free"],
-                       "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0), "health": st["state"]})
+                       "freeing": st["freeing"],
+                       "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0),
+                       "usable_size": st["usable"]["size"], "usable_free": st["usable"]["free"],
+                       "health": st["state"]})
             }
             Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
         };
@@ -136,8 +139,8 @@ fn list(home: &Home, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<16} {:>8} {:>8} {:>8} {:>5}  HEALTH",
-        "NAME", "SIZE", "ALLOC", "FREE", "CAP"
+        "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8}  HEALTH",
+        "NAME", "SIZE", "ALLOC", "FREE", "FREEING", "CAP", "USABLE", "AVAIL"
     );
     for r in rows {
         let n = |k: &str| r[k].as_u64().map(human).unwrap_or_else(|| "-".into());
@@ -146,12 +149,15 @@ fn list(home: &Home, json: bool) -> Result<()> {
             .map(|c| format!("{c}%"))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<16} {:>8} {:>8} {:>8} {:>5}  {}",
+            "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8}  {}",
             r["name"].as_str().unwrap(),
             n("size"),
             n("alloc"),
             n("free"),
+            n("freeing"),
             cap,
+            n("usable_size"),
+            n("usable_free"),
             r["health"].as_str().unwrap()
         );
     }
@@ -282,7 +288,8 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     guids_as_strings(&mut scan);
     json!({"name": p.name, "guid": p.guid.to_string(), "state": state, "suspended": suspended,
            "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
-           "size": s.size, "alloc": s.alloc, "free": s.free, "vdevs": tops,
+           "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
+           "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
            "volumes": p.datasets().len(), "scan": scan,
            "lost_writes": p.io.zio.stats.lost_patches.load(std::sync::atomic::Ordering::Relaxed)})
 }
@@ -320,14 +327,21 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
         return Ok(());
     }
     for st in all {
+        let u = |k: &str| human(st["usable"][k].as_u64().unwrap_or(0));
         println!(
-            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free",
+            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free, {} freeing \
+             (raw, as zpool list counts it)\n        {} usable, {} available (after parity, \
+             for {} blocks, as zfs list counts it)",
             st["name"].as_str().unwrap(),
             st["state"].as_str().unwrap(),
             st["txg"],
             human(st["size"].as_u64().unwrap()),
             human(st["alloc"].as_u64().unwrap()),
-            human(st["free"].as_u64().unwrap())
+            human(st["free"].as_u64().unwrap()),
+            human(st["freeing"].as_u64().unwrap_or(0)),
+            u("size"),
+            u("free"),
+            u("block_bytes"),
         );
         if let Some(lines) = status_lines(&st) {
             println!("{lines}");

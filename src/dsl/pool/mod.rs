@@ -224,6 +224,20 @@ impl TopSpec {
     }
 }
 
+/// `Pool::usable_space`: bytes volumes can hold, after parity.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct UsableSpace {
+    pub size: u64,
+    pub free: u64,
+    pub freeing: u64,
+    /// The block size the parity was counted for.
+    pub block_bytes: u64,
+}
+
+/// The block size `zeta pool list` and `create` count usable space for: `vol create`'s
+/// default.
+pub const DEFAULT_VOLBLOCKSIZE: u64 = 16 << 10;
+
 /// Serializes a 64-bit identifier as a decimal string (for `--json`: JavaScript and `jq`
 /// read numbers as doubles, exact only up to 2^53).
 pub fn guid_as_string<S: serde::Serializer>(guid: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -1056,6 +1070,35 @@ impl Pool {
         self.io.zio.gauge.read()
     }
 
+    /// The pool's space as volumes of `block_bytes` blocks can fill it, as `zfs list` counts
+    /// it: a raidz vdev's share after its parity and padding sectors for such a block
+    /// (`TopVdev::asize_of`), a mirror's or stripe's as it is (`space` already counts a
+    /// mirror once). Free space is shared out in the same proportion, exact when every data
+    /// vdev has the same layout.
+    pub fn usable_space(&self, block_bytes: u64) -> UsableSpace {
+        let space = self.space();
+        let cfg = self.config.lock().clone();
+        let (mut raw, mut usable) = (0u128, 0u128);
+        for (top, tc) in self
+            .io
+            .zio
+            .tops
+            .iter()
+            .zip(cfg.tops.iter().filter(|t| !t.log))
+        {
+            let data = tc.data_bytes() as u128;
+            raw += data;
+            usable += data * block_bytes as u128 / top.asize_of(block_bytes).max(1) as u128;
+        }
+        let share = |bytes: u64| (bytes as u128 * usable / raw.max(1)) as u64;
+        UsableSpace {
+            size: share(space.size),
+            free: share(space.free),
+            freeing: share(space.freeing),
+            block_bytes,
+        }
+    }
+
     pub fn vdev_status(&self) -> Vec<TopStatus> {
         let cfg = self.config.lock().clone();
         let (tops, _) = self.label_tops();
@@ -1296,7 +1339,7 @@ impl Pool {
             mos.destroyed.push(ds);
             mos.dir_dirty = true;
         }
-        self.sync_now()
+        self.sync_frees()
     }
 
     /// Changes a volume's size; shrinking frees the blocks past the new end.

@@ -199,6 +199,21 @@ impl Pool {
         self.sync_until(false)
     }
 
+    /// `sync_now`, then as many txgs as it takes for the space freed until then to be
+    /// allocatable again (frees are deferred two txgs: `Allocator::txg_synced`), forced to
+    /// commit even with nothing else to write: `zeta pool sync`, and a volume destroy, leave
+    /// no freed space waiting for later writes to bring the txgs that release it. The few
+    /// metadata blocks those txgs rewrite are themselves freed two txgs later.
+    pub fn sync_frees(&self) -> Result<(), PoolError> {
+        self.sync_now()?;
+        let start = self.synced_txg();
+        while self.space().freeing > 0 && self.synced_txg() < start + 2 {
+            self.commit_soon();
+            self.sync_now()?;
+        }
+        Ok(())
+    }
+
     /// `sync_now`; if `give_up_on_room`, returns `PoolError::WaitingForRoom` as soon as the
     /// pool waits for room instead of waiting with it.
     fn sync_until(&self, give_up_on_room: bool) -> Result<(), PoolError> {
