@@ -389,3 +389,70 @@ fn pool_list_shows_usable_space_after_parity_and_a_destroy_frees_at_once() {
         "still freeing after pool sync: {synced}"
     );
 }
+
+/// Sends SIGINT to `child` after `after`, and returns its output.
+fn interrupt(child: Child, after: std::time::Duration) -> Output {
+    std::thread::sleep(after);
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait_with_output().unwrap()
+}
+
+fn spawn(home: &Path, cwd: &Path, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_zeta"))
+        .args(args)
+        .env("ZETA_HOME", home)
+        .current_dir(cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn ctrl_c_stops_a_long_copy_cleanly_and_says_how_far_it_got() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=3G tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 2G")));
+    // 1.5 GiB that no block of zeros shortens: a copy of a second or more.
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(d.join("img")).unwrap());
+        let mut block = vec![0u8; 1 << 20];
+        for i in 0..1536u32 {
+            block[..4].copy_from_slice(&i.to_le_bytes());
+            block[4..].fill((i % 251 + 1) as u8);
+            f.write_all(&block).unwrap();
+        }
+    }
+    let wait = std::time::Duration::from_millis(300);
+    let out = interrupt(spawn(&home, d, &words("vol put tank/v img")), wait);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("interrupted: wrote the first") && err.contains("flushed"),
+        "{err}"
+    );
+    // What it says it wrote is there.
+    let n: u64 = err
+        .split('(')
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {err}"));
+    assert!(n > 0 && n < 1536 << 20, "{err}");
+    ok(&zeta(&home, d, &words("vol get tank/v back")));
+    let (img, back) = (file_bytes(&d.join("img")), file_bytes(&d.join("back")));
+    assert!(
+        img[..n as usize] == back[..n as usize],
+        "the written part differs"
+    );
+    // Served: the client's Ctrl-C stops the server's copy.
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    let _server = Server::start(&home, d, "tank");
+    let out = interrupt(spawn(&home, d, &words("vol get --force tank/v back")), wait);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("interrupted: the server had copied"), "{err}");
+}

@@ -26,10 +26,12 @@
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
 //!
-//! and on failure `{"ok": false, "error": "one line"}`. A socket left behind by a server that
+//! and on failure `{"ok": false, "error": "one line"}`. Before the reply of a `run` that
+//! copies (`vol put`, `vol get`), progress lines `{"progress": bytes, "total": bytes}`; a
+//! client that goes away stops the copy at the next one. A socket left behind by a server that
 //! died is detected (nobody accepts) and replaced by the next server.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -42,6 +44,7 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 use super::args::{Cli, Command, VolCmd};
+use super::progress::{Local, Reporter};
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
@@ -50,6 +53,8 @@ use crate::dsl::Pool;
 const MAX_REQUEST: u64 = 64 * 1024;
 /// How long a client waits for a server's reply (a `vol put` of a large file takes a while).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How often a client waiting for a reply looks for Ctrl-C.
+const POLL: Duration = Duration::from_millis(200);
 
 pub fn run_dir(home: &Home) -> PathBuf {
     home.dir.join("run")
@@ -82,20 +87,63 @@ fn call(mut s: UnixStream, req: Value, pool: &str) -> Result<Value> {
     let mut line = serde_json::to_vec(&req).expect("request serializes");
     line.push(b'\n');
     s.write_all(&line).map_err(|e| fail(e.to_string()))?;
-    let mut reply = String::new();
-    BufReader::new(s)
-        .read_line(&mut reply)
+    // Short reads, so that Ctrl-C during a long copy is seen at once.
+    s.set_read_timeout(Some(POLL))
         .map_err(|e| fail(e.to_string()))?;
-    let v: Value = serde_json::from_str(&reply).map_err(|e| fail(format!("bad reply ({e})")))?;
-    if v["ok"] == json!(true) {
-        Ok(v)
-    } else {
-        Err(usage(
-            v["error"]
-                .as_str()
-                .unwrap_or("the server gave no reason")
-                .to_string(),
-        ))
+    let started = std::time::Instant::now();
+    let mut reader = BufReader::new(s);
+    let mut reply = String::new();
+    // Created at the first progress line of a copy the server runs for us.
+    let mut copy: Option<(Local, u64, u64)> = None;
+    let interrupted = |copy: &Option<(Local, u64, u64)>| match copy {
+        Some((bar, done, total)) if bar.interrupted() => Some(usage(format!(
+            "interrupted: the server had copied {} ({done} of {total} bytes); it stops the \
+             copy where it is",
+            super::fmt::human(*done)
+        ))),
+        _ => None,
+    };
+    loop {
+        match reader.read_line(&mut reply) {
+            Ok(0) => return Err(fail("the server closed the connection".into())),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if let Some(e) = interrupted(&copy) {
+                    return Err(e);
+                }
+                if started.elapsed() > REPLY_TIMEOUT {
+                    return Err(fail("no reply".into()));
+                }
+                continue;
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        if !reply.ends_with('\n') {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(&reply).map_err(|e| fail(format!("bad reply ({e})")))?;
+        reply.clear();
+        if let Some(done) = v["progress"].as_u64() {
+            let total = v["total"].as_u64().unwrap_or(done);
+            let (bar, d, _) = copy.get_or_insert_with(|| (Local::new("copying", total), 0, total));
+            bar.set(done);
+            *d = done;
+            if let Some(e) = interrupted(&copy) {
+                return Err(e);
+            }
+            continue;
+        }
+        return if v["ok"] == json!(true) {
+            Ok(v)
+        } else {
+            Err(usage(
+                v["error"]
+                    .as_str()
+                    .unwrap_or("the server gave no reason")
+                    .to_string(),
+            ))
+        };
     }
 }
 
@@ -307,9 +355,8 @@ fn serve_one(conn: UnixStream, home: &Home) {
         .read_line(&mut line);
     let reply = match read {
         Ok(_) => match serde_json::from_str::<Value>(&line) {
-            Ok(req) => {
-                answer(home, &req).unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
-            }
+            Ok(req) => answer(home, &req, &conn)
+                .unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()})),
             Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
         },
         Err(e) => json!({"ok": false, "error": format!("reading request: {e}")}),
@@ -341,7 +388,7 @@ fn texts(req: &Value, key: &str) -> Result<Vec<String>> {
         .collect()
 }
 
-fn answer(home: &Home, req: &Value) -> Result<Value> {
+fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
     let pool = home.served_pools()[0].clone();
     match req["op"].as_str() {
         Some("status") => Ok(json!({"ok": true, "value": super::pool_cmd::status_json(&pool)})),
@@ -432,7 +479,7 @@ fn answer(home: &Home, req: &Value) -> Result<Value> {
                 }
             }
             let mut out = Vec::new();
-            super::vol_cmd::run_to(home, cmd, &mut out)?;
+            super::vol_cmd::run_to(home, cmd, &mut out, Reporter::Remote(conn))?;
             Ok(json!({"ok": true, "stdout": String::from_utf8_lossy(&out)}))
         }
         _ => Err(usage("unknown control request")),

@@ -16,6 +16,7 @@ pub mod guard;
 pub mod memory;
 pub mod nbd_load;
 pub mod pool_cmd;
+pub mod progress;
 pub mod room;
 pub mod serve_cmd;
 pub mod state;

@@ -9,6 +9,7 @@ use serde_json::json;
 use super::args::VolCmd;
 use super::fmt::{human, parse_size};
 use super::guard::{check_overwrite, Writing};
+use super::progress::Reporter;
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
@@ -47,11 +48,11 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
         }
     }
     let mut out = std::io::stdout().lock();
-    run_to(home, cmd, &mut out)
+    run_to(home, cmd, &mut out, Reporter::Local)
 }
 
-/// Runs a command, printing to `out`.
-pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
+/// Runs a command, printing to `out`; long copies report to `reporter`.
+pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
     let stdout_err = |e| CliError::Io {
         path: "stdout".into(),
         source: e,
@@ -124,7 +125,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
             let (pool, vol) = split_name(&name)?;
             let offset = parse_size(&offset)?;
             let p = home.open(pool)?;
-            let r = put(&p, vol, &file, offset);
+            let r = put(&p, vol, &file, offset, reporter);
             let c = p.close();
             let n = r?;
             c?;
@@ -135,7 +136,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write) -> Result<()> {
             let (pool, vol) = split_name(&name)?;
             check_overwrite(home, &file, Writing::Copy, force)?;
             let p = home.open(pool)?;
-            let r = get(&p, vol, &file);
+            let r = get(&p, vol, &file, reporter);
             p.close()?;
             let n = r?;
             writeln!(
@@ -157,8 +158,15 @@ fn io_err(path: &Path, e: std::io::Error) -> CliError {
     }
 }
 
-/// Copies a file into a volume and flushes; returns the bytes written.
-pub fn put(pool: &Arc<Pool>, vol: &str, file: &Path, offset: u64) -> Result<u64> {
+/// Copies a file into a volume and flushes; returns the bytes written. Stopped (Ctrl-C, or
+/// the control client gone), it flushes what it wrote and says how far it got.
+pub fn put(
+    pool: &Arc<Pool>,
+    vol: &str,
+    file: &Path,
+    offset: u64,
+    reporter: Reporter,
+) -> Result<u64> {
     let v = Volume::open(pool, vol)?;
     let mut f = std::fs::File::open(file).map_err(|e| io_err(file, e))?;
     let len = f.metadata().map_err(|e| io_err(file, e))?.len();
@@ -171,6 +179,7 @@ pub fn put(pool: &Arc<Pool>, vol: &str, file: &Path, offset: u64) -> Result<u64>
             v.size()
         )));
     }
+    let mut progress = reporter.start(&format!("{} -> {}", file.display(), v.name()), len);
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut at = offset;
     loop {
@@ -180,6 +189,18 @@ pub fn put(pool: &Arc<Pool>, vol: &str, file: &Path, offset: u64) -> Result<u64>
         }
         v.write(at, &buf[..n])?;
         at += n as u64;
+        if !progress.advance(at - offset) {
+            v.flush()?;
+            return Err(usage(format!(
+                "interrupted: wrote the first {} of {} ({} of {} bytes) to '{}' at offset \
+                 {offset}, flushed",
+                human(at - offset),
+                file.display(),
+                at - offset,
+                len,
+                v.name()
+            )));
+        }
     }
     v.flush()?;
     Ok(at - offset)
@@ -200,7 +221,7 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// copy is sparse, as `cp --sparse=always` makes it: the volume's holes, and blocks of
 /// zeros, stay holes in the file. A block device gets every byte, zeros too (its old
 /// contents would otherwise show through).
-pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
+pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path, reporter: Reporter) -> Result<u64> {
     use std::os::unix::fs::{FileExt, FileTypeExt};
     let v = Volume::open(pool, vol)?;
     let is_block_device = std::fs::metadata(file).is_ok_and(|m| m.file_type().is_block_device());
@@ -214,6 +235,16 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
     if !is_block_device {
         f.set_len(size).map_err(|e| io_err(file, e))?;
     }
+    let mut progress = reporter.start(&format!("{} -> {}", v.name(), file.display()), size);
+    let stopped = |done: u64| {
+        usage(format!(
+            "interrupted: copied the first {} ({done} of {size} bytes) of '{}' into {}, \
+             which is incomplete",
+            human(done),
+            v.name(),
+            file.display()
+        ))
+    };
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut at = 0;
     while at < size {
@@ -237,9 +268,15 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path) -> Result<u64> {
                         .map_err(|e| io_err(file, e))?;
                 }
                 pos += n as u64;
+                if !progress.advance(pos) {
+                    return Err(stopped(pos));
+                }
             }
         }
         at += window;
+        if !progress.advance(at) {
+            return Err(stopped(at));
+        }
     }
     f.sync_all().map_err(|e| io_err(file, e))?;
     Ok(size)
