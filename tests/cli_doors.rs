@@ -367,7 +367,7 @@ fn pool_list_shows_usable_space_after_parity_and_a_destroy_frees_at_once() {
     ok(&zeta(&home, d, &words("vol put tank/v img")));
     let _server = Server::start(&home, d, "tank");
     let full = list(&home);
-    ok(&zeta(&home, d, &words("vol destroy tank/v")));
+    ok(&zeta(&home, d, &words("vol destroy -f tank/v")));
     let after = list(&home);
     let freed = after["free"].as_u64().unwrap() - full["free"].as_u64().unwrap();
     assert!(
@@ -455,4 +455,72 @@ fn ctrl_c_stops_a_long_copy_cleanly_and_says_how_far_it_got() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("interrupted: the server had copied"), "{err}");
+}
+
+/// A pool made before labels recorded who imported it: it imports without -f, reads back,
+/// and from then on records its holder (another state directory then needs -f).
+#[test]
+fn a_pool_from_before_holders_were_recorded_imports_and_reads_back() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    let image = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pool-bb85e97.tar.gz");
+    let st = Command::new("tar")
+        .arg("-xzf")
+        .arg(&image)
+        .current_dir(d)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = d.display().to_string();
+    ok(&zeta(&home, d, &["pool", "import", "-d", &dir, "tank"]));
+    ok(&zeta(&home, d, &words("vol get tank/v back")));
+    let back = file_bytes(&d.join("back"));
+    let pattern: Vec<u8> = (0..3usize << 20)
+        .map(|i| ((i * 7 + 3) % 251) as u8)
+        .collect();
+    assert!(
+        back[..3 << 20] == pattern[..],
+        "the old pool's volume reads back wrong"
+    );
+    assert!(back[3 << 20..].iter().all(|&b| b == 0));
+    fails_with(
+        &zeta(&other, d, &["pool", "import", "-d", &dir, "tank"]),
+        "it was not exported",
+    );
+}
+
+#[test]
+fn destroying_a_volume_with_data_or_shrinking_one_needs_force() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/empty 8M")));
+    ok(&zeta(&home, d, &words("vol create tank/v 8M")));
+    std::fs::write(d.join("img"), vec![0x11; 1 << 20]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    // Not on a terminal: refused with the way out, and nothing changes.
+    fails_with(
+        &zeta(&home, d, &words("vol destroy tank/v")),
+        "'tank/v' holds data, which destroying it loses: give -f to destroy it",
+    );
+    fails_with(
+        &zeta(&home, d, &words("vol resize tank/v 4M")),
+        "shrinking 'tank/v' from 8.0M to 4.0M discards the data past 4.0M: give -f",
+    );
+    let vols = ok(&zeta(&home, d, &words("vol list --json")));
+    assert!(
+        vols.contains("tank/v") && vols.contains("8388608"),
+        "{vols}"
+    );
+    // Growing, and destroying an empty volume, need nothing.
+    ok(&zeta(&home, d, &words("vol resize tank/v 16M")));
+    ok(&zeta(&home, d, &words("vol destroy tank/empty")));
+    ok(&zeta(&home, d, &words("vol resize -f tank/v 4M")));
+    ok(&zeta(&home, d, &words("vol destroy -f tank/v")));
+    // Through a server, the same.
+    ok(&zeta(&home, d, &words("vol create tank/w 8M")));
+    ok(&zeta(&home, d, &words("vol put tank/w img")));
+    let _server = Server::start(&home, d, "tank");
+    fails_with(&zeta(&home, d, &words("vol destroy tank/w")), "give -f");
+    ok(&zeta(&home, d, &words("vol destroy -f tank/w")));
 }

@@ -347,17 +347,25 @@ pub enum VolCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Destroy a volume and free its space.
+    /// Destroy a volume and free its space. One that holds data needs -f, or its name typed
+    /// on a terminal.
     Destroy {
         /// POOL/VOL
         name: String,
+        /// Destroy it even though it holds data, without asking.
+        #[arg(short, long)]
+        force: bool,
     },
-    /// Change a volume's size (shrinking discards data past the new end).
+    /// Change a volume's size. Shrinking discards the data past the new end, and needs -f
+    /// or the volume's name typed on a terminal.
     Resize {
         /// POOL/VOL
         name: String,
         /// The new size (suffixes K, M, G, T).
         size: String,
+        /// Shrink without asking.
+        #[arg(short, long)]
+        force: bool,
     },
     /// Copy FILE into the volume starting at byte 0 (or --offset).
     Put {

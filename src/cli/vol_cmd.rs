@@ -30,7 +30,7 @@ const COPY_CHUNK: usize = 1 << 20;
 fn target_pool(cmd: &VolCmd) -> Option<&str> {
     match cmd {
         VolCmd::Create { name, .. }
-        | VolCmd::Destroy { name }
+        | VolCmd::Destroy { name, .. }
         | VolCmd::Resize { name, .. }
         | VolCmd::Put { name, .. }
         | VolCmd::Get { name, .. } => split_name(name).ok().map(|(p, _)| p),
@@ -102,20 +102,45 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
             Ok(())
         }
         VolCmd::List { pool, json } => list(home, pool.as_deref(), json, out),
-        VolCmd::Destroy { name } => {
+        VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;
-            let r = p.destroy_volume(vol);
+            let r = p.dataset(vol).map_err(CliError::from).and_then(|ds| {
+                if !force && ds.holds_data() {
+                    confirm(
+                        reporter,
+                        &name,
+                        &format!("'{name}' holds data, which destroying it loses"),
+                        "destroy it",
+                    )?;
+                }
+                Ok(p.destroy_volume(vol)?)
+            });
             p.close()?;
             r?;
             writeln!(out, "destroyed volume '{name}'").map_err(stdout_err)?;
             Ok(())
         }
-        VolCmd::Resize { name, size } => {
+        VolCmd::Resize { name, size, force } => {
             let (pool, vol) = split_name(&name)?;
             let size = parse_size(&size)?;
             let p = home.open(pool)?;
-            let r = p.resize_volume(vol, size);
+            let r = p.dataset(vol).map_err(CliError::from).and_then(|ds| {
+                if !force && size < ds.volsize() {
+                    confirm(
+                        reporter,
+                        &name,
+                        &format!(
+                            "shrinking '{name}' from {} to {} discards the data past {}",
+                            human(ds.volsize()),
+                            human(size),
+                            human(size)
+                        ),
+                        "shrink it",
+                    )?;
+                }
+                Ok(p.resize_volume(vol, size)?)
+            });
             p.close()?;
             r?;
             writeln!(out, "resized volume '{name}' to {}", human(size)).map_err(stdout_err)?;
@@ -148,6 +173,27 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
             .map_err(stdout_err)?;
             Ok(())
         }
+    }
+}
+
+/// Asks for a destructive step to be confirmed: on this process's terminal, by typing the
+/// volume's name; elsewhere (a script, a command the server runs for a control client) it
+/// is refused, and `-f` is the way.
+fn confirm(reporter: Reporter, name: &str, what: &str, step: &str) -> Result<()> {
+    use std::io::IsTerminal;
+    let refused = || usage(format!("{what}: give -f to {step}"));
+    if !matches!(reporter, Reporter::Local) || !std::io::stdin().is_terminal() {
+        return Err(refused());
+    }
+    eprint!("{what}. Type the volume's name ({name}) to {step}: ");
+    let mut typed = String::new();
+    std::io::stdin()
+        .read_line(&mut typed)
+        .map_err(|e| io_err(Path::new("stdin"), e))?;
+    if typed.trim() == name {
+        Ok(())
+    } else {
+        Err(usage(format!("not confirmed: {what}; nothing was changed")))
     }
 }
 

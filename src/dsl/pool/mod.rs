@@ -311,6 +311,12 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Whether the volume may hold data: its tree has a block, or the open txg changes it.
+    /// (A tree whose blocks were all trimmed away may still have its indirect blocks.)
+    pub fn holds_data(&self) -> bool {
+        !self.object.dnode().root.is_hole() || self.object.has_open_changes()
+    }
+
     pub fn volsize(&self) -> u64 {
         self.volsize.load(Ordering::Acquire)
     }
