@@ -1313,7 +1313,7 @@ fn a_short_write_over_an_unreadable_block_leaves_it_failing_and_the_pool_syncing
     vol.write(2 * 131072, &pattern(5, 131072)).unwrap();
     pool.sync_now()
         .expect("a block that cannot be read does not stop the sync");
-    assert_eq!(pool.io.zio.stats.lost_patches.load(Ordering::Relaxed), 1);
+    assert_eq!(pool.io.zio.stats.lost_writes.load(Ordering::Relaxed), 1);
     let mut buf = vec![0u8; 4096];
     let err = vol.read(4096, &mut buf).unwrap_err();
     assert!(matches!(err, VolError::Unreadable { .. }), "{err}");

@@ -27,7 +27,7 @@ use patch::{covers, lay_pieces, overlay, read_spare, sync_patched, Patched};
 use tree::{collect_blkids, lookup, Leaves};
 
 pub use patch::Piece;
-pub use tree::{walk, walk_from, Visit};
+pub use tree::{walk, walk_from, Unwalked, Visit};
 
 const FANOUT: usize = 1 << IND_SHIFT;
 
@@ -255,7 +255,15 @@ struct State {
     /// dirty one and frees the others.
     overrides: BTreeMap<u64, Override>,
     syncing_overrides: BTreeMap<u64, Override>,
+    /// Pointers a test has the next syncs forge (`Object::forge`).
+    forged: Vec<Forgery>,
 }
+
+/// What a test does to a pointer (`Object::forge`).
+pub type Forge = Box<dyn FnOnce(&mut BlkPtr, &ObjectIo) + Send>;
+
+/// A test's change to the pointer to block `.1` of level `.0` (`Object::forge`).
+type Forgery = (u8, u64, Forge);
 
 pub struct Object {
     data_kind: BlockKind,
@@ -282,6 +290,7 @@ impl Object {
                 syncing: None,
                 overrides: BTreeMap::new(),
                 syncing_overrides: BTreeMap::new(),
+                forged: Vec::new(),
             }),
         }
     }
@@ -616,14 +625,46 @@ impl Object {
         bytes
     }
 
+    /// For tests of what the pool makes of bytes on disk that no writer makes: the next sync
+    /// that writes a new block of `level` at index `idx` (one holding a block changed in its
+    /// txg) hands its pointer to `forge` before putting it in the parent, which is then
+    /// written and checksummed as ever, so the chain up to the uberblock verifies. The block
+    /// it pointed at is leaked. A pool image can be crafted whole; this makes one through the
+    /// pool's own write path.
+    #[doc(hidden)]
+    pub fn forge(&self, level: u8, idx: u64, forge: Forge) {
+        self.state.lock().forged.push((level, idx, forge));
+    }
+
+    /// How many pointers given to `forge` no sync has forged yet.
+    #[doc(hidden)]
+    pub fn forgeries_pending(&self) -> usize {
+        self.state.lock().forged.len()
+    }
+
     /// Writes the syncing changes in txg `txg` and installs the new tree. Old blocks are freed
     /// in `txg` (deferred by the allocator).
     pub fn sync(&self, io: &ObjectIo, txg: u64) -> Result<DnodePhys, ZioError> {
-        let (old, dirty, overrides) = {
+        let (old, dirty, overrides, mut forged) = {
             let mut st = self.state.lock();
             let overrides = std::mem::take(&mut st.syncing_overrides);
-            (st.dnode, st.syncing.clone(), overrides)
+            let forged = std::mem::take(&mut st.forged);
+            (st.dnode, st.syncing.clone(), overrides, forged)
         };
+        let result = self.sync_forging(io, txg, old, dirty, overrides, &mut forged);
+        self.state.lock().forged.extend(forged);
+        result
+    }
+
+    fn sync_forging(
+        &self,
+        io: &ObjectIo,
+        txg: u64,
+        old: DnodePhys,
+        dirty: Option<Arc<SyncingMap>>,
+        overrides: BTreeMap<u64, Override>,
+        forged: &mut Vec<Forgery>,
+    ) -> Result<DnodePhys, ZioError> {
         let Some(dirty) = dirty else { return Ok(old) };
         // Blocks written ahead are adopted where the dirty buffer is still theirs; the others
         // were superseded and are freed.
@@ -716,8 +757,20 @@ impl Object {
             children[slot].1 = bp;
         }
         let patched_bps = sync_patched(io, &old, &patched, data_props, txg)?;
+        let mut kept: Vec<usize> = Vec::new();
         for (slot, bp) in patched_slots.into_iter().zip(patched_bps) {
-            children[slot].1 = bp;
+            match bp {
+                Some(bp) => children[slot].1 = bp,
+                None => kept.push(slot),
+            }
+        }
+        // A patched block that keeps the pointer it has changes nothing above it.
+        if !kept.is_empty() {
+            let mut slot = 0;
+            children.retain(|_| {
+                slot += 1;
+                kept.binary_search(&(slot - 1)).is_err()
+            });
         }
 
         // Indirect levels, bottom up.
@@ -741,6 +794,20 @@ impl Object {
             if level == old.nlevels && !old.root.is_hole() && first(&children).is_none() {
                 children.insert(0, (0, old.root));
             }
+            // A test's forgeries of this level's children (`forge`).
+            if !forged.is_empty() {
+                let mut i = 0;
+                while i < forged.len() {
+                    let (l, idx) = (forged[i].0, forged[i].1);
+                    match children.binary_search_by_key(&idx, |c| c.0) {
+                        Ok(c) if l == level - 1 && !children[c].1.is_hole() => {
+                            let (_, _, forge) = forged.swap_remove(i);
+                            forge(&mut children[c].1, io);
+                        }
+                        _ => i += 1,
+                    }
+                }
+            }
             // The level's new indirect blocks, then written as one batch: in block order, so
             // neighbours land next to each other and go to the device as a few long writes.
             // Like `children`, `parents` is in block order, the built blocks' slots filled
@@ -750,18 +817,41 @@ impl Object {
             for group in children.chunk_by(|a, b| a.0 >> IND_SHIFT == b.0 >> IND_SHIFT) {
                 let pidx = group[0].0 >> IND_SHIFT;
                 let old_parent = if level < old.nlevels {
-                    lookup(io, &old, level, pidx)?
+                    lookup(io, &old, level, pidx)
                 } else {
-                    BlkPtr::HOLE
+                    Ok(BlkPtr::HOLE)
+                };
+                let old_content = old_parent.and_then(|p| match p.is_hole() {
+                    true => Ok(vec![0u8; IND_BLOCK_BYTES]),
+                    false => io.read_bp(&p).map(|b| b.to_vec()),
+                });
+                let mut content = match old_content {
+                    Ok(c) => c,
+                    // The level-1 block, or one above it, cannot be read (no copy verifies,
+                    // or its pointer is impossible): it cannot be rewritten without its
+                    // other pointers, and one made without them would turn the blocks it
+                    // leaves out into holes. The changes below it are lost (counted) and
+                    // their new copies freed; the damaged subtree stays, its reads failing,
+                    // nothing made up. Nothing of the group was freed yet: the blocks its
+                    // children replace are freed below, and the level-1 blocks are the
+                    // first that are read, so a block that cannot be read fails there. (A
+                    // block above that read at level 1 and fails now is a fault of the
+                    // moment, and fails the sync as ever.)
+                    Err(_) if level == 1 => {
+                        let lost = group.iter().map(|c| c.1).filter(|bp| !bp.is_hole());
+                        let new: Vec<BlkPtr> =
+                            lost.filter(|bp| bp.birth_txg.get() == txg).collect();
+                        io.cache.forget(&new);
+                        io.zio.free_all(&new, txg, self.class);
+                        (io.zio.stats.lost_writes)
+                            .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 };
                 if level == old.nlevels - 1 && pidx == 0 {
                     old_root_replaced = true;
                 }
-                let mut content = if old_parent.is_hole() {
-                    vec![0u8; IND_BLOCK_BYTES]
-                } else {
-                    io.read_bp(&old_parent)?.to_vec()
-                };
                 for &(idx, bp) in group {
                     let slot = (idx as usize) & (FANOUT - 1);
                     let prev = bp_at(&content, slot);
@@ -796,11 +886,14 @@ impl Object {
         if new.nlevels == old.nlevels && old.nlevels > 1 {
             old_root_replaced = true;
         }
-        let root = first(&children).unwrap_or(if old_root_replaced {
-            BlkPtr::HOLE
-        } else {
-            old.root
-        });
+        let root = match first(&children) {
+            Some(bp) => bp,
+            // Every change was lost (under an indirect block that cannot be read): the tree
+            // is as it was.
+            None if children.is_empty() => old.root,
+            None if old_root_replaced => BlkPtr::HOLE,
+            None => old.root,
+        };
         if old_root_replaced && !old.root.is_hole() && old.root != root {
             io.cache.forget(std::slice::from_ref(&old.root));
             io.zio.free(&old.root, txg, self.class);
@@ -837,11 +930,22 @@ impl Object {
         for bp in ahead {
             io.zio.free(&bp, txg, AllocClass::Mos);
         }
+        // Every block the tree reaches. The blocks under an indirect block that cannot be
+        // read are not reached: they are leaked (noted with the refused frees), and the
+        // destroy goes on.
         let dn = self.dnode();
-        walk(io, &dn, &mut |bp, _| {
+        let free = &mut |bp: &BlkPtr, _, _| {
             io.zio.free(bp, txg, self.class);
-            Ok(())
-        })
+            Visit::Descend
+        };
+        walk_from(io, &dn, 0, free, &mut |bp, level, first, e| {
+            io.zio.leaked(format!(
+                "blocks under the level-{level} block for block {first} of an object being \
+                 destroyed (born in txg {}) are leaked: {e}",
+                bp.birth_txg.get()
+            ))
+        });
+        Ok(())
     }
 
     /// Block ids in `from..to` that hold data, as a reader would see them now: on disk,
@@ -862,7 +966,7 @@ impl Object {
             (st.dnode, open_range(&st.open, from..to), syncing)
         };
         let mut on_disk = Vec::new();
-        collect_blkids(io, dn.root, dn.nlevels - 1, 0, from, to, &mut on_disk)?;
+        collect_blkids(io, &dn, dn.root, dn.nlevels - 1, 0, from, to, &mut on_disk)?;
         let mut present: std::collections::BTreeSet<u64> = on_disk.into_iter().collect();
         for (blkid, has_data) in syncing.into_iter().chain(open) {
             if has_data {

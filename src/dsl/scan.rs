@@ -192,7 +192,7 @@ impl Pool {
             let st = self.scan.lock();
             let stopped = st.func == ScanFunc::Resilver && st.state == ScanPhase::Canceled;
             let resilvering = st.func == ScanFunc::Resilver && st.state == ScanPhase::Scanning;
-            if stopped || resilvering {
+            if stopped || resilvering || left_owing(&st, &self.owed().0) {
                 return;
             }
         }
@@ -323,6 +323,19 @@ impl Pool {
     }
 }
 
+/// Whether everything owed now is what the last scan, a finished resilver, left owing
+/// because it could not rebuild it (`ScanState::unrebuilt_txg`): another resilver would
+/// only meet the same damage, so none starts by itself (after every txg, it would never
+/// end); `pool clear`, `pool online` or an import start one. Anything owed since does.
+fn left_owing(st: &ScanState, owed: &TxgRanges) -> bool {
+    let mut beyond = owed.clone();
+    beyond.remove(&TxgRanges(st.txgs.clone()).up_to(st.unrebuilt_txg));
+    st.func == ScanFunc::Resilver
+        && st.state == ScanPhase::Finished
+        && st.unrebuilt_txg > 0
+        && beyond.is_empty()
+}
+
 /// The scrub thread: holds the pool only while it works on a chunk, so a dropped pool is not
 /// kept alive by it.
 fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
@@ -358,8 +371,14 @@ fn finish(pool: &Pool) -> bool {
         if st.func == ScanFunc::Resilver {
             // The leaves it rebuilt now hold the blocks of those txgs, if they stayed in
             // service. Not a leaf that came back while it ran: the walk passed blocks
-            // before that (it owes them still, and the next txg starts its resilver).
-            let done = TxgRanges(st.txgs.clone());
+            // before that (it owes them still, and the next txg starts its resilver). Nor
+            // the txgs of blocks it could not rebuild (`unrebuilt_txg`): a block that no
+            // copy supplied now may yet be read (a device back from a transient fault), and
+            // its leaves must not be counted on for it.
+            let mut done = TxgRanges(st.txgs.clone());
+            if st.unrebuilt_txg > 0 {
+                done.remove(&TxgRanges(vec![[1, st.unrebuilt_txg]]));
+            }
             for leaf in pool.leaves() {
                 if !leaf.is_offline() && st.leaves.binary_search(&leaf.guid()).is_ok() {
                     leaf.resilvered(&done);
@@ -528,7 +547,7 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
     // Data blocks are checked in parallel batches (their reads and checksums are independent);
     // an indirect block is checked before the walk reads its children.
     let mut batch: Vec<(BlkPtr, u64)> = Vec::with_capacity(BATCH);
-    walk_from(&pool.io, dn, from, &mut |bp: &BlkPtr, level, first| {
+    let visit = &mut |bp: &BlkPtr, level, first| {
         if resume.is_some() || stop.load(Ordering::SeqCst) {
             return Visit::Skip;
         }
@@ -570,6 +589,12 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
             check_batch(t, &mut batch);
         }
         Visit::Skip
+    };
+    // A subtree the walk could not enter (its indirect block does not read, or its pointer
+    // is impossible) is damage like a block that does not read: a resilver has rebuilt
+    // nothing below it.
+    walk_from(&pool.io, dn, from, visit, &mut |bp, level, first, e| {
+        not_rebuilt(t, bp, level, first, &e)
     });
     check_batch(t, &mut batch);
     if stop.load(Ordering::SeqCst) {
@@ -602,19 +627,64 @@ fn check(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64) -> bool {
             true
         }
         Err(e) => {
-            let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
-            let mut st = t.pool.scan.lock();
-            st.examined_bytes += bp.asize_total();
-            st.errors += 1;
-            if st.damaged.len() < MAX_DAMAGED {
-                st.damaged.push(Damage {
-                    object: t.label.to_string(),
-                    start: first.saturating_mul(t.block_bytes),
-                    end: first.saturating_add(span).saturating_mul(t.block_bytes),
-                    error: e.to_string(),
-                });
-            }
+            t.pool.scan.lock().examined_bytes += bp.asize_total();
+            not_rebuilt(t, bp, level, first, &e);
             false
         }
+    }
+}
+
+/// Records the block `bp` (of `level`, covering block ids from `first`) and everything
+/// below it as damage: no copy of it could be had. A resilver has not rebuilt them either:
+/// its leaves go on owing the txgs up to the block's birth (`ScanState::unrebuilt_txg`).
+fn not_rebuilt(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64, e: &crate::zio::ZioError) {
+    let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
+    let mut st = t.pool.scan.lock();
+    st.errors += 1;
+    if t.filter.is_some() {
+        st.unrebuilt_txg = st.unrebuilt_txg.max(bp.birth_txg.get());
+    }
+    if st.damaged.len() < MAX_DAMAGED {
+        st.damaged.push(Damage {
+            object: t.label.to_string(),
+            start: first.saturating_mul(t.block_bytes),
+            end: first.saturating_add(span).saturating_mul(t.block_bytes),
+            error: e.to_string(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resilver_that_left_blocks_unrebuilt_starts_again_only_for_new_debt() {
+        let st = ScanState {
+            func: ScanFunc::Resilver,
+            state: ScanPhase::Finished,
+            txgs: vec![[5, 9], [12, 12]],
+            unrebuilt_txg: 10,
+            ..ScanState::default()
+        };
+        let owed = |r: &[[u64; 2]]| TxgRanges(r.to_vec());
+        // What it left owed, or part of it: nothing another resilver would do better.
+        assert!(left_owing(&st, &owed(&[[5, 9]])));
+        assert!(left_owing(&st, &owed(&[[7, 8]])));
+        // A txg it rebuilt, one it never had, or one owed since: a resilver is due.
+        assert!(!left_owing(&st, &owed(&[[5, 9], [12, 12]])));
+        assert!(!left_owing(&st, &owed(&[[3, 3]])));
+        assert!(!left_owing(&st, &owed(&[[5, 9], [20, 20]])));
+        // One that rebuilt everything, or a scrub, leaves nothing owed of its own.
+        let whole = ScanState {
+            unrebuilt_txg: 0,
+            ..st.clone()
+        };
+        assert!(!left_owing(&whole, &owed(&[[5, 9]])));
+        let scrub = ScanState {
+            func: ScanFunc::Scrub,
+            ..st
+        };
+        assert!(!left_owing(&scrub, &owed(&[[5, 9]])));
     }
 }

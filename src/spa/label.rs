@@ -331,6 +331,7 @@ pub fn fits_as_it_grows(cfg: &PoolConfig) -> Result<(), ConfigTooLarge> {
             blkid: u64::MAX,
         }),
         damaged: Vec::new(),
+        unrebuilt_txg: u64::MAX,
         interrupted: None,
     };
     worst.scan = Some(ScanState {

@@ -86,6 +86,16 @@ pub enum AllocError {
     NoSpace(u64),
     #[error("space map of vdev {vdev} metaslab {ms} is inconsistent: {what}")]
     Corrupt { vdev: u32, ms: usize, what: String },
+    /// A free of space that is not a live allocation of its class: only a block pointer no
+    /// writer made (a damaged or crafted pool) asks for one. The free is not made; the space,
+    /// if any of it was in use, stays taken (a leak, not a corrupt free-space map).
+    #[error("refused to free {len} bytes at vdev {vdev} offset {offset}: {why}")]
+    BadFree {
+        vdev: u32,
+        offset: u64,
+        len: u64,
+        why: &'static str,
+    },
 }
 
 pub struct Metaslab {
@@ -126,6 +136,14 @@ pub struct TopSpace {
     pub ms_shift: u32,
     pub metaslabs: Vec<Metaslab>,
     active: usize,
+}
+
+impl TopSpace {
+    /// Where the space this allocator manages on the vdev ends: no block lies past it (the
+    /// intent log's reserve, if any, follows).
+    pub fn data_end(&self) -> u64 {
+        self.metaslabs.last().map_or(0, |m| m.start + m.size)
+    }
 }
 
 /// Space of the whole pool, in bytes.
@@ -425,36 +443,96 @@ impl Allocator {
         self.gauge.freed(d.asize.get() as u64);
     }
 
-    /// Frees one copy in txg `txg`; the space returns after txg+2 has synced.
-    pub fn free(&mut self, d: &Dva, txg: u64, class: AllocClass) {
+    /// Frees one copy in txg `txg`; the space returns after txg+2 has synced. A copy that is
+    /// not a live allocation of `class` is refused, and nothing changes (`check_free`).
+    pub fn free(&mut self, d: &Dva, txg: u64, class: AllocClass) -> Result<(), AllocError> {
         self.free_extent(
             d.vdev.get(),
             d.offset.get(),
             d.asize.get() as u64,
             txg,
             class,
-        );
+        )
     }
 
     /// `free` of many copies, each run of adjacent ones as one extent (see `extents`).
+    /// Returns the copies refused (`check_free`); the others are freed. A run refused whole
+    /// is freed copy by copy, so one bad copy beside good ones leaks only itself.
     pub fn free_all<'a>(
         &mut self,
         dvas: impl IntoIterator<Item = &'a Dva>,
         txg: u64,
         class: AllocClass,
-    ) {
-        for (v, off, len) in self.extents(dvas) {
-            self.free_extent(v, off, len, txg, class);
+    ) -> Vec<AllocError> {
+        let dvas: Vec<&Dva> = dvas.into_iter().collect();
+        let mut refused = Vec::new();
+        let mut at = 0;
+        for (v, off, len, n) in self.extents(dvas.iter().copied()) {
+            let run = &dvas[at..at + n];
+            at += n;
+            match self.free_extent(v, off, len, txg, class) {
+                Ok(()) => {}
+                Err(e) if n == 1 => refused.push(e),
+                Err(_) => refused.extend(run.iter().filter_map(|d| self.free(d, txg, class).err())),
+            }
+        }
+        refused
+    }
+
+    /// Whether `len` bytes at `off` of vdev `v` may be freed as a block of `class`: they
+    /// must lie within one metaslab of a vdev the allocator has, and be allocated there as
+    /// that class (for the MOS class, among its unrecorded allocations; for the recorded
+    /// class, neither free, nor freed already and waiting, nor the MOS's). Block pointers
+    /// come from disk: a crafted or damaged one may name anything, and a free of free space
+    /// would put it in the free tree twice. Returns the metaslab's index.
+    fn check_free(
+        &self,
+        v: u32,
+        off: u64,
+        len: u64,
+        class: AllocClass,
+    ) -> Result<usize, AllocError> {
+        let refuse = |why| AllocError::BadFree {
+            vdev: v,
+            offset: off,
+            len,
+            why,
+        };
+        let top = self
+            .tops
+            .get(v as usize)
+            .ok_or_else(|| refuse("no such data vdev"))?;
+        let ms_i = (off >> top.ms_shift) as usize;
+        let ms = top
+            .metaslabs
+            .get(ms_i)
+            .ok_or_else(|| refuse("past the end of the vdev's data area"))?;
+        if len == 0 || off.checked_add(len).is_none_or(|e| e > ms.start + ms.size) {
+            return Err(refuse("not within one metaslab"));
+        }
+        if ms.free.overlaps(off, len) {
+            return Err(refuse("free space"));
+        }
+        if ms.deferred.overlaps(off, len) {
+            return Err(refuse("freed already"));
+        }
+        match class {
+            AllocClass::Mos if !ms.mos.contains(off, len) => Err(refuse("not a MOS allocation")),
+            AllocClass::Recorded if ms.mos.overlaps(off, len) => Err(refuse("a MOS allocation")),
+            _ => Ok(ms_i),
         }
     }
 
-    fn free_extent(&mut self, v: u32, off: u64, len: u64, txg: u64, class: AllocClass) {
-        let ms_i = self.ms_index(v, off);
+    fn free_extent(
+        &mut self,
+        v: u32,
+        off: u64,
+        len: u64,
+        txg: u64,
+        class: AllocClass,
+    ) -> Result<(), AllocError> {
+        let ms_i = self.check_free(v, off, len, class)?;
         let ms = &mut self.tops[v as usize].metaslabs[ms_i];
-        assert!(
-            !ms.free.overlaps(off, len),
-            "double free of vdev {v} offset {off}"
-        );
         match class {
             AllocClass::Recorded => ms.pending.push(SmRecord {
                 offset: off,
@@ -472,25 +550,31 @@ impl Allocator {
                 extents: vec![(v, off, len)],
             }),
         }
+        Ok(())
     }
 
-    /// The copies `dvas` as extents `(vdev, offset, len)`: each run of copies that follow one
-    /// another on a vdev within one metaslab becomes one. The blocks of a write are allocated
-    /// one after another, and a txg frees and adopts them in the same order: one range-tree
-    /// operation and one space-map record for a 128K write, not eight (16K blocks).
-    fn extents<'a>(&self, dvas: impl IntoIterator<Item = &'a Dva>) -> Vec<(u32, u64, u64)> {
-        let mut out: Vec<(u32, u64, u64)> = Vec::new();
+    /// The copies `dvas` as extents `(vdev, offset, len, copies)`: each run of copies that
+    /// follow one another on a vdev within one metaslab becomes one. The blocks of a write
+    /// are allocated one after another, and a txg frees and adopts them in the same order:
+    /// one range-tree operation and one space-map record for a 128K write, not eight (16K
+    /// blocks).
+    fn extents<'a>(&self, dvas: impl IntoIterator<Item = &'a Dva>) -> Vec<(u32, u64, u64, usize)> {
+        let mut out: Vec<(u32, u64, u64, usize)> = Vec::new();
         for d in dvas {
             let (v, off, len) = (d.vdev.get(), d.offset.get(), d.asize.get() as u64);
             match out.last_mut() {
-                Some((lv, lo, ll))
+                Some((lv, lo, ll, n))
                     if *lv == v
-                        && *lo + *ll == off
-                        && self.ms_index(v, *lo) == self.ms_index(v, off) =>
+                        && lo.checked_add(*ll) == Some(off)
+                        && self
+                            .tops
+                            .get(v as usize)
+                            .is_some_and(|t| *lo >> t.ms_shift == off >> t.ms_shift) =>
                 {
-                    *ll += len
+                    *ll += len;
+                    *n += 1;
                 }
-                _ => out.push((v, off, len)),
+                _ => out.push((v, off, len, 1)),
             }
         }
         out
@@ -569,7 +653,7 @@ impl Allocator {
     /// ahead of their txg that this txg's tree now points at. Each run of adjacent copies is
     /// one extent (see `extents`).
     pub fn record_alloc_all<'a>(&mut self, dvas: impl IntoIterator<Item = &'a Dva>) {
-        for (v, off, len) in self.extents(dvas) {
+        for (v, off, len, _) in self.extents(dvas) {
             let ms_i = self.ms_index(v, off);
             let ms = &mut self.tops[v as usize].metaslabs[ms_i];
             ms.mos.remove(off, len);
@@ -782,7 +866,7 @@ mod tests {
         assert_eq!(records(&mut a, 0, 1), vec![(MB, k, false)]);
         assert_eq!(records(&mut a, 1, 0), vec![(4 * k, k, false)]);
         // Freed in the same order: the same extents, and the space comes back whole.
-        a.free_all(&blocks, 5, AllocClass::Recorded);
+        assert!(a.free_all(&blocks, 5, AllocClass::Recorded).is_empty());
         assert_eq!(
             records(&mut a, 0, 0),
             vec![(0, 4 * k, true), (6 * k, k, true), (MB - k, k, true)]
@@ -815,7 +899,7 @@ mod tests {
         // The blocks come back one by one like any others.
         for i in 0..8 {
             let d = Dva::new(0, i * (k + 4096), (k + 4096) as u32);
-            a.free(&d, 3, AllocClass::Recorded);
+            a.free(&d, 3, AllocClass::Recorded).unwrap();
         }
         a.txg_synced(5);
         assert_eq!(a.space().alloc, 0);
@@ -826,7 +910,7 @@ mod tests {
         let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
         let d = a.alloc(8192, 1, AllocClass::Recorded).unwrap();
         a.hold_frees(4);
-        a.free(&d[0], 5, AllocClass::Recorded);
+        a.free(&d[0], 5, AllocClass::Recorded).unwrap();
         a.txg_synced(9);
         assert_eq!(a.space().freeing, 8192, "reused while held");
         a.release_frees(4);
@@ -841,14 +925,14 @@ mod tests {
         let d: Vec<Dva> = (0..4)
             .map(|_| a.alloc(8192, 1, AllocClass::Recorded).unwrap()[0])
             .collect();
-        a.free(&d[0], 3, AllocClass::Recorded);
-        a.free(&d[1], 4, AllocClass::Recorded);
+        a.free(&d[0], 3, AllocClass::Recorded).unwrap();
+        a.free(&d[1], 4, AllocClass::Recorded).unwrap();
         // Two holds, from trees of txg 4 and 6: frees of txg 4 and before no such tree
         // points at; those of txg 5 and after wait for both holds to end.
         a.hold_frees(6);
         a.hold_frees(4);
-        a.free(&d[2], 5, AllocClass::Recorded);
-        a.free(&d[3], 7, AllocClass::Recorded);
+        a.free(&d[2], 5, AllocClass::Recorded).unwrap();
+        a.free(&d[3], 7, AllocClass::Recorded).unwrap();
         a.txg_synced(9);
         assert_eq!(a.space().freeing, 2 * 8192, "{:?}", a.space());
         a.release_frees(4);
@@ -872,7 +956,7 @@ mod tests {
         let d = a.alloc(8192, 2, AllocClass::Recorded).unwrap();
         assert_eq!(g.read(), a.space());
         assert_eq!(g.read().alloc, 2 * 8192);
-        a.free(&d[0], 5, AllocClass::Recorded);
+        a.free(&d[0], 5, AllocClass::Recorded).unwrap();
         assert_eq!(g.read(), a.space());
         assert_eq!(g.read().freeing, 8192);
         a.txg_synced(7);
@@ -885,7 +969,7 @@ mod tests {
         let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
         let d = a.alloc(8192, 1, AllocClass::Recorded).unwrap();
         assert_eq!(a.space().alloc, 8192);
-        a.free(&d[0], 5, AllocClass::Recorded);
+        a.free(&d[0], 5, AllocClass::Recorded).unwrap();
         assert_eq!(a.space().freeing, 8192);
         a.txg_synced(6);
         assert_eq!(a.space().freeing, 8192);
@@ -927,6 +1011,59 @@ mod tests {
     }
 
     #[test]
+    fn a_free_of_space_not_allocated_as_its_class_is_refused_and_changes_nothing() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20)]);
+        let d = a.alloc(8192, 1, AllocClass::Recorded).unwrap()[0];
+        let mos = a.alloc(8192, 1, AllocClass::Mos).unwrap()[0];
+        let before = a.space();
+        let why = |a: &mut Allocator, d: Dva, class| match a.free(&d, 5, class) {
+            Err(AllocError::BadFree { why, .. }) => why,
+            other => panic!("{d:?}: {other:?}"),
+        };
+        let at = |v: u32, off: u64, len: u32| Dva::new(v, off, len);
+        assert_eq!(
+            why(&mut a, at(1, 0, 8192), AllocClass::Recorded),
+            "no such data vdev"
+        );
+        assert_eq!(
+            why(&mut a, at(0, 8 * MB, 8192), AllocClass::Recorded),
+            "past the end of the vdev's data area"
+        );
+        assert_eq!(
+            why(&mut a, at(0, u64::MAX - 4095, 8192), AllocClass::Recorded),
+            "past the end of the vdev's data area"
+        );
+        assert_eq!(
+            why(&mut a, at(0, MB - 4096, 8192), AllocClass::Recorded),
+            "not within one metaslab"
+        );
+        assert_eq!(
+            why(&mut a, at(0, 4 * MB, 4096), AllocClass::Recorded),
+            "free space"
+        );
+        // Half allocated, half free: still refused, and the allocated half kept.
+        let straddles = at(0, mos.offset.get() + 4096, 8192);
+        assert_eq!(why(&mut a, straddles, AllocClass::Mos), "free space");
+        assert_eq!(why(&mut a, mos, AllocClass::Recorded), "a MOS allocation");
+        assert_eq!(why(&mut a, d, AllocClass::Mos), "not a MOS allocation");
+        assert_eq!(a.space(), before);
+        // Freed once, a second free of it (in this txg or the next) is refused.
+        a.free(&d, 5, AllocClass::Recorded).unwrap();
+        assert_eq!(why(&mut a, d, AllocClass::Recorded), "freed already");
+        // In a batch, a bad copy beside good ones leaks only itself.
+        let run = a.alloc(16384, 1, AllocClass::Recorded).unwrap()[0];
+        let (first, second) = (
+            at(0, run.offset.get(), 8192),
+            at(0, run.offset.get() + 8192, 8192),
+        );
+        let refused = a.free_all([&first, &first, &second], 6, AllocClass::Recorded);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        a.txg_synced(8);
+        assert_eq!(a.space().alloc, 8192, "only the MOS block is left");
+        assert_eq!(a.space(), a.space_recounted());
+    }
+
+    #[test]
     fn ditto_copies_go_to_distinct_vdevs_and_full_pool_is_clean() {
         let mut a = Allocator::new(&[(0, 4 * MB, 20), (1, 4 * MB, 20)]);
         let d = a.alloc(4096, 2, AllocClass::Mos).unwrap();
@@ -956,7 +1093,7 @@ mod tests {
         // Churn: allocate and free the same block many times.
         for _ in 0..200 {
             let d = a.alloc(4096, 1, AllocClass::Recorded).unwrap();
-            a.free(&d[0], txg, AllocClass::Recorded);
+            a.free(&d[0], txg, AllocClass::Recorded).unwrap();
             txg += 1;
             a.txg_synced(txg);
             for (v, m) in a.dirty_metaslabs() {

@@ -32,6 +32,10 @@ pub struct Damage {
     pub error: String,
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// What a scan does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -72,6 +76,12 @@ pub struct ScanState {
     pub bookmark: Option<Bookmark>,
     #[serde(default)]
     pub damaged: Vec<Damage>,
+    /// For a resilver: the newest birth txg of the blocks it could not rebuild (no copy of
+    /// one could be read, or it lies under an indirect block that could not be read), 0 if
+    /// none. Every block is born no later than its parent, so what it left out was born by
+    /// then: its leaves go on owing the txgs up to it (`dsl::scan::finish`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrebuilt_txg: u64,
     /// For a resilver: the scrub it interrupted (paused at its bookmark), which goes on
     /// once the resilver is done. Restoring redundancy comes first, as in ZFS, but a long
     /// scrub's progress is not thrown away for it.

@@ -30,6 +30,14 @@ pub enum ZioError {
     },
 }
 
+impl ZioError {
+    /// A block that cannot be had because its pointer is impossible (`detail` says how): as
+    /// a read that no copy could supply.
+    pub fn impossible(bp: &BlkPtr, detail: String) -> ZioError {
+        unrecoverable(bp, detail)
+    }
+}
+
 /// Properties of a block to write.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteProps {
@@ -46,9 +54,19 @@ pub struct ZioStats {
     pub bytes_written: AtomicU64,
     pub blocks_read: AtomicU64,
     pub repaired_bytes: AtomicU64,
-    /// Patched blocks (`dmu::object::Dirty::Patch`) a sync could not build because no copy
-    /// of what they held verified: each kept its damaged copy, and its patch was lost.
-    pub lost_patches: AtomicU64,
+    /// Changes to blocks a sync could not make, each lost: patched blocks
+    /// (`dmu::object::Dirty::Patch`) no copy of whose old contents verified (each kept its
+    /// damaged copy), and changes to blocks under an indirect block that could not be read
+    /// (no copy verified, or its pointer was impossible), which kept their old pointers.
+    pub lost_writes: AtomicU64,
+    /// Copies whose free was refused: named by a block pointer no writer made (outside its
+    /// vdev, or of space not allocated as such). Their space, if in use, is leaked.
+    pub refused_frees: AtomicU64,
+}
+
+/// How a refused free of a copy of `bp` is reported.
+fn refused_free(bp: &BlkPtr, e: String) -> String {
+    format!("free of a block born in txg {}: {e}", bp.birth_txg.get())
 }
 
 /// The error for a block no copy could supply.
@@ -86,22 +104,86 @@ fn verifier(bp: &BlkPtr) -> Result<(usize, impl Fn(&[u8]) -> bool), ZioError> {
 }
 
 impl Zio {
-    /// The vdev holding copy `d` of a block of `psize` bytes, if the DVA is sane.
+    /// The vdev holding copy `d` of a block of `psize` bytes, if the DVA is one a writer
+    /// could have made: on a data vdev of the pool, sector-aligned, taking what a block of
+    /// that size takes there (`TopVdev::asize_of`), and within the vdev's data area (what
+    /// its metaslabs cover: not the log reserve after it, nor past the end). Block pointers
+    /// come from disk, checksummed only by their parents, and a pool image can be crafted
+    /// whole: every read, repair and free asks this before it lets a DVA near a device or
+    /// the allocator, so an impossible one is damage, never an index out of bounds.
     fn vdev_of(&self, d: &Dva, psize: usize) -> Result<&TopVdev, String> {
-        let Some(top) = self.tops.get(d.vdev.get() as usize) else {
-            return Err(format!("copy on unknown vdev {}", d.vdev.get()));
+        let (v, off) = (d.vdev.get(), d.offset.get());
+        let (Some(top), Some(&end)) = (self.tops.get(v as usize), self.data_end.get(v as usize))
+        else {
+            return Err(format!("copy on unknown vdev {v}"));
         };
         let asize = top.asize_of(psize as u64);
-        if d.asize.get() as u64 != asize || d.offset.get() + asize > top.asize_bytes {
+        if d.asize.get() as u64 != asize {
             return Err(format!(
-                "copy at vdev {} offset {} is out of range",
-                d.vdev.get(),
-                d.offset.get()
+                "copy at vdev {v} offset {off} takes {} bytes, not the {asize} a block of \
+                 {psize} bytes takes there",
+                d.asize.get()
+            ));
+        }
+        if !off.is_multiple_of(SECTOR) || off.checked_add(asize).is_none_or(|e| e > end) {
+            return Err(format!(
+                "copy at vdev {v} offset {off} is out of range (data area of {end} bytes)"
             ));
         }
         Ok(top)
     }
+
+    /// `vdev_of` for every copy of `bp` (and its size, `verifier`): the copies that a free
+    /// may hand to the allocator, in order, with an error for each of the others (no
+    /// allocation for a block whose copies are all sane, as a txg frees thousands).
+    fn sane_copies<'a>(&self, bp: &'a BlkPtr) -> ([Option<&'a Dva>; 3], Vec<String>) {
+        let mut good = [None; 3];
+        let psize = match verifier(bp) {
+            Ok((psize, _)) => psize,
+            Err(e) => return (good, vec![e.to_string()]),
+        };
+        let mut bad = Vec::new();
+        for (slot, d) in good.iter_mut().zip(bp.dvas()) {
+            match self.vdev_of(d, psize) {
+                Ok(_) => *slot = Some(d),
+                Err(e) => bad.push(e),
+            }
+        }
+        (good, bad)
+    }
+
+    /// Notes frees refused (`Allocator::check_free`, `vdev_of`): each is counted in
+    /// `ZioStats::refused_frees`, and the first `MAX_REFUSED` are kept (`refused_frees`).
+    fn refused(&self, errors: impl IntoIterator<Item = String>) {
+        let mut errors = errors.into_iter().peekable();
+        if errors.peek().is_none() {
+            return; // not a lock per free
+        }
+        let mut kept = self.refused.lock();
+        for e in errors {
+            self.stats.refused_frees.fetch_add(1, Ordering::Relaxed);
+            if kept.len() < MAX_REFUSED {
+                kept.push(e);
+            }
+        }
+    }
+
+    /// Notes space leaked for a reason other than a refused free (blocks under an indirect
+    /// block that could not be read, whose object is destroyed), with the refused frees.
+    pub fn leaked(&self, what: String) {
+        self.refused([what]);
+    }
+
+    /// The first frees refused since the pool was opened (up to `MAX_REFUSED`; all are
+    /// counted in `ZioStats::refused_frees`): copies named by block pointers that no writer
+    /// made, whose space (if any is in use) stays allocated rather than be freed twice.
+    pub fn refused_frees(&self) -> Vec<String> {
+        self.refused.lock().clone()
+    }
 }
+
+/// Refused frees kept for `Zio::refused_frees`.
+const MAX_REFUSED: usize = 16;
 
 /// The most bytes of adjacent blocks `write_batch` and `read_batch_into` send to a device as one
 /// request: large enough that a 1 MiB stream costs one system call (at 256 KiB, bench vol's
@@ -181,6 +263,10 @@ pub struct Zio {
     pub stats: ZioStats,
     /// Asked when a batch of txg `txg` found no room on its devices (`RoomWait`).
     room_wait: std::sync::OnceLock<RoomWait>,
+    /// Where each data vdev's data area ends (its metaslabs'; the log reserve follows).
+    data_end: Vec<u64>,
+    /// The first frees refused (`refused_frees`).
+    refused: Mutex<Vec<String>>,
 }
 
 /// Whether a batch of blocks of txg `txg` whose write found no room on its devices
@@ -192,8 +278,11 @@ pub type RoomWait = Box<dyn Fn(u64, &VdevError) -> bool + Send + Sync>;
 
 impl Zio {
     pub fn new(tops: Vec<Arc<TopVdev>>, alloc: Allocator) -> Zio {
+        let data_end = alloc.tops.iter().map(|t| t.data_end()).collect();
         Zio {
             tops,
+            data_end,
+            refused: Mutex::new(Vec::new()),
             gauge: alloc.gauge(),
             alloc: Mutex::new(alloc),
             stats: ZioStats::default(),
@@ -323,7 +412,9 @@ impl Zio {
                             // Give back what this batch took (freed in this txg, like any
                             // block the txg allocated and then dropped): none of it was
                             // written.
-                            alloc.free_all(copies_in_order(&bps[..i]), txg, props.class);
+                            let refused =
+                                alloc.free_all(copies_in_order(&bps[..i]), txg, props.class);
+                            assert!(refused.is_empty(), "{refused:?}");
                             return Err(e.into());
                         }
                     }
@@ -381,9 +472,8 @@ impl Zio {
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
-            self.alloc
-                .lock()
-                .free_all(copies_in_order(&bps), txg, props.class);
+            let refused = (self.alloc.lock()).free_all(copies_in_order(&bps), txg, props.class);
+            assert!(refused.is_empty(), "{refused:?}");
             return Err(ZioError::Write(e));
         }
         self.stats
@@ -617,9 +707,10 @@ impl Zio {
         use rand::{RngCore, SeedableRng};
         let mut sectors: Vec<u64> = Vec::new();
         for bp in bps {
+            let psize = bp.psize.get() as usize;
             for d in bp.dvas() {
-                if let Some(top) = self.tops.get(d.vdev.get() as usize) {
-                    let psize = bp.psize.get() as u64;
+                if let Ok(top) = self.vdev_of(d, psize) {
+                    let psize = psize as u64;
                     sectors.extend(top.sectors_on_leaf(leaf.guid(), d.offset.get(), psize));
                 }
             }
@@ -673,19 +764,38 @@ impl Zio {
         self.alloc.lock().claim_all_mos(&dvas)
     }
 
-    /// Frees every copy of a block in txg `txg`.
+    /// Frees every copy of a block in txg `txg`. A copy that `vdev_of` refuses, or that the
+    /// allocator finds is not an allocation of `class` (`Allocator::free`), is not freed but
+    /// refused (`refused_frees`): the pointer came from disk and may be damaged or crafted,
+    /// and a leak is better than free space freed twice.
     pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
         // Copy by copy: nothing to merge, and no extent list to build for one block.
-        let mut a = self.alloc.lock();
-        for d in bp.dvas() {
-            a.free(d, txg, class);
+        let (good, mut bad) = self.sane_copies(bp);
+        {
+            let mut a = self.alloc.lock();
+            bad.extend(
+                (good.into_iter().flatten())
+                    .filter_map(|d| a.free(d, txg, class).err().map(|e| e.to_string())),
+            );
         }
+        self.refused(bad.into_iter().map(|e| refused_free(bp, e)));
     }
 
     /// `free` of many blocks under one hold of the allocator, adjacent copies as one extent
     /// (`Allocator::free_all`).
     pub fn free_all(&self, bps: &[BlkPtr], txg: u64, class: AllocClass) {
-        self.alloc.lock().free_all(copies_in_order(bps), txg, class);
+        let mut bad = Vec::new();
+        let mut sane: Vec<[Option<&Dva>; 3]> = Vec::with_capacity(bps.len());
+        for bp in bps {
+            let (good, errors) = self.sane_copies(bp);
+            bad.extend(errors.into_iter().map(|e| refused_free(bp, e)));
+            sane.push(good);
+        }
+        // First copies first, each in the blocks' order, as `copies_in_order`.
+        let copies = (0..3).flat_map(|c| sane.iter().filter_map(move |g| g[c]));
+        let refused = self.alloc.lock().free_all(copies, txg, class);
+        bad.extend(refused.into_iter().map(|e| e.to_string()));
+        self.refused(bad);
     }
 }
 

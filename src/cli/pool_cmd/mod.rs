@@ -291,7 +291,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
            "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
            "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
            "volumes": p.datasets().len(), "scan": scan,
-           "lost_writes": p.io.zio.stats.lost_patches.load(std::sync::atomic::Ordering::Relaxed)})
+           "lost_writes": p.io.zio.stats.lost_writes.load(std::sync::atomic::Ordering::Relaxed)})
 }
 
 /// A scan's leaf GUIDs (`leaves`, and those of the scrub it interrupted) as strings, as

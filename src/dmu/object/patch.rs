@@ -179,12 +179,21 @@ pub(super) fn read_spare(io: &ObjectIo, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, Z
         .collect()
 }
 
-fn read_bases(io: &ObjectIo, at: &[BlkPtr]) -> Bases {
-    let mut bases: Bases = at.iter().map(|bp| Ok(io.cache.get(bp))).collect();
-    let misses: Vec<usize> = (0..at.len())
-        .filter(|&i| !at[i].is_hole() && matches!(bases[i], Ok(None)))
+/// Each patched block's pointer as it was, or why it could not be looked up.
+type OldPointer = Result<BlkPtr, ZioError>;
+
+/// What each patched block held: `None` for a hole, and for a block whose pointer could
+/// not be looked up (`Err` in `at`), which nothing reads (`write_patched` loses its patch).
+fn read_bases(io: &ObjectIo, at: &[OldPointer]) -> Bases {
+    let mut bases: Bases = (at.iter())
+        .map(|bp| Ok(bp.as_ref().ok().and_then(|bp| io.cache.get(bp))))
         .collect();
-    let bps: Vec<BlkPtr> = misses.iter().map(|&i| at[i]).collect();
+    let misses: Vec<usize> = (0..at.len())
+        .filter(|&i| matches!((&at[i], &bases[i]), (Ok(bp), Ok(None)) if !bp.is_hole()))
+        .collect();
+    let bps: Vec<BlkPtr> = (misses.iter())
+        .filter_map(|&i| at[i].as_ref().ok().copied())
+        .collect();
     for (i, data) in misses.into_iter().zip(read_spare(io, &bps)) {
         bases[i] = data.map(|d| Some(Arc::new(d)));
     }
@@ -214,24 +223,25 @@ pub(super) fn sync_patched(
     patched: &[Patched],
     props: WriteProps,
     txg: u64,
-) -> Result<Vec<BlkPtr>, ZioError> {
-    // Each patched block's new pointer, in order.
-    let mut out = vec![BlkPtr::HOLE; patched.len()];
+) -> Result<Vec<Option<BlkPtr>>, ZioError> {
+    // Each patched block's new pointer, in order; `None` where the block keeps the one it
+    // has (its patch is lost).
+    let mut out = vec![None; patched.len()];
     if patched.is_empty() {
         return Ok(out);
     }
     let block_bytes = old.data_block_bytes.get() as usize;
     let mut leaves = Leaves::new(old);
-    let mut at = Vec::with_capacity(patched.len());
-    for (blkid, _) in patched {
-        at.push(leaves.get(io, *blkid)?);
-    }
+    // A pointer that cannot be looked up (an impossible one) is a base that cannot be read.
+    let at: Vec<OldPointer> = (patched.iter())
+        .map(|(blkid, _)| leaves.get(io, *blkid))
+        .collect();
     let per_batch = (patch_batch_bytes(io.cache.capacity()) / block_bytes).max(1);
-    let batches: Vec<(&[Patched], &[BlkPtr])> = patched
+    let batches: Vec<(&[Patched], &[OldPointer])> = patched
         .chunks(per_batch)
         .zip(at.chunks(per_batch))
         .collect();
-    let outs: Vec<&mut [BlkPtr]> = out.chunks_mut(per_batch).collect();
+    let outs: Vec<&mut [Option<BlkPtr>]> = out.chunks_mut(per_batch).collect();
     // The batches not yet taken, each with where its pointers go; a thread that fails
     // takes the rest away, so the other stops after its batch.
     let todo = parking_lot::Mutex::new(batches.into_iter().zip(outs));
@@ -272,32 +282,32 @@ pub(super) fn sync_patched(
 fn write_patched(
     io: &ObjectIo,
     batch: &[Patched],
-    at: &[BlkPtr],
+    at: &[OldPointer],
     bases: Bases,
     block_bytes: usize,
     props: WriteProps,
     txg: u64,
-    out: &mut [BlkPtr],
+    out: &mut [Option<BlkPtr>],
 ) -> Result<(), ZioError> {
     // Each block's place in the batch, its bytes, and its checksum if already known.
     let mut built: Vec<(usize, Vec<u8>, Option<Checksum>)> = Vec::new();
     for (i, (((_, pieces), bp), base)) in batch.iter().zip(at).zip(bases).enumerate() {
-        match base {
-            Ok(base) => {
+        match (base, bp) {
+            (Ok(base), Ok(bp)) => {
                 let (b, sum) = overlay_summed(base, bp, pieces, block_bytes, props.checksum);
                 if is_zero(&b) {
-                    out[i] = BlkPtr::HOLE;
+                    out[i] = Some(BlkPtr::HOLE);
                 } else {
                     built.push((i, b, sum));
                 }
             }
-            // No copy of what the block held verifies: the pieces cannot be laid over it
-            // without inventing the rest. The block keeps its damaged copy, so reads of it
-            // go on failing rather than showing made-up bytes, and the pieces are lost with
-            // it (counted; the failed read counted the damage).
-            Err(_) => {
-                io.zio.stats.lost_patches.fetch_add(1, Ordering::Relaxed);
-                out[i] = *bp;
+            // No copy of what the block held verifies (or its pointer is impossible): the
+            // pieces cannot be laid over it without inventing the rest. The block keeps its
+            // damaged copy, so reads of it go on failing rather than showing made-up bytes,
+            // and the pieces are lost with it (counted; the failed read counted the damage).
+            _ => {
+                io.zio.stats.lost_writes.fetch_add(1, Ordering::Relaxed);
+                out[i] = None;
             }
         }
     }
@@ -309,10 +319,14 @@ fn write_patched(
     let bps = io.zio.write_batch_summed(&bufs, &sums, props, txg)?;
     // The copies these replace were just looked up (`read_bases`), which made them as
     // recent as the new ones: dropped first, they cannot push out live blocks.
-    io.cache.forget(at);
+    let replaced: Vec<BlkPtr> = at
+        .iter()
+        .filter_map(|bp| bp.as_ref().ok().copied())
+        .collect();
+    io.cache.forget(&replaced);
     for ((i, b, _), bp) in built.into_iter().zip(bps) {
         io.cache.insert(&bp, Arc::new(b));
-        out[i] = bp;
+        out[i] = Some(bp);
     }
     Ok(())
 }

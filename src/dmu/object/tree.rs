@@ -4,11 +4,37 @@
 
 use std::sync::Arc;
 
-use crate::dmu::dnode::{DnodePhys, IND_SHIFT};
+use crate::dmu::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
 use crate::spa::BlkPtr;
 use crate::zio::ZioError;
 
 use super::{bp_at, ObjectIo, Wait, FANOUT};
+
+/// `bp`, the pointer to a block of `level` in the tree of `dn`, if it is a hole or points at
+/// a block of the size every such block has (an indirect block's, or the object's block
+/// size): pointers come from disk, and one of another size, which no writer makes, would be
+/// read past the end of its block (an indirect block of 4K holds 32 pointers, not 128).
+/// `zio` checks where each copy lies (`Zio::vdev_of`).
+fn sized(bp: BlkPtr, level: u8, dn: &DnodePhys) -> Result<BlkPtr, ZioError> {
+    let want = if level > 0 {
+        IND_BLOCK_BYTES as u64
+    } else {
+        dn.data_block_bytes.get() as u64
+    };
+    let psize = bp.psize.get() as u64;
+    if bp.is_hole() || psize == want {
+        return Ok(bp);
+    }
+    Err(ZioError::impossible(
+        &bp,
+        format!("a level-{level} block of {psize} bytes, not {want}"),
+    ))
+}
+
+/// The pointer in `slot` of `block`, a block of `level` + 1 in the tree of `dn` (`sized`).
+fn child(block: &[u8], slot: usize, level: u8, dn: &DnodePhys) -> Result<BlkPtr, ZioError> {
+    sized(bp_at(block, slot), level, dn)
+}
 
 /// The pointer to block `idx` of `level` in the tree of `dn` (a hole when out of its range).
 pub(super) fn lookup(
@@ -32,7 +58,7 @@ fn lookup_in(
     if level > top || (idx >> (IND_SHIFT as u64 * (top - level) as u64)) != 0 {
         return Ok(Some(BlkPtr::HOLE));
     }
-    let mut bp = dn.root;
+    let mut bp = sized(dn.root, top, dn)?;
     for l in (level + 1..=top).rev() {
         if bp.is_hole() {
             return Ok(Some(bp));
@@ -41,7 +67,7 @@ fn lookup_in(
             return Ok(None);
         };
         let slot = ((idx >> (IND_SHIFT * (l - 1 - level) as u32)) as usize) & (FANOUT - 1);
-        bp = bp_at(&block, slot);
+        bp = child(&block, slot, l - 1, dn)?;
     }
     Ok(Some(bp))
 }
@@ -93,14 +119,17 @@ impl<'a> Leaves<'a> {
                 block
             }
         };
-        Ok(Some(block.map_or(BlkPtr::HOLE, |b| {
-            bp_at(&b, (blkid as usize) & (FANOUT - 1))
-        })))
+        match block {
+            Some(b) => child(&b, (blkid as usize) & (FANOUT - 1), 0, self.dn).map(Some),
+            None => Ok(Some(BlkPtr::HOLE)),
+        }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn collect_blkids(
     io: &ObjectIo,
+    dn: &DnodePhys,
     bp: BlkPtr,
     level: u8,
     first: u64,
@@ -116,13 +145,13 @@ pub(super) fn collect_blkids(
         out.push(first);
         return Ok(());
     }
-    let block = io.read_bp(&bp)?;
+    let block = io.read_bp(&sized(bp, level, dn)?)?;
     let child_span = span >> IND_SHIFT;
     for slot in 0..FANOUT {
-        let child = bp_at(&block, slot);
         collect_blkids(
             io,
-            child,
+            dn,
+            bp_at(&block, slot),
             level - 1,
             first + slot as u64 * child_span,
             from,
@@ -141,48 +170,66 @@ pub enum Visit {
     Skip,
 }
 
+/// What `walk_from` tells of a subtree it could not walk: the pointer to its root, its
+/// level, the first block id it covers, and why (its indirect block could not be read, or
+/// the pointer is impossible). Nothing below it was visited.
+pub type Unwalked<'a> = &'a mut dyn FnMut(&BlkPtr, u8, u64, ZioError);
+
 /// Visits the block pointers of the tree of `dn` in block order, parents before children,
 /// telling `f` the first block id each one covers; subtrees that lie wholly before block
 /// `from` are passed over without being read, so a scan can resume where it stopped. An
-/// indirect block that cannot be read is passed over as if `f` had said `Skip`, after `f`
-/// was shown its pointer (a scrub reads and reports it there).
+/// indirect block that cannot be read is passed over, after `f` was shown its pointer (a
+/// scrub reads and reports it there), and told to `unwalked`, as is a pointer of a size no
+/// block of its level has (`sized`), which `f` is not shown: the blocks below are neither
+/// visited nor lost without a word (a resilver has not rebuilt them).
 pub fn walk_from(
     io: &ObjectIo,
     dn: &DnodePhys,
     from: u64,
     f: &mut dyn FnMut(&BlkPtr, u8, u64) -> Visit,
+    unwalked: Unwalked,
 ) {
-    fn go(
-        io: &ObjectIo,
-        bp: &BlkPtr,
-        level: u8,
-        first: u64,
+    struct Walk<'a, 'b> {
+        io: &'a ObjectIo,
+        dn: &'a DnodePhys,
         from: u64,
-        f: &mut dyn FnMut(&BlkPtr, u8, u64) -> Visit,
-    ) {
+        f: &'a mut dyn FnMut(&BlkPtr, u8, u64) -> Visit,
+        unwalked: Unwalked<'b>,
+    }
+    fn go(w: &mut Walk, bp: BlkPtr, level: u8, first: u64) {
         let span = (FANOUT as u64).saturating_pow(level as u32);
-        if bp.is_hole() || first.saturating_add(span) <= from {
+        if bp.is_hole() || first.saturating_add(span) <= w.from {
             return;
         }
-        if f(bp, level, first) == Visit::Skip || level == 0 {
+        let bp = match sized(bp, level, w.dn) {
+            Ok(bp) => bp,
+            Err(e) => return (w.unwalked)(&bp, level, first, e),
+        };
+        if (w.f)(&bp, level, first) == Visit::Skip || level == 0 {
             return;
         }
-        let Ok(block) = io.read_bp(bp) else {
-            return;
+        let block = match w.io.read_bp(&bp) {
+            Ok(b) => b,
+            Err(e) => return (w.unwalked)(&bp, level, first, e),
         };
         let child_span = span / FANOUT as u64;
         for slot in 0..FANOUT {
             go(
-                io,
-                &bp_at(&block, slot),
+                w,
+                bp_at(&block, slot),
                 level - 1,
                 first + slot as u64 * child_span,
-                from,
-                f,
             );
         }
     }
-    go(io, &dn.root, dn.nlevels - 1, 0, from, f)
+    let mut w = Walk {
+        io,
+        dn,
+        from,
+        f,
+        unwalked,
+    };
+    go(&mut w, dn.root, dn.nlevels - 1, 0)
 }
 
 /// Visits every block pointer of the tree of `dn`, parents before children, reading (and so
@@ -194,21 +241,23 @@ pub fn walk(
 ) -> Result<(), ZioError> {
     fn go(
         io: &ObjectIo,
-        bp: &BlkPtr,
+        dn: &DnodePhys,
+        bp: BlkPtr,
         level: u8,
         f: &mut dyn FnMut(&BlkPtr, u8) -> Result<(), ZioError>,
     ) -> Result<(), ZioError> {
         if bp.is_hole() {
             return Ok(());
         }
-        f(bp, level)?;
+        let bp = sized(bp, level, dn)?;
+        f(&bp, level)?;
         if level > 0 {
-            let block = io.read_bp(bp)?;
+            let block = io.read_bp(&bp)?;
             for slot in 0..FANOUT {
-                go(io, &bp_at(&block, slot), level - 1, f)?;
+                go(io, dn, bp_at(&block, slot), level - 1, f)?;
             }
         }
         Ok(())
     }
-    go(io, &dn.root, dn.nlevels - 1, f)
+    go(io, dn, dn.root, dn.nlevels - 1, f)
 }
