@@ -8,36 +8,8 @@ mod common;
 use std::path::Path;
 use std::process::{Child, Command, Output};
 
+use common::cli::{fails_with, ok, words, zeta};
 use common::procs::spawn_server;
-
-fn zeta(home: &Path, cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zeta"))
-        .args(args)
-        .env("ZETA_HOME", home)
-        .current_dir(cwd)
-        .output()
-        .unwrap()
-}
-
-fn fails_with(out: &Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {err}"
-    );
-    assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "failed: {err}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn words(line: &str) -> Vec<&str> {
-    line.split(' ').collect()
-}
 
 /// `zeta serve` of `pool` from `home` on a free port; killed when dropped.
 struct Server(Child);

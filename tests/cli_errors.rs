@@ -1,38 +1,12 @@
 //! The `zeta` binary with bad arguments: one clear line on stderr, a non-zero exit, no panic,
 //! and nothing already stored is changed.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn zeta(home: &Path, cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zeta"))
-        .args(args)
-        .env("ZETA_HOME", home)
-        .current_dir(cwd)
-        .output()
-        .unwrap()
-}
-
-fn fails_with(out: &Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {err}"
-    );
-    assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-}
-
-/// The words of a command line, split at spaces.
-fn words(line: &str) -> Vec<&str> {
-    line.split(' ').collect()
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "failed: {err}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::cli::{fails_with, ok, words, zeta};
 
 #[test]
 fn bad_arguments_are_one_clear_line_and_change_nothing() {

@@ -34,15 +34,8 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 impl FileDevice {
     /// Opens an existing file or block device read-write and locks it.
     pub fn open(path: &Path) -> Result<FileDevice, VdevError> {
-        let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => VdevError::Missing { path: name.clone() },
-            _ => VdevError::io(&name, e),
-        })?;
+        let (name, meta) = stat_device(path)?;
         let ft = meta.file_type();
-        if !ft.is_file() && !ft.is_block_device() {
-            return Err(VdevError::NotAFileOrBlockDevice { path: name });
-        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -131,15 +124,8 @@ impl FileDevice {
     /// Opens a file or block device read-only and without its lock, to look at what it holds
     /// before a command writes over it (`dsl::examine`). Writes through it fail.
     pub fn open_to_inspect(path: &Path) -> Result<FileDevice, VdevError> {
-        let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => VdevError::Missing { path: name.clone() },
-            _ => VdevError::io(&name, e),
-        })?;
+        let (name, meta) = stat_device(path)?;
         let ft = meta.file_type();
-        if !ft.is_file() && !ft.is_block_device() {
-            return Err(VdevError::NotAFileOrBlockDevice { path: name });
-        }
         let file = File::open(path).map_err(|e| VdevError::io(&name, e))?;
         let len_bytes = if ft.is_block_device() {
             block_device_size(&file, &name)?
@@ -192,6 +178,20 @@ impl FileDevice {
         }
         out
     }
+}
+
+/// `path`'s name for errors and its metadata, if it is a regular file or a block device.
+fn stat_device(path: &Path) -> Result<(String, std::fs::Metadata), VdevError> {
+    let name = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => VdevError::Missing { path: name.clone() },
+        _ => VdevError::io(&name, e),
+    })?;
+    let ft = meta.file_type();
+    if !ft.is_file() && !ft.is_block_device() {
+        return Err(VdevError::NotAFileOrBlockDevice { path: name });
+    }
+    Ok((name, meta))
 }
 
 /// Whether another open descriptor of `path`, in this process or another, holds the

@@ -9,6 +9,7 @@ use zeta::vdev::mem::{MemDevice, PowerCut};
 use zeta::vdev::{BlockDevice, RaidzConfig};
 use zeta::zvol::Volume;
 
+pub mod cli;
 pub mod nbd_client;
 pub mod procs;
 pub mod rig;
