@@ -435,56 +435,128 @@ fn a_log_block_damaged_on_every_mirror_copy_is_reported() {
 /// A mirror child that missed a log block's write (its file system full while the other's
 /// had room) still holds, at that address, what an earlier pass of the log wrote there: an
 /// intact log block, but not the one the chain expects. The import passes over it to the
-/// copy that took the write and replays every flushed write; the stale copy counts as a
-/// checksum error of its device. (Taken as the block, it ended the chain there: the writes
-/// flushed in it and after it were lost.)
+/// copy that took the write and replays every flushed write. (Taken as the block, it ended
+/// the chain there: the writes flushed in it and after it were lost.) The stale copy of a
+/// block with more of the chain written after it than a batch writes at once counts as a
+/// checksum error of its device and is rewritten; near the end of the chain, a copy that
+/// did not land may be the crash's doing, and counts nothing.
 #[test]
 fn a_mirror_copy_holding_an_older_log_block_is_passed_over() {
-    let (devs, pool) = mirror_pool();
-    let vol = Volume::open(&pool, "v0").unwrap();
-    for i in 0..12u64 {
-        vol.write(i * 16384, &pattern(100 + i, 4096)).unwrap();
-        vol.flush().unwrap();
-    }
-    drop(vol);
-    let cut = power_cut(&devs, PowerCut::DropUnflushed);
-    drop(pool);
-    // The chain's blocks, each 4K record in a block of two sectors of its own.
-    let blocks = log_blocks_on(&cut[0]);
-    let block_len = |at: u64| {
-        let mut header = [0u8; 64];
-        cut[0].read_at(&mut header, at).unwrap();
-        let body = u32::from_le_bytes(header[48..52].try_into().unwrap()) as u64;
-        (96 + body).next_multiple_of(4096)
-    };
-    let mut by_seq: Vec<(u64, u64)> = blocks.iter().map(|&(at, seq)| (seq, at)).collect();
-    by_seq.sort_unstable();
-    let two_sectors: Vec<(u64, u64)> = by_seq
-        .into_iter()
-        .filter(|&(_, at)| block_len(at) == 8192)
-        .collect();
-    assert!(two_sectors.len() >= 6, "{blocks:?}");
-    // The second device missed the last two blocks' writes: it holds older blocks there.
-    let n = two_sectors.len();
-    for k in 0..2 {
-        let (_, stale_at) = two_sectors[k];
-        let (_, at) = two_sectors[n - 2 + k];
-        let mut older = vec![0u8; 8192];
-        cut[1].read_at(&mut older, stale_at).unwrap();
-        cut[1].corrupt(at, &older);
-    }
-    let pool = reimport(&cut);
-    let vol = Volume::open(&pool, "v0").unwrap();
-    for i in 0..12u64 {
-        assert!(
-            read(&vol, i * 16384, 4096) == pattern(100 + i, 4096),
-            "the write flushed {i}th is lost"
+    for stale_near_the_end in [false, true] {
+        let (devs, pool) = mirror_pool();
+        let vol = Volume::open(&pool, "v0").unwrap();
+        for i in 0..12u64 {
+            vol.write(i * 16384, &pattern(100 + i, 4096)).unwrap();
+            vol.flush().unwrap();
+        }
+        drop(vol);
+        let cut = power_cut(&devs, PowerCut::DropUnflushed);
+        drop(pool);
+        // The chain's blocks, each 4K record in a block of two sectors of its own.
+        let blocks = log_blocks_on(&cut[0]);
+        let block_len = |at: u64| {
+            let mut header = [0u8; 64];
+            cut[0].read_at(&mut header, at).unwrap();
+            let body = u32::from_le_bytes(header[48..52].try_into().unwrap()) as u64;
+            (96 + body).next_multiple_of(4096)
+        };
+        let mut by_seq: Vec<(u64, u64)> = blocks.iter().map(|&(at, seq)| (seq, at)).collect();
+        by_seq.sort_unstable();
+        let last_seq = by_seq.last().unwrap().0;
+        let two_sectors: Vec<(u64, u64)> = by_seq
+            .into_iter()
+            .filter(|&(_, at)| block_len(at) == 8192)
+            .collect();
+        assert!(two_sectors.len() >= 8, "{blocks:?}");
+        // The second device missed the writes of two blocks in a row: it holds older blocks
+        // there. Either the last two, or two with more than a batch's blocks after them.
+        let n = two_sectors.len();
+        let victims = if stale_near_the_end { n - 2 } else { 2 };
+        let (first_victim, _) = two_sectors[victims];
+        let followers = last_seq - (first_victim + 1);
+        assert_eq!(
+            followers >= 4,
+            !stale_near_the_end,
+            "{followers} blocks after"
         );
+        for k in 0..2 {
+            let (_, stale_at) = two_sectors[k];
+            let (_, at) = two_sectors[victims + k];
+            let mut older = vec![0u8; 8192];
+            cut[1].read_at(&mut older, stale_at).unwrap();
+            cut[1].corrupt(at, &older);
+        }
+        let pool = reimport(&cut);
+        let vol = Volume::open(&pool, "v0").unwrap();
+        for i in 0..12u64 {
+            assert!(
+                read(&vol, i * 16384, 4096) == pattern(100 + i, 4096),
+                "the write flushed {i}th is lost"
+            );
+        }
+        drop(vol);
+        pool.verify().unwrap();
+        let leaf = |i: usize| pool.vdev_status()[0].leaves[i].clone();
+        assert_eq!(leaf(0).cksum_errors, 0);
+        if stale_near_the_end {
+            assert_eq!(leaf(1).cksum_errors, 0, "counted at the end of the chain");
+            assert_eq!(
+                leaf(1).repaired_bytes,
+                0,
+                "rewritten at the end of the chain"
+            );
+        } else {
+            // The reads started on either copy, by turns: one stale copy was read first,
+            // counted and rewritten.
+            assert_eq!(leaf(1).cksum_errors, 1);
+            assert!(leaf(1).repaired_bytes > 0);
+        }
     }
-    drop(vol);
-    pool.verify().unwrap();
-    // The reads started on either copy, by turns: at least one stale copy was read first.
-    assert!(pool.vdev_status()[0].leaves[1].cksum_errors >= 1);
+}
+
+/// On a raidz2, a log block with a damaged column is rebuilt from the others and replayed.
+/// Damage to a block that more of the chain was written after than a batch writes at once
+/// is its device's fault: counted on that leaf, and the column rewritten. Damage to the
+/// last block may be a crash's tear, some columns written and others not: nothing counted,
+/// nothing rewritten.
+#[test]
+fn a_damaged_raidz_log_block_counts_only_once_more_of_the_chain_follows_it() {
+    for damaged in [1usize, 7] {
+        let devs = mem_devs(6, 64 * MB);
+        let pool = Pool::create(
+            "tank",
+            spec(Layout::Raidz2, &devs),
+            log_opts(CommitPolicy::Group, Placement::Global),
+        )
+        .unwrap();
+        pool.create_volume("v0", 8 * MB, 16384, None).unwrap();
+        pool.ready_logs().unwrap();
+        let (writes, cut) = flushed_one_by_one(&devs, pool, 200, 8);
+        // The leaf holding the data column with the block's header, and its offset there.
+        let (leaf, at) = (0..cut.len())
+            .find_map(|k| log_block_holding(&cut[k], &writes[damaged]).map(|(at, _)| (k, at)))
+            .expect("the block");
+        let mut column = vec![0u8; 4096];
+        cut[leaf].read_at(&mut column, at).unwrap();
+        cut[leaf].corrupt(at + 200, &[0x5a; 16]);
+        let pool = reimport(&cut);
+        assert!(pool.import_notes.lock().is_empty());
+        let vol = Volume::open(&pool, "v0").unwrap();
+        for (i, w) in writes.iter().enumerate() {
+            assert!(read(&vol, i as u64 * 16384, 12288) == *w, "write {i}");
+        }
+        let counters = leaf_counters(&pool);
+        let mut now = vec![0u8; 4096];
+        cut[leaf].read_at(&mut now, at).unwrap();
+        for (k, (name, c)) in counters.iter().enumerate() {
+            let want = match (k == leaf, damaged < 4) {
+                (true, true) => [0, 0, 1, 4096],
+                _ => [0; 4],
+            };
+            assert_eq!(*c, want, "block {damaged}: {name}");
+        }
+        assert_eq!(now == column, damaged < 4, "block {damaged}: rewritten");
+    }
 }
 
 /// A small batch after a large one lands in a slot sized for the large one: it writes and
@@ -955,6 +1027,18 @@ fn a_block_written_in_place_that_does_not_verify_ends_the_log_there() {
     assert!(read(&vol, BLK as u64, BLK) == vec![0u8; BLK]);
     assert!(read(&vol, 2 * BLK as u64, 4096) == vec![0u8; 4096]);
     pool.verify().unwrap();
+    // A block whose write the crash cut short is no fault of the device: the reads that
+    // found it missing (the claim's at import) count nothing.
+    let c = &pool.vdev_status()[0].leaves[0];
+    assert_eq!(
+        [
+            c.read_errors,
+            c.write_errors,
+            c.cksum_errors,
+            c.repaired_bytes
+        ],
+        [0; 4]
+    );
 }
 
 #[test]
@@ -1818,4 +1902,194 @@ fn a_txg_while_import_opens_the_logs_keeps_every_volume() {
         assert_eq!(&read(&vol, *at, data.len()), data, "{name} at {at}");
     }
     pool.verify().unwrap();
+}
+
+/// A simulated device whose durable writes, while `in_flight` is set, are ordinary writes
+/// that no flush has covered yet: a power cut then drops, keeps or tears each of them, as a
+/// crash does the log blocks (and blocks written in place) whose writes were under way. A
+/// flush still makes everything before it durable.
+struct InFlight {
+    dev: Arc<MemDevice>,
+    in_flight: Arc<AtomicBool>,
+}
+
+impl BlockDevice for InFlight {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.read_at(buf, offset)
+    }
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
+        self.dev.read_at_nowait(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.write_at(buf, offset)
+    }
+    fn write_durable(&self, buf: &[u8], offset: u64) -> Result<(), zeta::vdev::VdevError> {
+        if self.in_flight.load(Ordering::SeqCst) {
+            return self.dev.write_at(buf, offset);
+        }
+        self.dev.write_durable(buf, offset)
+    }
+    fn flush(&self) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), zeta::vdev::VdevError> {
+        self.dev.discard(offset, len)
+    }
+    fn len_bytes(&self) -> u64 {
+        self.dev.len_bytes()
+    }
+    fn name(&self) -> &str {
+        self.dev.name()
+    }
+}
+
+/// The leaves `devs`, seen through `InFlight` with `flag`.
+fn in_flight_leaves(
+    devs: &[Arc<MemDevice>],
+    flag: &Arc<AtomicBool>,
+) -> Vec<(Arc<dyn BlockDevice>, String)> {
+    devs.iter()
+        .map(|d| {
+            let dev = InFlight {
+                dev: d.clone(),
+                in_flight: flag.clone(),
+            };
+            (Arc::new(dev) as Arc<dyn BlockDevice>, d.name().to_string())
+        })
+        .collect()
+}
+
+/// Every leaf's (read, write, checksum errors, repaired bytes).
+fn leaf_counters(pool: &Pool) -> Vec<(String, [u64; 4])> {
+    pool.vdev_status()
+        .iter()
+        .flat_map(|t| t.leaves.iter())
+        .map(|l| {
+            let c = [
+                l.read_errors,
+                l.write_errors,
+                l.cksum_errors,
+                l.repaired_bytes,
+            ];
+            (l.path.clone(), c)
+        })
+        .collect()
+}
+
+/// One random change to volume `v0` of a crash loop, applied to `model` too: a 4K piece of a
+/// block (logged by value), a whole 16K block, sixteen of them (written in place when one
+/// batch carries them) or 128K at once (a streaming write, logged by pointer). Returns the
+/// byte range it wrote.
+fn crash_loop_write(
+    vol: &Volume,
+    model: &mut [u8],
+    rng: &mut rand::rngs::StdRng,
+) -> (usize, usize) {
+    let len: usize = match rng.gen_range(0..4) {
+        0 => 4096,
+        1 => 16384,
+        2 => 16 * 16384,
+        _ => 128 << 10,
+    };
+    let align = len.min(16384);
+    let at = rng.gen_range(0..=(model.len() - len) / align) * align;
+    let data = pattern(rng.gen(), len);
+    for (k, chunk) in data.chunks(16384).enumerate() {
+        if len == 16 * 16384 {
+            vol.write((at + k * 16384) as u64, chunk).unwrap();
+        }
+    }
+    if len != 16 * 16384 {
+        vol.write(at as u64, &data).unwrap();
+    }
+    model[at..at + len].copy_from_slice(&data);
+    (at, at + len)
+}
+
+/// Crashes while log blocks and blocks written in place are being written (some columns or
+/// copies landed, others not) are no device's fault. Over a loop of such crashes, each
+/// followed by an import and the replay, no leaf of a raidz2 or a mirror counts a read,
+/// write or checksum error, or repairs a byte, and every write acknowledged before each
+/// crash survives it. (A torn block at the end of a chain that parity rebuilt counted
+/// checksum errors on the leaves whose columns had not landed, and so did, on a mirror, the
+/// copy of a torn block that had not landed and every copy of a block written in place that
+/// had not: a raidz2 of six files showed 1-4 on five leaves after 600 SIGKILLs, while every
+/// scrub found nothing.)
+#[test]
+fn crashes_with_log_writes_in_flight_count_no_device_errors() {
+    let seed = common::procs::seed_from_env("ZETA_ZIL_SEED");
+    eprintln!("crash loop seed {seed} (ZETA_ZIL_SEED to repeat)");
+    const CYCLES: usize = 12;
+    const VOLS: usize = 3;
+    const VOL: usize = 4 << 20;
+    for layout in [Layout::Raidz2, Layout::Mirror] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let opts = log_opts(CommitPolicy::Group, Placement::Global);
+        let mut devs = mem_devs(devs_for(layout), 64 * MB);
+        let flag = Arc::new(AtomicBool::new(false));
+        let leaves = in_flight_leaves(&devs, &flag);
+        let top = match layout {
+            Layout::Raidz2 => {
+                TopSpec::raidz(zeta::vdev::RaidzConfig::new(2, 6, false).unwrap(), leaves)
+            }
+            _ => TopSpec::mirror(leaves),
+        };
+        let mut pool = Pool::create("tank", vec![top], opts.clone()).unwrap();
+        for v in 0..VOLS {
+            pool.create_volume(&format!("v{v}"), VOL as u64, 16384, None)
+                .unwrap();
+        }
+        pool.ready_logs().unwrap();
+        let mut models = vec![vec![0u8; VOL]; VOLS];
+        // Per volume, where the writes in flight at the last crash went.
+        let mut in_flight: Vec<Vec<(usize, usize)>> = vec![Vec::new(); VOLS];
+        for cycle in 0..CYCLES {
+            let what = format!("seed {seed} {layout:?} cycle {cycle}");
+            let vols: Vec<Volume> = (0..VOLS)
+                .map(|v| Volume::open(&pool, &format!("v{v}")).unwrap())
+                .collect();
+            let counted: Vec<_> = leaf_counters(&pool)
+                .into_iter()
+                .filter(|(_, c)| *c != [0; 4])
+                .collect();
+            assert!(counted.is_empty(), "{what}: counted {counted:?}");
+            // Every acknowledged write is there; where a batch in flight wrote, either version
+            // may be (and the volume holds what it holds from then on).
+            for (v, vol) in vols.iter().enumerate() {
+                let got = read(vol, 0, VOL);
+                for (k, (g, m)) in got.chunks(4096).zip(models[v].chunks(4096)).enumerate() {
+                    let at = k * 4096;
+                    let maybe = in_flight[v].iter().any(|&(s, e)| s <= at && at < e);
+                    assert!(
+                        maybe || g == m,
+                        "{what}: v{v}: acknowledged bytes at {at} lost"
+                    );
+                }
+                models[v] = got;
+            }
+            for (vol, model) in vols.iter().zip(models.iter_mut()) {
+                for _ in 0..rng.gen_range(4..12) {
+                    crash_loop_write(vol, model, &mut rng);
+                    if rng.gen_ratio(1, 3) {
+                        vol.flush().unwrap();
+                    }
+                }
+                vol.flush().unwrap();
+            }
+            // The crash comes while each volume's next batch is being written.
+            flag.store(true, Ordering::SeqCst);
+            for (v, vol) in vols.iter().enumerate() {
+                in_flight[v] = (0..rng.gen_range(1..4))
+                    .map(|_| crash_loop_write(vol, &mut models[v], &mut rng))
+                    .collect();
+                vol.flush().unwrap();
+            }
+            let cut = power_cut(&devs, PowerCut::Tear(rng.gen()));
+            flag.store(false, Ordering::SeqCst);
+            drop(vols);
+            drop(pool);
+            devs = cut;
+            pool = Pool::import(in_flight_leaves(&devs, &flag), None, opts.clone()).unwrap();
+        }
+    }
 }

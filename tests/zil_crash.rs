@@ -4,7 +4,9 @@
 //! pool is imported here: every write acknowledged as durable reads back exactly, every slot
 //! holds a whole version, and replaying the log's records a second time changes nothing. Once with
 //! 16K volume blocks (writes logged by value) and once with 128K blocks written whole (written
-//! in place and logged by block pointer).
+//! in place and logged by block pointer), on three stripes; and once on a raidz2 of six files,
+//! where no crash may leave a leaf with an error counted: a log block a kill tore, its
+//! columns partly written, is the crash's doing, not a device's.
 
 mod common;
 
@@ -50,12 +52,25 @@ fn serve(home: &Path) -> (std::process::Child, SocketAddr) {
     (child, addr)
 }
 
-fn files(dir: &Path) -> Vec<PathBuf> {
-    (0..3).map(|i| dir.join(format!("d{i}"))).collect()
+/// The pool's vdevs: three stripes, or one raidz2.
+#[derive(Clone, Copy)]
+enum Layout {
+    Stripes,
+    Raidz2,
 }
 
-fn import(dir: &Path) -> Arc<Pool> {
-    import_files(&files(dir), "tank", PoolOptions::default())
+impl Layout {
+    fn files(self, dir: &Path) -> Vec<PathBuf> {
+        let n = match self {
+            Layout::Stripes => 3,
+            Layout::Raidz2 => 6,
+        };
+        (0..n).map(|i| dir.join(format!("d{i}"))).collect()
+    }
+}
+
+fn import(dir: &Path, layout: Layout) -> Arc<Pool> {
+    import_files(&layout.files(dir), "tank", PoolOptions::default())
 }
 
 fn version_of(got: &[u8], slot: u64) -> Option<u64> {
@@ -75,12 +90,17 @@ fn cycles(default: u64) -> u64 {
 
 #[test]
 fn sigkill_of_the_server_under_fua_and_flush() {
-    crash_cycles(16 << 10, cycles(50));
+    crash_cycles(16 << 10, cycles(50), Layout::Stripes);
 }
 
 #[test]
 fn sigkill_under_fua_and_flush_with_large_writes_made_in_place() {
-    crash_cycles(128 << 10, cycles(25));
+    crash_cycles(128 << 10, cycles(25), Layout::Stripes);
+}
+
+#[test]
+fn sigkill_of_a_raidz2_server_counts_no_device_errors() {
+    crash_cycles(16 << 10, cycles(40), Layout::Raidz2);
 }
 
 const VOLS: [&str; 2] = ["v", "w"];
@@ -90,7 +110,7 @@ const VOLS: [&str; 2] = ["v", "w"];
 /// the logs itself when it starts, and some servers are killed before they are up, perhaps
 /// in the middle of that replay. A check always ends the run.
 #[allow(non_snake_case)]
-fn crash_cycles(SLOT: usize, cycles: u64) {
+fn crash_cycles(SLOT: usize, cycles: u64, layout: Layout) {
     let seed = seed_from_env("ZETA_CRASH_SEED");
     eprintln!("zil crash seed {seed}, {cycles} cycles (ZETA_CRASH_SEED / ZETA_CRASH_CYCLES)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -103,7 +123,15 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
         "size=64M".into(),
     ];
     args.push("tank".into());
-    args.extend(files(tmp.path()).iter().map(|p| p.display().to_string()));
+    if let Layout::Raidz2 = layout {
+        args.push("raidz2".into());
+    }
+    args.extend(
+        layout
+            .files(tmp.path())
+            .iter()
+            .map(|p| p.display().to_string()),
+    );
     assert!(zeta(&home).args(&args).status().unwrap().success());
     for vol in VOLS {
         assert!(zeta(&home)
@@ -205,10 +233,36 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
         child.wait().unwrap();
         drop(clients);
         if cycle + 1 == cycles || rng.gen_bool(0.5) {
-            log_writes += check(tmp.path(), SLOT, &durable, seed, cycle);
+            log_writes += check(tmp.path(), layout, SLOT, &durable, (seed, cycle));
         }
     }
-    log_writes += check(tmp.path(), SLOT, &durable, seed, cycles);
+    log_writes += check(tmp.path(), layout, SLOT, &durable, (seed, cycles));
+    // What a user would read: no device has an error to its name after the crashes.
+    let status = zeta(&home)
+        .args(["pool", "status", "--json", "tank"])
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    let st: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let leaves = st[0]["vdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v["leaves"].as_array().unwrap().iter());
+    for leaf in leaves {
+        for counter in [
+            "read_errors",
+            "write_errors",
+            "cksum_errors",
+            "repaired_bytes",
+        ] {
+            assert_eq!(
+                leaf[counter], 0,
+                "seed {seed}: {counter} of {}",
+                leaf["path"]
+            );
+        }
+    }
     // The crashes must have caught acknowledged writes in the log, or this tested nothing.
     assert!(log_writes > 0, "no cycle left records in the log to replay");
     if SLOT >= 32 << 10 {
@@ -222,10 +276,18 @@ fn crash_cycles(SLOT: usize, cycles: u64) {
 
 /// Imports the pool, replays each volume's log and checks that every slot holds a whole
 /// version, no older than the one acknowledged durable; then that applying the replayed
-/// records once more changes nothing. Returns how many records were replayed.
+/// records once more changes nothing, and that no leaf has an error counted (the
+/// counters this import and every server's before it kept). Returns how many records were
+/// replayed.
 #[allow(non_snake_case)]
-fn check(dir: &Path, SLOT: usize, durable: &[Vec<u64>], seed: u64, cycle: u64) -> u64 {
-    let pool = import(dir);
+fn check(
+    dir: &Path,
+    layout: Layout,
+    SLOT: usize,
+    durable: &[Vec<u64>],
+    (seed, cycle): (u64, u64),
+) -> u64 {
+    let pool = import(dir, layout);
     let mut replayed = 0;
     for (vi, name) in VOLS.iter().enumerate() {
         let ds = pool.dataset(name).unwrap();
@@ -264,6 +326,17 @@ fn check(dir: &Path, SLOT: usize, durable: &[Vec<u64>], seed: u64, cycle: u64) -
     }
     pool.verify()
         .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: verify failed: {e}"));
+    for t in pool.vdev_status() {
+        for l in &t.leaves {
+            let counted = [
+                l.read_errors,
+                l.write_errors,
+                l.cksum_errors,
+                l.repaired_bytes,
+            ];
+            assert_eq!(counted, [0; 4], "seed {seed} cycle {cycle}: {}", l.path);
+        }
+    }
     pool.close().unwrap();
     replayed
 }

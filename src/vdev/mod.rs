@@ -20,6 +20,6 @@ pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
 pub use sector_vec::SectorVec;
 pub(crate) use top::waiting_in_parallel;
-pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges};
+pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges, Unsettled};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::device::VdevError;
 use super::layout::SECTOR;
-use super::top::{Leaf, ReadReport};
+use super::top::{Leaf, ReadReport, Unsettled};
 use crate::math::parity::{Code, Codec};
 
 /// The parity code of a raidz vdev, as its label records it.
@@ -293,6 +293,17 @@ fn any_combination(items: &[usize], k: usize, f: &mut dyn FnMut(&[usize]) -> boo
         false
     }
     go(items, k, 0, &mut Vec::with_capacity(k), f)
+}
+
+/// What kind of read `Raidz::read` is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Until the block verifies; wrong columns are counted and rewritten.
+    Verified,
+    /// Every column, parity included, checked and mended.
+    Scrub,
+    /// Until the block verifies; wrong columns are returned, untouched.
+    Speculative,
 }
 
 impl Raidz {
@@ -584,7 +595,30 @@ impl Raidz {
         verify: &dyn Fn(&[u8]) -> bool,
         birth: Option<u64>,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, birth, false)
+        Ok(self.read(offset, buf, verify, birth, How::Verified)?.0)
+    }
+
+    /// As `read_verified`, but speculative (`TopVdev::read_speculative`): the columns that
+    /// held other bytes than the block that verified, and those that could not be read, are
+    /// returned rather than counted and rewritten. A torn block (some columns written when a
+    /// crash came, others not) rebuilt from the rest is no device's fault.
+    pub fn read_speculative(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Unsettled, VdevError> {
+        Ok(self.read(offset, buf, verify, None, How::Speculative)?.1)
+    }
+
+    /// Counts and rewrites the columns a speculative read of the block `good` at `offset`
+    /// left (`TopVdev::settle`).
+    pub fn settle(&self, offset: u64, good: &[u8], unsettled: &Unsettled) -> ReadReport {
+        let map = self.geom.map(offset, good.len() as u64);
+        let parity = self.parity(&map, good);
+        let mut report = ReadReport::default();
+        self.mend(&map, good, &parity, unsettled, None, &mut report);
+        report
     }
 
     /// As `read_verified`, but a scrub's read of a block born in txg `birth`: parity is read
@@ -597,17 +631,20 @@ impl Raidz {
         verify: &dyn Fn(&[u8]) -> bool,
         birth: u64,
     ) -> Result<ReadReport, VdevError> {
-        self.read(offset, buf, verify, Some(birth), true)
+        Ok(self.read(offset, buf, verify, Some(birth), How::Scrub)?.0)
     }
 
+    /// The read of a block; a speculative one returns the columns found wrong, untouched
+    /// (with nothing counted but failed reads), every other kind returns them settled.
     fn read(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
         birth: Option<u64>,
-        scrub: bool,
-    ) -> Result<ReadReport, VdevError> {
+        how: How,
+    ) -> Result<(ReadReport, Unsettled), VdevError> {
+        let scrub = how == How::Scrub;
         let map = self.geom.map(offset, buf.len() as u64);
         let np = map.nparity;
         let data_lens = map.data_lens();
@@ -625,7 +662,7 @@ impl Raidz {
         }
         let data_ok = reads.failed.is_empty() && verify(buf);
         if data_ok && !scrub {
-            return Ok(ReadReport::default());
+            return Ok(Default::default());
         }
         // The slow path: bring in parity and rebuild.
         let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; np];
@@ -663,7 +700,7 @@ impl Raidz {
             // below, a block whose parity alone failed was called damaged: no combination of
             // data columns was left to try.)
             self.repair(&map, buf, &orig, &reads.failed, birth, &mut report);
-            return Ok(report);
+            return Ok((report, Unsettled::default()));
         }
         let known: Vec<usize> = reads.failed.clone();
         let suspects: Vec<usize> = (0..map.cols.len()).filter(|i| !known.contains(i)).collect();
@@ -712,8 +749,15 @@ impl Raidz {
                 }
             )));
         }
+        if how == How::Speculative {
+            let parity = self.parity(&map, buf);
+            return Ok((
+                report,
+                Self::wrong_columns(&map, buf, &parity, &orig, &known),
+            ));
+        }
         self.repair(&map, buf, &orig, &known, birth, &mut report);
-        Ok(report)
+        Ok((report, Unsettled::default()))
     }
 
     /// After a block verified: recomputes its parity, compares every column with what was
@@ -729,33 +773,62 @@ impl Raidz {
         birth: Option<u64>,
         report: &mut ReadReport,
     ) {
-        let np = map.nparity;
+        let parity = self.parity(map, good);
+        let wrong = Self::wrong_columns(map, good, &parity, orig, failed);
+        self.mend(map, good, &parity, &wrong, birth, report);
+    }
+
+    /// The columns of the block `good` (whose parity is `parity`) that failed to read (the
+    /// indexes in `failed`) or were read (`orig`) holding other bytes.
+    fn wrong_columns(
+        map: &StripeMap,
+        good: &[u8],
+        parity: &[Vec<u8>],
+        orig: &AsRead,
+        failed: &[usize],
+    ) -> Unsettled {
         let lens = map.data_lens();
-        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; map.parity_len()]; np];
-        {
-            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
-            self.codec.generate(&split_lens(good, &lens), &mut prefs);
-        }
-        let good_cols: Vec<&[u8]> = parity
-            .iter()
-            .map(|p| &p[..])
-            .chain(split_lens(good, &lens))
-            .collect();
-        let read_cols: Vec<&[u8]> = orig
+        let good_cols = parity.iter().map(|p| &p[..]).chain(split_lens(good, &lens));
+        let read_cols = orig
             .parity
             .iter()
             .map(|p| &p[..])
-            .chain(split_lens(&orig.data, &lens))
-            .collect();
-        for (i, c) in map.cols.iter().enumerate() {
-            let io_failed = failed.contains(&i);
-            if !io_failed && good_cols[i] == read_cols[i] {
-                continue;
+            .chain(split_lens(&orig.data, &lens));
+        let mut wrong = Unsettled::default();
+        for (i, (g, r)) in good_cols.zip(read_cols).enumerate() {
+            if failed.contains(&i) {
+                wrong.unread.push(i);
+            } else if g != r {
+                wrong.mismatched.push(i);
             }
+        }
+        wrong
+    }
+
+    /// Rewrites the columns `wrong` names with those of the block `good` (whose parity is
+    /// `parity`), counting a checksum error for each that read without error, unless its
+    /// leaf missed the block's `birth`.
+    fn mend(
+        &self,
+        map: &StripeMap,
+        good: &[u8],
+        parity: &[Vec<u8>],
+        wrong: &Unsettled,
+        birth: Option<u64>,
+        report: &mut ReadReport,
+    ) {
+        let good_cols: Vec<&[u8]> = parity
+            .iter()
+            .map(|p| &p[..])
+            .chain(split_lens(good, &map.data_lens()))
+            .collect();
+        let columns = wrong.mismatched.iter().map(|&i| (i, true));
+        for (i, mismatched) in columns.chain(wrong.unread.iter().map(|&i| (i, false))) {
+            let c = &map.cols[i];
             let Some(leaf) = &self.slots[c.child] else {
                 continue;
             };
-            if !io_failed && leaf.count_mismatch(birth) {
+            if mismatched && leaf.count_mismatch(birth) {
                 report.cksum_errors += 1;
             }
             match leaf.write_data(good_cols[i], c.offset) {

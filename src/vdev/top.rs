@@ -559,9 +559,10 @@ enum MirrorRead {
     FirstGood { birth: Option<u64> },
     /// Every copy, checked (a scrub), of a block born in the given txg.
     EveryCopy { birth: u64 },
-    /// Until one verifies; wrong bytes count as checksum errors only once some copy did (the
-    /// end of an intent-log chain is expected not to verify).
-    MaybeAbsent,
+    /// Until one verifies, counting only failed reads and rewriting nothing: the copies that
+    /// failed are returned (`Unsettled`) for the caller to settle if it learns that the
+    /// block was written whole (`TopVdev::read_speculative`).
+    Speculative,
 }
 
 /// What a verified read had to do to return good data.
@@ -570,6 +571,28 @@ pub struct ReadReport {
     pub io_errors: u32,
     pub cksum_errors: u32,
     pub repaired_bytes: u64,
+}
+
+/// The copies a speculative read (`TopVdev::read_speculative`) found wrong beside the block
+/// it returned, and left as they were: mirror children, or raidz columns, that failed to
+/// read or held other bytes. Whether that is a device's fault only the caller can tell (a
+/// block whose write a crash cut short left some copies or columns unwritten, and no device
+/// is to blame); once it knows the block was written whole, `TopVdev::settle` counts and
+/// rewrites them as an ordinary read would have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unsettled {
+    /// Children (by position), or columns (by index in the block's stripe), that read
+    /// without error but held other bytes than the block.
+    pub mismatched: Vec<usize>,
+    /// Those whose read failed: counted as read errors already, since a failed read is the
+    /// device's fault whatever the block; only their rewrite waits.
+    pub unread: Vec<usize>,
+}
+
+impl Unsettled {
+    pub fn is_empty(&self) -> bool {
+        self.mismatched.is_empty() && self.unread.is_empty()
+    }
 }
 
 pub struct TopVdev {
@@ -868,7 +891,7 @@ impl TopVdev {
             Some(rz) => rz.scrub(offset, buf, verify, birth),
             None => {
                 let how = MirrorRead::EveryCopy { birth };
-                self.mirror_read(offset, buf, verify, how, None)
+                Ok(self.mirror_read(offset, buf, verify, how, None)?.0)
             }
         }
     }
@@ -901,31 +924,49 @@ impl TopVdev {
             Some(rz) => rz.read_verified(offset, buf, verify, birth),
             None => {
                 let how = MirrorRead::FirstGood { birth };
-                self.mirror_read(offset, buf, verify, how, first)
+                Ok(self.mirror_read(offset, buf, verify, how, first)?.0)
             }
         }
     }
 
-    /// A verified read where finding no valid block is normal (the end of an intent-log
-    /// chain: space never written, or a torn block). Copies that fail to verify count as
-    /// checksum errors (and are repaired) only if another copy does verify; I/O errors
-    /// always count.
-    pub fn read_maybe_absent(
+    /// A speculative read (OpenZFS's `ZIO_FLAG_SPECULATIVE`): one that may well find no
+    /// block, or a block whose write a crash cut short, and where neither is a device's
+    /// fault (the intent log's reads at import: the end of a chain, its last blocks, which
+    /// may be torn, some mirror copies or raidz columns written and others not, and blocks
+    /// its records say were written in place). As `read_verified`, this
+    /// returns the first copy (or reconstruction) `verify` approves, and counts failed
+    /// reads against their leaves; but copies that held other bytes count no checksum error
+    /// and nothing is rewritten. Those copies, and the ones whose read failed, are returned
+    /// instead: a caller that learns the block was written whole hands them to `settle`.
+    pub fn read_speculative(
         &self,
         offset: u64,
         buf: &mut [u8],
         verify: &dyn Fn(&[u8]) -> bool,
-    ) -> Result<ReadReport, VdevError> {
+    ) -> Result<Unsettled, VdevError> {
         match &self.raidz {
-            // A raidz counts checksum errors only once a reconstruction verifies.
-            Some(rz) => rz.read_verified(offset, buf, verify, None),
-            None => self.mirror_read(offset, buf, verify, MirrorRead::MaybeAbsent, None),
+            Some(rz) => rz.read_speculative(offset, buf, verify),
+            None => Ok(self
+                .mirror_read(offset, buf, verify, MirrorRead::Speculative, None)?
+                .1),
+        }
+    }
+
+    /// Settles what `read_speculative` of the block `good` at `offset` left (`unsettled`),
+    /// once the caller knows the block was written whole, so that copies not holding it are
+    /// their devices' fault: each that read but held other bytes counts a checksum error,
+    /// and every one is rewritten from `good`, as `read_verified` would have done.
+    pub fn settle(&self, offset: u64, good: &[u8], unsettled: &Unsettled) -> ReadReport {
+        match &self.raidz {
+            Some(rz) => rz.settle(offset, good, unsettled),
+            None => self.mend_children(offset, good, unsettled, None),
         }
     }
 
     /// The read of a stripe or mirror: children in turn, from a rotating start, until one
     /// verifies (or, for a scrub, through all of them); then the children that failed or held
-    /// the wrong bytes are rewritten from the good copy. `first` fixes the starting child.
+    /// the wrong bytes are rewritten from the good copy, unless the read is speculative: then
+    /// they are returned, untouched. `first` fixes the starting child.
     fn mirror_read(
         &self,
         offset: u64,
@@ -933,12 +974,12 @@ impl TopVdev {
         verify: &dyn Fn(&[u8]) -> bool,
         how: MirrorRead,
         first: Option<usize>,
-    ) -> Result<ReadReport, VdevError> {
+    ) -> Result<(ReadReport, Unsettled), VdevError> {
         let n = self.children.len();
         let (every_copy, birth) = match how {
             MirrorRead::EveryCopy { birth } => (true, Some(birth)),
             MirrorRead::FirstGood { birth } => (false, birth),
-            MirrorRead::MaybeAbsent => (false, None),
+            MirrorRead::Speculative => (false, None),
         };
         let start = match first {
             Some(f) => f % n,
@@ -946,8 +987,7 @@ impl TopVdev {
             None => 0,
         };
         let mut report = ReadReport::default();
-        let mut bad: Vec<usize> = Vec::new();
-        let mut mismatched: Vec<usize> = Vec::new();
+        let mut wrong = Unsettled::default();
         let mut failures: Vec<String> = Vec::new();
         let mut good = false;
         // Once `buf` holds the good copy, a scrub reads the other copies here.
@@ -969,40 +1009,64 @@ impl TopVdev {
                     self.fail(child, &e, &child.counters.read_errors);
                     report.io_errors += 1;
                     failures.push(e.to_string());
-                    bad.push(i);
+                    wrong.unread.push(i);
                 }
                 Ok(()) if verify(dst) => good = true,
                 Ok(()) => {
-                    mismatched.push(i);
+                    wrong.mismatched.push(i);
                     failures.push(format!("{}: checksum mismatch", child.name()));
-                    bad.push(i);
                 }
             }
         }
-        if good || how != MirrorRead::MaybeAbsent {
-            for &i in &mismatched {
-                if self.children[i].count_mismatch(birth) {
-                    report.cksum_errors += 1;
-                }
+        if how == MirrorRead::Speculative {
+            if !good {
+                return Err(VdevError::AllCopiesFailed(failures.join("; ")));
             }
+            return Ok((report, wrong));
         }
         if !good {
+            // No copy holds the block the tree points at: every one is wrong.
+            for &i in &wrong.mismatched {
+                self.children[i].count_mismatch(birth);
+            }
             return Err(VdevError::AllCopiesFailed(failures.join("; ")));
         }
-        for &b in &bad {
+        let mended = self.mend_children(offset, buf, &wrong, birth);
+        report.cksum_errors += mended.cksum_errors;
+        report.repaired_bytes += mended.repaired_bytes;
+        Ok((report, Unsettled::default()))
+    }
+
+    /// After a read found the block `good` at `offset`: counts a checksum error on each
+    /// child that held other bytes (unless it missed `birth`, see `Leaf::count_mismatch`)
+    /// and rewrites those and the children whose read failed.
+    fn mend_children(
+        &self,
+        offset: u64,
+        good: &[u8],
+        wrong: &Unsettled,
+        birth: Option<u64>,
+    ) -> ReadReport {
+        let mut report = ReadReport::default();
+        for &i in &wrong.mismatched {
+            if self.children[i].count_mismatch(birth) {
+                report.cksum_errors += 1;
+            }
+        }
+        for &b in wrong.mismatched.iter().chain(&wrong.unread) {
             let victim = &self.children[b];
-            if let Err(e) = victim.write_data(buf, offset) {
+            if let Err(e) = victim.write_data(good, offset) {
                 self.fail(victim, &e, &victim.counters.write_errors);
                 victim.repair_failed(&e, birth);
             } else {
                 victim
                     .counters
                     .repaired_bytes
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                report.repaired_bytes += buf.len() as u64;
+                    .fetch_add(good.len() as u64, Ordering::Relaxed);
+                report.repaired_bytes += good.len() as u64;
             }
         }
-        Ok(report)
+        report
     }
 }
 
@@ -1143,6 +1207,108 @@ mod tests {
         let mut raw = vec![0u8; 8192];
         devs[1].read_at(&mut raw, RESERVE_BYTES + 4096).unwrap();
         assert_eq!(raw, good);
+    }
+
+    /// What each leaf counted: (read, write, checksum errors, repaired bytes).
+    fn counted(top: &TopVdev) -> Vec<[u64; 4]> {
+        top.children.iter().map(|c| c.counters.snapshot()).collect()
+    }
+
+    #[test]
+    fn a_speculative_read_counts_and_rewrites_nothing_until_settled() {
+        let (top, devs) = mirror(2);
+        let good = vec![0xcdu8; 8192];
+        top.write(4096, &good).unwrap();
+        // The second copy never landed, or holds garbage.
+        devs[1].corrupt(RESERVE_BYTES + 4096, &[0x11; 8192]);
+        let verify = |b: &[u8]| b == &good[..];
+        let mut wrong = Vec::new();
+        // Whichever child the rotor starts at: the good copy is returned, nothing counted.
+        for _ in 0..2 {
+            let mut buf = vec![0u8; 8192];
+            let u = top.read_speculative(4096, &mut buf, &verify).unwrap();
+            assert_eq!(buf, good);
+            assert!(u.unread.is_empty());
+            wrong.push(u);
+        }
+        assert_eq!(counted(&top), vec![[0; 4]; 2]);
+        let mut raw = vec![0u8; 8192];
+        devs[1].read_at(&mut raw, RESERVE_BYTES + 4096).unwrap();
+        assert_eq!(raw, vec![0x11; 8192], "rewritten by a speculative read");
+        // No copy at all: an error, and still nothing counted.
+        let mut buf = vec![0u8; 8192];
+        assert!(top.read_speculative(4096, &mut buf, &|_| false).is_err());
+        assert_eq!(counted(&top), vec![[0; 4]; 2]);
+        // Settled (the block was written whole after all): counted and rewritten once.
+        let u = wrong
+            .into_iter()
+            .find(|u| !u.is_empty())
+            .expect("one read tried child 1");
+        assert_eq!(u.mismatched, vec![1]);
+        let r = top.settle(4096, &good, &u);
+        assert_eq!((r.cksum_errors, r.repaired_bytes), (1, 8192));
+        assert_eq!(counted(&top), vec![[0; 4], [0, 0, 1, 8192]]);
+        devs[1].read_at(&mut raw, RESERVE_BYTES + 4096).unwrap();
+        assert_eq!(raw, good);
+    }
+
+    #[test]
+    fn a_speculative_raidz_read_rebuilds_a_torn_block_and_counts_nothing_until_settled() {
+        use super::super::raidz::RaidzConfig;
+        let devs: Vec<Arc<MemDevice>> = (0..6)
+            .map(|i| Arc::new(MemDevice::new(&format!("r{i}"), 8 << 20)))
+            .collect();
+        let slots = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Some(Arc::new(Leaf::new(
+                    d.clone() as Arc<dyn BlockDevice>,
+                    i as u64,
+                )))
+            })
+            .collect();
+        let config = RaidzConfig::new(2, 6, false).unwrap();
+        let top = TopVdev::new_raidz(0, 9, config, slots).unwrap();
+        // Four data columns and two of parity, one sector each, on the six children.
+        let good: Vec<u8> = (0..4 * SECTOR as usize).map(|i| (i % 251) as u8).collect();
+        top.write_durable(0, &good, None).unwrap();
+        // Two columns never landed: data column 0 (child 2) and parity column 1 (child 1).
+        let map = top.raidz.as_ref().unwrap().geom.map(0, good.len() as u64);
+        let torn = [map.cols[2], map.cols[1]];
+        for c in &torn {
+            devs[c.child].corrupt(RESERVE_BYTES + c.offset, &[0u8; SECTOR as usize]);
+        }
+        let verify = |b: &[u8]| b == &good[..];
+        let mut buf = vec![0u8; good.len()];
+        let u = top.read_speculative(0, &mut buf, &verify).unwrap();
+        assert_eq!(buf, good, "rebuilt from the other columns");
+        let mut mismatched = u.mismatched.clone();
+        mismatched.sort_unstable();
+        assert_eq!(mismatched, vec![1, 2]);
+        assert_eq!(counted(&top), vec![[0; 4]; 6]);
+        let column = |c: &super::super::raidz::Column| {
+            let mut b = vec![0u8; c.len];
+            devs[c.child]
+                .read_at(&mut b, RESERVE_BYTES + c.offset)
+                .unwrap();
+            b
+        };
+        assert!(torn.iter().all(|c| column(c) == vec![0u8; SECTOR as usize]));
+        // Settled: each of the two leaves counts one and gets its column back.
+        top.settle(0, &good, &u);
+        for (i, c) in counted(&top).into_iter().enumerate() {
+            let hit = torn.iter().any(|t| t.child == i);
+            let want = if hit { [0, 0, 1, SECTOR] } else { [0; 4] };
+            assert_eq!(c, want, "child {i}");
+        }
+        let mut again = vec![0u8; good.len()];
+        assert!(top
+            .read_speculative(0, &mut again, &verify)
+            .unwrap()
+            .is_empty());
+        assert_eq!(column(&torn[0]), good[..SECTOR as usize]);
+        assert_ne!(column(&torn[1]), vec![0u8; SECTOR as usize]);
     }
 
     #[test]

@@ -232,9 +232,17 @@ impl EndOfChain {
     /// so a block torn by a power cut has at most that many less one written after it; more
     /// than that, and its own write had completed.
     pub fn written_whole(&self) -> bool {
-        let at_once = crate::zil::PARALLEL_LOG_WRITES as u64;
-        matches!(self, EndOfChain::Damaged { later, .. } if *later >= at_once)
+        matches!(self, EndOfChain::Damaged { later, .. } if written_whole_before(*later))
     }
+}
+
+/// Whether a log block was certainly written whole, given how many blocks of its chain
+/// are known to have been written (whole or not) after it: a batch writes its blocks a few
+/// at a time (`zil::PARALLEL_LOG_WRITES`) and starts the next few, or the next batch, only
+/// once those are all written, so that many later blocks mean that its own write had
+/// completed before the crash. Short of that, a crash may have cut its write short.
+pub fn written_whole_before(later: u64) -> bool {
+    later >= crate::zil::PARALLEL_LOG_WRITES as u64
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {

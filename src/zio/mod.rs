@@ -598,6 +598,36 @@ impl Zio {
         self.read_from(bp, None)
     }
 
+    /// `read` of a block that may never have been written whole, and where that is no
+    /// device's fault: one an intent-log record points at, written in place by a batch that
+    /// a crash may have cut short. Each copy is read speculatively
+    /// (`TopVdev::read_speculative`): copies that do not hold the block count no checksum
+    /// error and nothing is rewritten (the block lives only until the log's replay has
+    /// copied it); failed reads count as ever.
+    pub fn read_speculative(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
+        assert!(!bp.is_hole());
+        let (psize, verify) = verifier(bp)?;
+        let mut buf = vec![0u8; psize];
+        let mut errors = Vec::new();
+        for d in bp.dvas() {
+            let read = self.vdev_of(d, psize).and_then(|top| {
+                top.read_speculative(d.offset.get(), &mut buf, &verify)
+                    .map_err(|e| e.to_string())
+            });
+            match read {
+                Ok(_) => {
+                    self.stats.blocks_read.fetch_add(1, Ordering::Relaxed);
+                    return Ok(buf);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            errors.push("block pointer has no copies".into());
+        }
+        Err(unrecoverable(bp, errors.join("; ")))
+    }
+
     /// `read`, starting the first copy's read at mirror child `first` when given (the retry
     /// of a block a run read from that child, which did not verify).
     fn read_from(&self, bp: &BlkPtr, first: Option<usize>) -> Result<Vec<u8>, ZioError> {

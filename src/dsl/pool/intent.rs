@@ -6,8 +6,10 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use crate::spa::{AllocClass, BlkPtr};
-use crate::vdev::VdevError;
-use crate::zil::block::{is_block_of, names_block, walk_chain, EndOfChain, LOOKAHEAD};
+use crate::vdev::{Unsettled, VdevError};
+use crate::zil::block::{
+    is_block_of, names_block, walk_chain, written_whole_before, EndOfChain, LOOKAHEAD,
+};
 use crate::zil::log::MAX_BLOCK;
 use crate::zil::{BlockAddr, Done, Log, Prewrite, Record, ZilHeader};
 
@@ -216,6 +218,8 @@ impl Pool {
         if header.chain == 0 {
             return Ok((Log::off(), Vec::new()));
         }
+        // Blocks whose read found copies or columns wrong, left as they were for now.
+        let unsettled: RefCell<Vec<UnsettledBlock>> = RefCell::default();
         let mut read = |a: BlockAddr, seq: u64| -> Result<Vec<u8>, String> {
             // An address no log block can have (a damaged chain): no block there.
             let Some(top) = self.zil.top(a.vdev) else {
@@ -240,7 +244,11 @@ impl Pool {
             // another block is passed over for one that holds this one (`is_block_of`).
             // Copies that fail are looked at on the way: the first whose header names the
             // block was written there and is torn or damaged (`EndOfChain::Damaged`, which
-            // the import reports), whichever copy the read tries last.
+            // the import reports), whichever copy the read tries last. The read is
+            // speculative: a chain is expected to end in garbage, and a crash may have torn
+            // its last blocks, some copies or columns written and others not, so a copy that
+            // does not hold the block is counted and rewritten only once the walk shows the
+            // block was written whole (below).
             let (read_one, named) = (Cell::new(false), RefCell::new(None));
             let this = |b: &[u8]| {
                 read_one.set(true);
@@ -252,8 +260,19 @@ impl Pool {
                 }
                 false
             };
-            match top.read_maybe_absent(a.offset, &mut buf, &this) {
-                Ok(_) => Ok(buf),
+            match top.read_speculative(a.offset, &mut buf, &this) {
+                Ok(wrong) => {
+                    if !wrong.is_empty() {
+                        let good = buf.clone();
+                        unsettled.borrow_mut().push(UnsettledBlock {
+                            seq,
+                            a,
+                            wrong,
+                            good,
+                        });
+                    }
+                    Ok(buf)
+                }
                 // If no copy could be read at all (a raidz: more columns than its parity),
                 // whether the chain goes on is unknown, as with a missing device: not an end.
                 Err(VdevError::ColumnsUnreadable(why)) => {
@@ -267,6 +286,29 @@ impl Pool {
             }
         };
         let (blocks, end) = walk_chain(header.chain, header.head, header.head_seq, &mut read);
+        // Blocks of the chain written after each one, whole or not: those it holds after
+        // it, and a damaged block that ends it with the blocks that go on from there.
+        let beyond = match end {
+            EndOfChain::Damaged { later, .. } => 1 + later,
+            _ => 0,
+        };
+        for UnsettledBlock {
+            seq,
+            a,
+            wrong,
+            good,
+        } in unsettled.into_inner()
+        {
+            // Past the chain's end (`count_later`'s blocks): never replayed, left alone.
+            let Some(i) = blocks.iter().position(|b| b.seq == seq) else {
+                continue;
+            };
+            let after = (blocks.len() - 1 - i) as u64 + beyond;
+            if let (true, Some(top)) = (written_whole_before(after), self.zil.top(a.vdev)) {
+                // Written whole, so a copy without it is its device's fault, as in any read.
+                top.settle(a.offset, &good, &wrong);
+            }
+        }
         let mut addrs = Vec::new();
         let mut at = header.head;
         let mut records = Vec::new();
@@ -324,7 +366,9 @@ impl Pool {
             let Record::Indirect { bp, .. } = r else {
                 continue;
             };
-            if self.io.zio.read(bp).is_err() || self.io.zio.claim(bp).is_err() {
+            // Speculative: a crash may have cut the block's write short, and a copy without
+            // it is then no device's fault.
+            if self.io.zio.read_speculative(bp).is_err() || self.io.zio.claim(bp).is_err() {
                 end = i;
                 break;
             }
@@ -335,10 +379,21 @@ impl Pool {
     }
 
     /// The data of a block an intent-log record of a write made in place points at (one the
-    /// import claimed), for its replay.
+    /// import claimed), for its replay. Speculative, as the claim's read was: a copy the
+    /// crash left without the block, passed over then, is passed over again, not counted.
     pub fn read_in_place(&self, bp: &BlkPtr) -> Result<Vec<u8>, PoolError> {
-        Ok(self.io.zio.read(bp)?)
+        Ok(self.io.zio.read_speculative(bp)?)
     }
+}
+
+/// A log block whose speculative read at import found copies or columns that did not hold
+/// it (`TopVdev::read_speculative`): its sequence number and address, what was wrong, and the
+/// block.
+struct UnsettledBlock {
+    seq: u64,
+    a: BlockAddr,
+    wrong: Unsettled,
+    good: Vec<u8>,
 }
 
 /// What the import says of a volume's log that ends at block `seq` of its own chain, at `at`,
