@@ -306,7 +306,10 @@ impl Pool {
             let after = (blocks.len() - 1 - i) as u64 + beyond;
             if let (true, Some(top)) = (written_whole_before(after), self.zil.top(a.vdev)) {
                 // Written whole, so a copy without it is its device's fault, as in any read.
-                top.settle(a.offset, &good, &wrong);
+                // Only the part of its slot the block took is rewritten: the rest was freed
+                // when it was written and may hold a block of another chain now.
+                let part = self.zil.written_part(a, blocks[i].body_len());
+                top.settle(a.offset, &good[..part.len as usize], &wrong);
             }
         }
         let mut addrs = Vec::new();
