@@ -496,3 +496,23 @@ fn destroying_a_volume_with_data_or_shrinking_one_needs_force() {
     fails_with(&zeta(&home, d, &words("vol destroy tank/w")), "give -f");
     ok(&zeta(&home, d, &words("vol destroy -f tank/w")));
 }
+
+/// `zeta up`'s pool belongs to its directory: another state directory takes it over once
+/// nothing holds it (a killed server's pool was never exported), but not while one runs.
+#[test]
+fn zeta_up_takes_its_directory_over_from_another_state_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    let up = |home: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+        cmd.args(["up", "--listen", "127.0.0.1:0"])
+            .env("ZETA_HOME", home)
+            .current_dir(d);
+        cmd
+    };
+    let first = Server(spawn_server(up(&home)).0);
+    let busy = up(&other).output().unwrap();
+    assert!(!busy.status.success(), "two servers of one pool");
+    drop(first);
+    let _second = Server(spawn_server(up(&other)).0);
+}

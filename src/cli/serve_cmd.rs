@@ -93,7 +93,13 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         // present (a pool made by an older zeta may have fewer).
         let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
         let devs = super::state::open_devices(&present)?;
-        let p = Pool::import(devs, Some(UP_POOL), home.pool_options())?;
+        // The default pool belongs to its directory, whichever state directory last held
+        // it: one still running holds the devices' locks, which `open_devices` respects.
+        let opts = crate::dsl::PoolOptions {
+            force: true,
+            ..home.pool_options()
+        };
+        let p = Pool::import(devs, Some(UP_POOL), opts)?;
         super::state::warn_import_notes(&p);
         home.remember(&p, super::state::device_paths(&p))?;
         p
