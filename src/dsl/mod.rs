@@ -10,7 +10,7 @@ pub mod pool;
 pub mod scan;
 
 pub use pool::{
-    examine, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool, PoolError,
-    PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace, DEFAULT_VOLBLOCKSIZE,
+    examine, examine_labels, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool,
+    PoolError, PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace, DEFAULT_VOLBLOCKSIZE,
     IN_PLACE_MIN_BYTES,
 };

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::create::absolute;
 use crate::cli::state::{device_paths, open_devices, warn_import_notes, Home};
 use crate::cli::{usage, CliError, Result};
-use crate::dsl::{examine, Pool, PoolOptions};
+use crate::dsl::{examine_labels, Pool, PoolOptions};
 
 /// Files and block devices directly inside `dir`.
 fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -60,10 +60,10 @@ pub(super) fn import(
     let mut found: Vec<(PathBuf, String, u64, String)> = Vec::new();
     let mut held: Vec<(PathBuf, u64)> = Vec::new();
     for p in &paths {
-        let Ok((contents, in_use)) = examine(p) else {
+        let Ok((Some(cfg), in_use)) = examine_labels(p) else {
             continue;
         };
-        if let Some(cfg) = contents.live_pool() {
+        if cfg.state != crate::spa::label::PoolState::Destroyed {
             if in_use {
                 held.push((p.clone(), cfg.pool_guid));
             }

@@ -27,32 +27,32 @@ pub enum Contents {
 
 /// Looks at what `path` (an existing file or block device) holds. `in_use` is whether some
 /// descriptor, in this process or another, holds its device lock: a pool has it open now.
+/// Its bytes are read (`foreign_contents`) only where it carries no zeta label.
 pub fn examine(path: &Path) -> Result<(Contents, bool), PoolError> {
     let in_use = crate::vdev::file::held_as_device(path);
     let dev = FileDevice::open_to_inspect(path)?;
-    let extents = dev.data_extents(4096);
-    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
     if dev.len_bytes() == 0 {
         return Ok((Contents::Empty, in_use));
     }
-    let leaf = Leaf::new(dev.clone(), 0);
-    let contents = match read_labels(&leaf) {
+    let extents = dev.data_extents(4096);
+    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+    let judge_bytes = || -> Result<Contents, PoolError> {
+        Ok(match foreign_contents(dev.as_ref(), &extents)? {
+            Some(what) => Contents::Foreign(what),
+            None => Contents::Empty,
+        })
+    };
+    let contents = match read_labels(&Leaf::new(dev.clone(), 0)) {
         Ok(l) => match l.config {
             Some((_, cfg)) => Contents::Zeta(Box::new(cfg)),
             None if l.errors.iter().any(|(_, e)| e.label_present()) => {
                 Contents::DamagedLabel(l.describe_errors(LabelError::label_present))
             }
-            None => match foreign_contents(dev.as_ref(), &extents)? {
-                Some(what) => Contents::Foreign(what),
-                None => Contents::Empty,
-            },
+            None => judge_bytes()?,
         },
         Err(e) if e.label_present() => Contents::DamagedLabel(e.to_string()),
         // A device too small for labels, or one that fails reads: judge its bytes.
-        Err(LabelError::Io(_)) => match foreign_contents(dev.as_ref(), &extents)? {
-            Some(what) => Contents::Foreign(what),
-            None => Contents::Empty,
-        },
+        Err(LabelError::Io(_)) => judge_bytes()?,
         Err(e) => {
             return Err(PoolError::UnreadableLabel {
                 path: path.display().to_string(),
@@ -61,6 +61,15 @@ pub fn examine(path: &Path) -> Result<(Contents, bool), PoolError> {
         }
     };
     Ok((contents, in_use))
+}
+
+/// The newest config on `path`'s labels, if it carries one, read without the device lock,
+/// and whether some descriptor holds that lock: what an import scan needs of a device, and
+/// no more (`examine` would also read a device without labels for data).
+pub fn examine_labels(path: &Path) -> Result<(Option<PoolConfig>, bool), PoolError> {
+    let in_use = crate::vdev::file::held_as_device(path);
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open_to_inspect(path)?);
+    Ok((super::probe(dev), in_use))
 }
 
 /// Clears the zeta labels of `path` (`zeta pool labelclear`), so that no import finds it and

@@ -51,7 +51,7 @@ use labels::LabelUpdate;
 use mos::{alloc_geometry, empty_mos, load_mos, LoadedVolume};
 use sync::{commit_above_skipped, sync_thread, PoolHooks};
 
-pub use examine::{examine, labelclear, Contents};
+pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
