@@ -208,7 +208,8 @@ impl Pool {
         self.sync_now()?;
         let start = self.synced_txg();
         while self.space().freeing > 0 && self.synced_txg() < start + 2 {
-            self.commit_soon();
+            // Something to write, so that the sync `sync_now` asks for commits a txg.
+            self.mos.lock().dir_dirty = true;
             self.sync_now()?;
         }
         Ok(())
