@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output};
 
@@ -16,11 +17,17 @@ struct Server(Child);
 
 impl Server {
     fn start(home: &Path, cwd: &Path, pool: &str) -> Server {
+        Self::start_at(home, cwd, pool).0
+    }
+
+    /// `start`, with the address it listens on and the lines it printed before.
+    fn start_at(home: &Path, cwd: &Path, pool: &str) -> (Server, SocketAddr, Vec<String>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", pool])
             .env("ZETA_HOME", home)
             .current_dir(cwd);
-        Server(spawn_server(cmd).0)
+        let (child, addr, lines) = spawn_server(cmd);
+        (Server(child), addr, lines)
     }
 }
 
@@ -515,4 +522,168 @@ fn zeta_up_takes_its_directory_over_from_another_state_directory() {
     assert!(!busy.status.success(), "two servers of one pool");
     drop(first);
     let _second = Server(spawn_server(up(&other)).0);
+}
+
+/// Every device file of the pool in `d`, as bytes.
+fn snapshot(d: &Path, names: &[&str]) -> Vec<Vec<u8>> {
+    names.iter().map(|n| file_bytes(&d.join(n))).collect()
+}
+
+#[test]
+fn a_read_only_import_writes_nothing_replays_nothing_and_refuses_changes() {
+    use common::nbd_client::Client;
+    use zeta::nbd::proto::{CMD_FLAG_FUA, CMD_WRITE, TF_READ_ONLY};
+    let t = tempfile::tempdir().unwrap();
+    let (home, other, d) = (t.path().join("h1"), t.path().join("h2"), t.path());
+    let dir = d.display().to_string();
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=128M tank mirror a b"),
+    ));
+    ok(&zeta(&home, d, &words("vol create tank/v 8M")));
+    let old = vec![0x11u8; 1 << 20];
+    std::fs::write(d.join("img"), &old).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    // A write acknowledged with FUA, then a crash before its txg: only the log holds it.
+    let (server, addr, _) = Server::start_at(&home, d, "tank");
+    let mut c = Client::open(addr, "tank/v");
+    let new = vec![0x22u8; 64 << 10];
+    assert_eq!(
+        c.call(CMD_WRITE, CMD_FLAG_FUA, 0, new.len() as u32, &new)
+            .error,
+        0
+    );
+    drop(server); // SIGKILL
+    drop(c);
+
+    // Another state directory takes it read-only: it was not exported, so -f is needed.
+    let ro_import = ["pool", "import", "-d", &dir, "-o", "readonly=on", "tank"];
+    fails_with(&zeta(&other, d, &ro_import), "import it with -f");
+    fails_with(
+        &zeta(&other, d, &words("pool import -o readonly=maybe tank")),
+        "readonly takes on or off",
+    );
+    fails_with(
+        &zeta(&other, d, &words("pool import -o compression=on tank")),
+        "an import takes -o readonly=on|off",
+    );
+    let before = snapshot(d, &["a", "b"]);
+    let mut forced = ro_import.to_vec();
+    forced.insert(2, "-f");
+    let out = zeta(&other, d, &forced);
+    assert!(ok(&out).contains("imported 'tank' read-only"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("intent-log records") && err.contains("not replayed"),
+        "the import says what it did not replay: {err}"
+    );
+    // Its volume reads as of the last txg; status says read-only; changes are refused.
+    ok(&zeta(&other, d, &words("vol get tank/v got")));
+    assert_eq!(file_bytes(&d.join("got"))[..1 << 20], old[..]);
+    assert!(ok(&zeta(&other, d, &words("pool status tank"))).contains("ONLINE, read-only"));
+    let st: serde_json::Value =
+        serde_json::from_slice(&zeta(&other, d, &words("pool status --json tank")).stdout).unwrap();
+    assert_eq!(st[0]["readonly"], true);
+    for cmd in [
+        "vol create tank/w 8M",
+        "vol destroy -f tank/v",
+        "vol resize -f tank/v 16M",
+        "vol put tank/v img",
+        "pool scrub tank",
+        "pool clear tank",
+        "pool offline tank b",
+        "pool sync tank",
+    ] {
+        let out = zeta(&other, d, &words(cmd));
+        if cmd == "pool sync tank" {
+            // Nothing to commit: a sync of a read-only pool succeeds and writes nothing.
+            ok(&out);
+        } else {
+            fails_with(&out, "is imported read-only");
+        }
+    }
+    // Served read-only: NBD's read-only flag, writes refused, reads served.
+    let (mut server, addr, lines) = Server::start_at(&other, d, "tank");
+    let mut c = Client::connect(addr);
+    let (_, flags) = c.go("tank/v", &[]).expect("go");
+    assert!(flags & TF_READ_ONLY != 0, "not served read-only: {lines:?}");
+    assert_ne!(
+        c.write(0, &new),
+        0,
+        "a write to a read-only export succeeded"
+    );
+    assert_eq!(c.read(0, 4096).unwrap(), old[..4096]);
+    drop(c);
+    // While it is open read-only, nothing may open its devices to write them.
+    fails_with(
+        &zeta(&home, d, &words("vol get tank/v got2")),
+        "in use by another process",
+    );
+    sigterm(&server.0);
+    assert!(server.0.wait().unwrap().success());
+    ok(&zeta(&other, d, &words("pool export tank")));
+    assert!(
+        snapshot(d, &["a", "b"]) == before,
+        "a read-only import wrote to a device"
+    );
+
+    // The first state directory still has it: its next open replays the log.
+    ok(&zeta(&home, d, &words("vol get --force tank/v got")));
+    let got = file_bytes(&d.join("got"));
+    assert_eq!(got[..new.len()], new[..], "the logged write was lost");
+    assert_eq!(got[new.len()..1 << 20], old[new.len()..]);
+}
+
+/// A read-only import reads through a damaged copy without rewriting it.
+#[test]
+fn a_read_only_import_reads_around_damage_and_leaves_it_for_a_scrub() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("h"), t.path());
+    let dir = d.display().to_string();
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=128M tank mirror a b"),
+    ));
+    ok(&zeta(&home, d, &words("vol create tank/v 16M")));
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(d.join("img"), &data).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v img")));
+    ok(&zeta(&home, d, &words("pool export tank")));
+    // Garbage over the first 24M of a's data area: the volume's blocks lie there.
+    let mut a = file_bytes(&d.join("a"));
+    // Past the front labels, and clear of the first metaslab's start.
+    let reserve = 2 * 256 * 1024 + (4 << 20);
+    for (i, b) in a[reserve..reserve + (24 << 20)].iter_mut().enumerate() {
+        *b = (i as u8) ^ 0x5c;
+    }
+    std::fs::write(d.join("a"), &a).unwrap();
+    let before = snapshot(d, &["a", "b"]);
+    ok(&zeta(
+        &home,
+        d,
+        &["pool", "import", "-d", &dir, "-o", "readonly=on", "tank"],
+    ));
+    ok(&zeta(&home, d, &words("vol get tank/v got")));
+    assert_eq!(file_bytes(&d.join("got"))[..data.len()], data[..]);
+    ok(&zeta(&home, d, &words("pool export tank")));
+    assert!(
+        snapshot(d, &["a", "b"]) == before,
+        "a read-only import rewrote a bad copy"
+    );
+    // Imported read-write, a scrub mends it.
+    ok(&zeta(&home, d, &["pool", "import", "-d", &dir, "tank"]));
+    ok(&zeta(&home, d, &words("pool scrub --wait tank")));
+    assert!(snapshot(d, &["a"]) != vec![a], "the scrub repaired nothing");
+}
+
+/// SIGTERM to a server: it finishes and closes its pools.
+fn sigterm(child: &Child) {
+    // SAFETY: kill(2) with a pid of our own child and a signal number; no memory is passed.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
 }

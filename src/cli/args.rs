@@ -142,12 +142,19 @@ pub enum PoolCmd {
                             Examples:\n  zeta pool import -d /var/zeta\n  \
                             zeta pool import -d /var/zeta tank\n  \
                             zeta pool import -d /var/zeta tank tank2    # under a new name\n  \
-                            zeta pool import -d /var/zeta -f tank       # last held elsewhere"
+                            zeta pool import -d /var/zeta -f tank       # last held elsewhere\n  \
+                            zeta pool import -d /var/zeta -o readonly=on tank"
     )]
     Import {
         /// A directory to look for devices in (default /dev); repeatable.
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// readonly=on: open the pool without writing a byte to its devices (no txg, no
+        /// label, no intent-log replay: volumes read as of the last txg; no scrub, no repair
+        /// of bad copies a read finds). Every command that would change it is refused, and it
+        /// is served read-only, until it is exported and imported again without this.
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
         /// Import a pool that was not exported and whose labels say another host or another
         /// state directory ($ZETA_HOME) had it last: only once sure that nothing uses it
         /// there (a pool open in two places at once is destroyed). Devices a process on this

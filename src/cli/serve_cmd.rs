@@ -92,7 +92,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         // The files exist but this state directory does not know them: import from those
         // present (a pool made by an older zeta may have fewer).
         let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
-        let devs = super::state::open_devices(&present)?;
+        let devs = super::state::open_devices(&present, false)?;
         // The default pool belongs to its directory, whichever state directory last held
         // it: one still running holds the devices' locks, which `open_devices` respects.
         let opts = crate::dsl::PoolOptions {
@@ -206,8 +206,17 @@ fn run(
         human(limits.cache),
         human(limits.dirty_max)
     );
+    let read_only = |export: &str| {
+        let pool = export.split('/').next().unwrap_or("");
+        pools.iter().any(|p| p.name == pool && p.is_read_only())
+    };
     for e in exports.list() {
-        println!("  {base}/{}  ({})", e.name, human(e.size));
+        let ro = if read_only(&e.name) {
+            ", read-only"
+        } else {
+            ""
+        };
+        println!("  {base}/{}  ({}{ro})", e.name, human(e.size));
     }
     if let Some(d) = &default {
         println!("\ntry:\n  nbdinfo {base}/{d}\n  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {base}/{d}\n  qemu-img convert -n -O raw disk.img {base}/{d}\n  fio --ioengine=nbd --uri={base}/{d} --name=t --rw=randrw --bs=4k --size=64M\n");

@@ -58,6 +58,9 @@ pub struct Cache {
 pub struct CachedPool {
     pub guid: u64,
     pub devices: Vec<PathBuf>,
+    /// Imported with `-o readonly=on`: every command opens it read-only, until an export.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub readonly: bool,
 }
 
 impl Home {
@@ -152,6 +155,7 @@ impl Home {
             CachedPool {
                 guid: pool.guid,
                 devices,
+                readonly: pool.is_read_only(),
             },
         );
         self.save(&cache)
@@ -185,7 +189,7 @@ impl Home {
             .filter(|p| p.exists())
             .cloned()
             .collect();
-        let devs = match open_devices(&present) {
+        let devs = match open_devices(&present, entry.readonly) {
             Err(CliError::Vdev(crate::vdev::VdevError::Locked { .. }))
                 if super::control::connect(self, name).is_some() =>
             {
@@ -197,7 +201,14 @@ impl Home {
             }
             r => r?,
         };
-        let pool = Pool::import(devs, Some(name), self.pool_options())?;
+        // A read-only import records no holder in the labels, so the pool still names whoever
+        // had it last: the import was the moment to refuse it (or be told -f), not each open.
+        let opts = PoolOptions {
+            readonly: entry.readonly,
+            force: entry.readonly,
+            ..self.pool_options()
+        };
+        let pool = Pool::import(devs, Some(name), opts)?;
         warn_import_notes(&pool);
         if pool.guid != entry.guid {
             return Err(usage(format!(
@@ -216,11 +227,20 @@ pub fn warn_import_notes(pool: &Pool) {
     }
 }
 
-pub fn open_devices(paths: &[PathBuf]) -> Result<Vec<(Arc<dyn BlockDevice>, String)>> {
+/// Opens and locks the devices at `paths`: for reading only if `read_only` (a pool imported
+/// read-only), which other read-only opens may share.
+pub fn open_devices(
+    paths: &[PathBuf],
+    read_only: bool,
+) -> Result<Vec<(Arc<dyn BlockDevice>, String)>> {
     paths
         .iter()
         .map(|p| {
-            let dev = FileDevice::open(p)?;
+            let dev = if read_only {
+                FileDevice::open_read_only(p)?
+            } else {
+                FileDevice::open(p)?
+            };
             Ok((
                 Arc::new(dev) as Arc<dyn BlockDevice>,
                 p.display().to_string(),

@@ -84,6 +84,8 @@ fn now_secs() -> u64 {
 impl Pool {
     /// Starts a scrub in the background (or resumes a paused one where it stopped).
     pub fn start_scrub(self: &Arc<Self>) -> Result<(), super::PoolError> {
+        // A scan records its progress in the labels and rewrites what it finds bad.
+        self.check_writable()?;
         let mut slot = self.scanner.lock();
         if slot.closed {
             return Err(super::PoolError::Invalid(format!(
@@ -140,7 +142,7 @@ impl Pool {
     /// Resumes a scrub the config says was running (at import).
     pub(super) fn resume_scrub(self: &Arc<Self>) {
         let mut slot = self.scanner.lock();
-        if !slot.closed && self.scan.lock().state == ScanPhase::Scanning {
+        if !slot.closed && !self.is_read_only() && self.scan.lock().state == ScanPhase::Scanning {
             slot.running = Some(self.spawn_scanner());
         }
     }
@@ -239,7 +241,7 @@ impl Pool {
     }
 
     fn start_resilver_in(self: &Arc<Self>, slot: &mut ScanSlot) -> bool {
-        if slot.closed {
+        if slot.closed || self.is_read_only() {
             return false;
         }
         let (owed, leaves) = self.owed();

@@ -119,7 +119,9 @@ pub fn negotiate<S: Read + Write>(
                 };
                 let mut m = Vec::with_capacity(134);
                 m.extend_from_slice(&volume.size().to_be_bytes());
-                m.extend_from_slice(&transmission_flags(policy.read_only).to_be_bytes());
+                m.extend_from_slice(
+                    &transmission_flags(policy.read_only || volume.read_only()).to_be_bytes(),
+                );
                 if !no_zeroes {
                     m.extend_from_slice(&[0u8; 124]);
                 }
@@ -153,7 +155,8 @@ pub fn negotiate<S: Read + Write>(
                     reply_err(s, opt, REP_ERR_UNKNOWN, &msg)?;
                     continue;
                 };
-                send_info(s, opt, &name, &volume, &infos, policy.read_only, exports)?;
+                let read_only = policy.read_only || volume.read_only();
+                send_info(s, opt, &name, &volume, &infos, read_only, exports)?;
                 write_option_reply(s, opt, REP_ACK, &[])?;
                 if opt == OPT_GO {
                     let promised = infos.contains(&INFO_BLOCK_SIZE);
@@ -227,11 +230,12 @@ fn session(
     st: &State,
     promised_alignment: bool,
 ) -> Session {
+    let read_only = policy.read_only || volume.read_only();
     Session {
         base_allocation: st.structured && st.meta_for.as_deref() == Some(name.as_str()),
         name,
         volume,
-        read_only: policy.read_only,
+        read_only,
         structured: st.structured,
         promised_alignment,
     }

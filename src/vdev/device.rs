@@ -164,6 +164,10 @@ pub trait BlockDevice: Send + Sync {
     fn len_bytes(&self) -> u64;
     /// A name for messages: the path for files, a label for simulated devices.
     fn name(&self) -> &str;
+    /// Opened for reading only: every write fails. Only a pool imported read-only takes it.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Bounds check shared by every engine, so all report out-of-range I/O the same way.

@@ -22,6 +22,8 @@ pub struct FileDevice {
     is_block_device: bool,
     /// Bytes of large writes since writeback was last started (see `WRITEBACK_BATCH_BYTES`).
     unstarted: std::sync::atomic::AtomicUsize,
+    /// Opened for reading only (`open_read_only`): a pool imported read-only.
+    read_only: bool,
     /// Cleared once the kernel refuses `RWF_NOWAIT` reads (`read_at_nowait`).
     nowait_reads: std::sync::atomic::AtomicBool,
 }
@@ -41,7 +43,7 @@ impl FileDevice {
             .write(true)
             .open(path)
             .map_err(|e| VdevError::io(&name, e))?;
-        lock_exclusive(&file, &name)?;
+        lock(&file, &name, libc::LOCK_EX)?;
         let len_bytes = if ft.is_block_device() {
             block_device_size(&file, &name)?
         } else {
@@ -62,6 +64,32 @@ impl FileDevice {
             is_block_device: ft.is_block_device(),
             unstarted: std::sync::atomic::AtomicUsize::new(0),
             nowait_reads: std::sync::atomic::AtomicBool::new(true),
+            read_only: false,
+        })
+    }
+
+    /// Opens an existing file or block device for reading only, under a shared lock: other
+    /// read-only opens may share the device, `open` (which takes the lock exclusively) may
+    /// not, so nothing writes the device while a read-only pool reads it.
+    pub fn open_read_only(path: &Path) -> Result<FileDevice, VdevError> {
+        let (name, meta) = stat_device(path)?;
+        let ft = meta.file_type();
+        let file = File::open(path).map_err(|e| VdevError::io(&name, e))?;
+        lock(&file, &name, libc::LOCK_SH)?;
+        let len_bytes = if ft.is_block_device() {
+            block_device_size(&file, &name)?
+        } else {
+            meta.len()
+        };
+        Ok(FileDevice {
+            file,
+            direct: None,
+            path: name,
+            len_bytes,
+            is_block_device: ft.is_block_device(),
+            unstarted: std::sync::atomic::AtomicUsize::new(0),
+            nowait_reads: std::sync::atomic::AtomicBool::new(true),
+            read_only: true,
         })
     }
 
@@ -140,6 +168,7 @@ impl FileDevice {
             is_block_device: ft.is_block_device(),
             unstarted: std::sync::atomic::AtomicUsize::new(0),
             nowait_reads: std::sync::atomic::AtomicBool::new(true),
+            read_only: false,
         })
     }
 
@@ -195,15 +224,17 @@ fn stat_device(path: &Path) -> Result<(String, std::fs::Metadata), VdevError> {
 }
 
 /// Whether another open descriptor of `path`, in this process or another, holds the
-/// exclusive device lock that `FileDevice::open` takes: the path is a device of a pool that
-/// is open right now. A path that cannot be opened is not held.
+/// device lock that `FileDevice::open` (exclusive) or `open_read_only` (shared) takes: the
+/// path is a device of a pool that is open right now. A path that cannot be opened is not
+/// held.
 pub fn held_as_device(path: &Path) -> bool {
     let Ok(file) = File::open(path) else {
         return false;
     };
-    // SAFETY: flock on a descriptor owned here; no memory is passed. A shared lock conflicts
-    // only with an exclusive one, and it goes with `file` at the end of this function.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    // SAFETY: flock on a descriptor owned here; no memory is passed. An exclusive lock
+    // conflicts with either kind, and it goes with `file` at the end of this function (an
+    // open that meets it meanwhile waits `LOCK_PATIENCE` for it).
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
 }
 
@@ -361,12 +392,14 @@ fn vectored(file: &File, iov: &mut [libc::iovec], offset: u64, op: Op) -> std::i
 /// once in about twenty runs).
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
 
-fn lock_exclusive(file: &File, name: &str) -> Result<(), VdevError> {
+/// Takes the device lock `how` (`LOCK_EX` to write the device, `LOCK_SH` to read it while
+/// no one writes it), waiting up to `LOCK_PATIENCE` for a holder to go.
+fn lock(file: &File, name: &str, how: libc::c_int) -> Result<(), VdevError> {
     let started = std::time::Instant::now();
     loop {
         // SAFETY: flock on a file descriptor we own for the duration of the call; no memory
         // is passed to the kernel.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
         if rc == 0 {
             return Ok(());
         }
@@ -596,6 +629,9 @@ impl BlockDevice for FileDevice {
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VdevError> {
         check_range(self, offset_bytes, len_bytes as usize)?;
+        if self.read_only {
+            return Ok(());
+        }
         let fd = self.file.as_raw_fd();
         let rc = if self.is_block_device {
             let range = [offset_bytes, len_bytes];
@@ -633,6 +669,10 @@ impl BlockDevice for FileDevice {
 
     fn name(&self) -> &str {
         &self.path
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 

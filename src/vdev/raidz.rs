@@ -831,6 +831,9 @@ impl Raidz {
             if mismatched && leaf.count_mismatch(birth) {
                 report.cksum_errors += 1;
             }
+            if leaf.is_read_only() {
+                continue;
+            }
             match leaf.write_data(good_cols[i], c.offset) {
                 Ok(()) => {
                     leaf.counters

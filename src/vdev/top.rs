@@ -69,6 +69,9 @@ pub struct Leaf {
     owed_since_scan: parking_lot::Mutex<TxgRanges>,
     /// Faults injected on a live pool (`zeta inject`), for tests and rehearsals.
     pub inject: parking_lot::Mutex<Injection>,
+    /// Part of a pool imported read-only: reads that find a bad copy count it but never
+    /// rewrite it (`is_read_only`).
+    read_only: AtomicBool,
 }
 
 /// Faults `zeta inject` sets on a leaf: reads or writes fail with a probability, or the
@@ -211,7 +214,17 @@ impl Leaf {
             missed: parking_lot::Mutex::new(TxgRanges::default()),
             owed_since_scan: parking_lot::Mutex::new(TxgRanges::default()),
             inject: parking_lot::Mutex::new(Injection::default()),
+            read_only: AtomicBool::new(false),
         }
+    }
+
+    /// In a pool imported read-only: nothing may write the device, not even a repair.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Relaxed)
+    }
+
+    pub fn set_read_only(&self) {
+        self.read_only.store(true, Ordering::Relaxed);
     }
 
     /// Fails this I/O if an injected fault says so.
@@ -695,6 +708,11 @@ impl TopVdev {
         }
     }
 
+    /// Part of a pool imported read-only (`Leaf::is_read_only`): nothing rewrites it.
+    pub fn is_read_only(&self) -> bool {
+        self.children.iter().any(|l| l.is_read_only())
+    }
+
     /// How many children this vdev can have out of service and still serve every block:
     /// its parity for a raidz, all but one for a mirror, none for a stripe.
     pub fn redundancy(&self) -> usize {
@@ -1055,6 +1073,9 @@ impl TopVdev {
         }
         for &b in wrong.mismatched.iter().chain(&wrong.unread) {
             let victim = &self.children[b];
+            if victim.is_read_only() {
+                continue;
+            }
             if let Err(e) = victim.write_data(good, offset) {
                 self.fail(victim, &e, &victim.counters.write_errors);
                 victim.repair_failed(&e, birth);

@@ -573,8 +573,11 @@ impl Zio {
         done.into_iter().flat_map(Mutex::into_inner).collect()
     }
 
-    fn issue_write(&self, d: &Dva, data: &[u8]) -> Result<(), VdevError> {
-        self.tops[d.vdev.get() as usize].write(d.offset.get(), data)
+    /// Rewrites a copy a read found bad (`read_from`, `scrub`); true if rewritten. A pool
+    /// imported read-only leaves it as it is.
+    fn heal(&self, d: &Dva, good: &[u8]) -> bool {
+        let top = &self.tops[d.vdev.get() as usize];
+        !top.is_read_only() && top.write(d.offset.get(), good).is_ok()
     }
 
     /// `read`, if the block's first copy can be had at once (on files, from the page cache:
@@ -653,7 +656,7 @@ impl Zio {
                         .fetch_add(report.repaired_bytes, Ordering::Relaxed);
                     // Heal the ditto copies that failed whole before this one.
                     for bad in failed {
-                        if self.issue_write(bad, &buf).is_ok() {
+                        if self.heal(bad, &buf) {
                             self.stats
                                 .repaired_bytes
                                 .fetch_add(psize as u64, Ordering::Relaxed);
@@ -713,7 +716,7 @@ impl Zio {
             return Err(unrecoverable(bp, errors.join("; ")));
         };
         for bad in failed {
-            if self.issue_write(bad, &good).is_ok() {
+            if self.heal(bad, &good) {
                 total.repaired_bytes += psize as u64;
             }
         }

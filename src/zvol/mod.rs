@@ -216,6 +216,11 @@ impl Volume {
         &self.full_name
     }
 
+    /// On a pool imported read-only: served with NBD's read-only flag, every write refused.
+    pub fn read_only(&self) -> bool {
+        self.pool.is_read_only()
+    }
+
     pub fn size(&self) -> u64 {
         self.ds.volsize()
     }

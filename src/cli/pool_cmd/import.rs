@@ -37,6 +37,32 @@ pub(super) struct ImportOpts {
     pub force: bool,
     /// Import it under this name.
     pub new_name: Option<String>,
+    /// `-o readonly=on`: write nothing to its devices (`PoolOptions::readonly`).
+    pub readonly: bool,
+}
+
+/// The `-o PROP=VALUE` of `zeta pool import`: whether it asks for a read-only import, the
+/// one property an import takes.
+pub(super) fn import_readonly(props: &[String]) -> Result<bool> {
+    let mut readonly = false;
+    for p in props {
+        match p.split_once('=') {
+            Some(("readonly", v)) => {
+                readonly = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(usage(format!("readonly takes on or off, not '{v}'"))),
+                }
+            }
+            _ => {
+                return Err(usage(format!(
+                    "'{p}': an import takes -o readonly=on|off (set other properties after \
+                     the import)"
+                )))
+            }
+        }
+    }
+    Ok(readonly)
 }
 
 pub(super) fn import(
@@ -156,19 +182,22 @@ pub(super) fn import(
                 .join(", ")
         )));
     }
-    let devs = open_devices(&members)?;
+    let devs = open_devices(&members, opts.readonly)?;
     let pool_opts = PoolOptions {
         discard_log,
         force: opts.force,
         rename: opts.new_name.clone(),
+        readonly: opts.readonly,
         ..home.pool_options()
     };
     let pool = Pool::import(devs, Some(&target), pool_opts)?;
     let (old_name, target) = (target, new_name);
     warn_import_notes(&pool);
     // Replaying now also moves every log off a device that was given up on.
-    crate::zvol::replay_logs(&pool)?;
-    if discard_log {
+    if !opts.readonly {
+        crate::zvol::replay_logs(&pool)?;
+    }
+    if discard_log && !opts.readonly {
         // A log device given up on leaves the pool, so that later imports need no flag.
         let gone: Vec<String> = pool
             .vdev_status()
@@ -183,10 +212,11 @@ pub(super) fn import(
     }
     home.remember(&pool, device_paths(&pool))?;
     pool.close()?;
+    let how = if opts.readonly { " read-only" } else { "" };
     if opts.new_name.is_some() {
-        println!("imported '{old_name}' as '{target}'");
+        println!("imported '{old_name}' as '{target}'{how}");
     } else {
-        println!("imported '{target}'");
+        println!("imported '{target}'{how}");
     }
     Ok(())
 }

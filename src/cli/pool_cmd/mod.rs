@@ -28,6 +28,7 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         } => create(home, force, &props, &pool, &vdevs),
         PoolCmd::Import {
             dirs,
+            props,
             force,
             pool,
             new_name,
@@ -39,6 +40,7 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
                 discard_log,
                 force,
                 new_name,
+                readonly: import_readonly(&props)?,
             };
             import(home, &dirs, pool.as_deref(), &opts)
         }
@@ -128,7 +130,7 @@ fn list(home: &Home, json: bool) -> Result<()> {
                        "freeing": st["freeing"],
                        "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0),
                        "usable_size": st["usable"]["size"], "usable_free": st["usable"]["free"],
-                       "health": st["state"]})
+                       "health": st["state"], "readonly": st["readonly"]})
             }
             Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
         };
@@ -158,10 +160,25 @@ fn list(home: &Home, json: bool) -> Result<()> {
             cap,
             n("usable_size"),
             n("usable_free"),
-            r["health"].as_str().unwrap()
+            health(&r)
         );
     }
     Ok(())
+}
+
+/// A pool's state as `pool list` and `pool status` print it: `ONLINE`, `DEGRADED`, … and
+/// whether it was imported read-only.
+fn health(st: &serde_json::Value) -> String {
+    let state = st
+        .get("health")
+        .or_else(|| st.get("state"))
+        .and_then(|s| s.as_str())
+        .unwrap_or("?");
+    if st["readonly"] == true {
+        format!("{state}, read-only")
+    } else {
+        state.to_string()
+    }
 }
 
 /// The status of a pool, from the `zeta serve` holding it if one does, else by opening it.
@@ -287,7 +304,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     let mut scan = serde_json::to_value(p.scan_status()).expect("scan state serializes");
     guids_as_strings(&mut scan);
     json!({"name": p.name, "guid": p.guid.to_string(), "state": state, "suspended": suspended,
-           "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
+           "readonly": p.is_read_only(), "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
            "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
            "volumes": p.datasets().len(), "scan": scan,
@@ -333,7 +350,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
              (raw, as zpool list counts it)\n        {} usable, {} available (after parity, \
              for {} blocks, as zfs list counts it)",
             st["name"].as_str().unwrap(),
-            st["state"].as_str().unwrap(),
+            health(&st),
             st["txg"],
             human(st["size"].as_u64().unwrap()),
             human(st["alloc"].as_u64().unwrap()),

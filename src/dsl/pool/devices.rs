@@ -153,6 +153,7 @@ impl Pool {
         new_path: String,
         force: bool,
     ) -> Result<(), PoolError> {
+        self.check_writable()?;
         let cfg = self.config.lock().clone();
         let Some((t, ci)) = cfg.tops.iter().enumerate().find_map(|(t, tc)| {
             tc.children
@@ -362,6 +363,7 @@ impl Pool {
     /// back online, which resilvers what it missed. Offline is refused where the vdev would
     /// be left without the redundancy to serve every block.
     pub fn set_offline(self: &Arc<Self>, dev: &str, offline: bool) -> Result<(), PoolError> {
+        self.check_writable()?;
         let (t, leaf) = self.find_leaf(dev)?;
         // Missing devices are leaves out of service too.
         let spare = || -> Result<(), PoolError> {
@@ -413,6 +415,7 @@ impl Pool {
     /// Adds a separate log device (a stripe or a mirror) while the pool runs; log blocks go
     /// there from now on. Returns its vdev id.
     pub fn add_log(self: &Arc<Self>, spec: TopSpec, force: bool) -> Result<u32, PoolError> {
+        self.check_writable()?;
         let spec = spec.as_log();
         let mut mos = self.mos.lock();
         let cfg = self.config.lock().clone();
@@ -473,6 +476,7 @@ impl Pool {
     /// then the config forgets it and its labels are cleared. Returns the paths of the
     /// devices removed.
     pub fn remove_log(self: &Arc<Self>, dev: &str) -> Result<Vec<String>, PoolError> {
+        self.check_writable()?;
         let cfg = self.config();
         let named = |t: &TopConfig| {
             t.children
@@ -587,6 +591,7 @@ impl Pool {
     /// that hold volume blocks (data or indirect) on that leaf are chosen. Returns how many
     /// were corrupted (fewer if the leaf holds fewer).
     pub fn corrupt_sectors(&self, dev: &str, count: usize, seed: u64) -> Result<usize, PoolError> {
+        self.check_writable()?;
         let (_, leaf) = match self.find_leaf(dev) {
             Err(_) if self.find_leaf_or_log_leaf(dev).is_ok() => {
                 return Err(invalid(format!(
@@ -610,6 +615,7 @@ impl Pool {
     /// Zeroes every leaf's error counters and returns faulted leaves to service (`zeta pool
     /// clear`), in memory and in the labels; those get a resilver of what they missed.
     pub fn clear_errors(self: &Arc<Self>) -> Result<(), PoolError> {
+        self.check_writable()?;
         for top in &self.label_tops().0 {
             for leaf in &top.children {
                 leaf.counters.set([0; 4]);

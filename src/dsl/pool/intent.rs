@@ -181,6 +181,9 @@ impl Pool {
     /// commits a txg instead (`fallback_syncs`). A server calls this before it serves;
     /// commands that only look at a pool do not, and write nothing.
     pub fn ready_logs(&self) -> Result<(), PoolError> {
+        if self.opts.readonly {
+            return Ok(());
+        }
         self.mos.lock().dir_dirty = true;
         self.sync_now()
     }

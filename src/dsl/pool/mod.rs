@@ -90,6 +90,11 @@ pub enum PoolError {
     NoSuchVolume(String),
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
+    #[error(
+        "pool '{0}' is imported read-only: export it and import it again without \
+         `-o readonly=on` to change it"
+    )]
+    ReadOnly(String),
     /// A wait for a sync given up because the pool waits for room (the sync goes on, and
     /// commits once room is made): for the intent log, whose sync requests must not wait.
     #[error("pool '{pool}' waits for room on its devices' file systems: {why}")]
@@ -159,6 +164,11 @@ pub struct PoolOptions {
     pub holder: Option<String>,
     /// At import: the pool's new name.
     pub rename: Option<String>,
+    /// At import: open the pool read-only (`zpool import -o readonly=on`). Nothing is written
+    /// to its devices: no txg, no label, no intent-log replay (its volumes read as of the
+    /// last txg), no scrub or resilver, no repair of a bad copy a read finds; every change is
+    /// refused with `PoolError::ReadOnly`.
+    pub readonly: bool,
 }
 
 impl Default for PoolOptions {
@@ -175,6 +185,7 @@ impl Default for PoolOptions {
             discard_log: false,
             holder: None,
             rename: None,
+            readonly: false,
         }
     }
 }
@@ -681,6 +692,11 @@ impl Pool {
         required: usize,
         state: PoolState,
     ) -> Result<(), PoolError> {
+        // A read-only pool leaves its labels as it found them: an export or close then only
+        // lets go of the devices. (Every change that would need a new config is refused.)
+        if self.opts.readonly {
+            return Ok(());
+        }
         let generation = self.config_gen.fetch_add(1, Ordering::SeqCst) + 1;
         let mut update =
             LabelUpdate::new(tops, required, format!("config generation {generation}"));
@@ -794,6 +810,11 @@ impl Pool {
             pool: pool_name.clone(),
             why,
         };
+        if opts.readonly && opts.rename.is_some() {
+            return Err(cannot(
+                "a read-only import cannot rename the pool: its labels are not written".into(),
+            ));
+        }
         if let Some(holder) = &opts.holder {
             let (host, holder) = (Some(hostname()), Some(cut_to(holder, MAX_HOLDER_BYTES)));
             // A config from before zeta recorded holders tells nothing either way.
@@ -807,7 +828,11 @@ impl Pool {
                     config.holder.as_deref().unwrap_or("?")
                 )));
             }
-            (config.hostname, config.holder) = (host, holder);
+            // A read-only import writes no label, so the pool stays recorded as whoever had
+            // it last.
+            if !opts.readonly {
+                (config.hostname, config.holder) = (host, holder);
+            }
         }
         if let Some(new) = &opts.rename {
             if !valid_volume_name(new) || new.contains(':') {
@@ -878,6 +903,12 @@ impl Pool {
                         let leaf = Leaf::missing(&c.path, 0, c.guid);
                         leaf.missed.lock().0 = c.missed.clone();
                         slots.push(Some(Arc::new(leaf)));
+                    }
+                    Some((dev, _)) if dev.read_only() && !opts.readonly => {
+                        return Err(cannot(format!(
+                            "{}: opened read-only, for a pool imported read-write",
+                            dev.name()
+                        )));
                     }
                     Some((dev, path)) => {
                         c.path = path.clone();
@@ -979,8 +1010,13 @@ impl Pool {
                 Ok((mos, datasets)) => {
                     let alloc =
                         std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
-                    // New txgs must outrank every uberblock skipped on the way here.
-                    let txg = commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?;
+                    // New txgs must outrank every uberblock skipped on the way here (a
+                    // read-only pool has no new txgs, and writes nothing).
+                    let txg = if opts.readonly {
+                        ub.txg.get()
+                    } else {
+                        commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?
+                    };
                     // A leaf whose newest uberblock is older than the tree's missed the txgs
                     // between: it was offline, or dropped from a txg for a failed write, and
                     // the crash came before the labels recorded it (they are written at such
@@ -994,7 +1030,12 @@ impl Pool {
                         }
                     }
                     let scan = config.scan.clone().unwrap_or_default();
-                    let discard_log = opts.discard_log;
+                    let (discard_log, readonly) = (opts.discard_log, opts.readonly);
+                    if readonly {
+                        for leaf in tops_arc.iter().flat_map(|t| t.children.iter()) {
+                            leaf.set_read_only();
+                        }
+                    }
                     let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
                     let mut opened = Vec::new();
                     // Whether a log waits for its replay: then the first txg to commit,
@@ -1016,13 +1057,28 @@ impl Pool {
                             t => t.min(ub.tree_txg()),
                         };
                         let (log, claims) = pool.open_log(&ds.name, header, after, discard_log)?;
+                        if readonly {
+                            // A replay writes: the volume reads as of the last txg, and the
+                            // log stays on disk for the next read-write import.
+                            if let Some(n) = log.pending_replay().map(|r| r.len()) {
+                                pool.import_notes.lock().push(format!(
+                                    "{}/{}: read-only: {n} intent-log records written after \
+                                     txg {after} are not replayed; the volume reads as of that \
+                                     txg until the pool is imported read-write",
+                                    pool.name, ds.name
+                                ));
+                            }
+                            ds.log = Log::off();
+                            opened.push(ds);
+                            continue;
+                        }
                         replaying |= log.replay_after() != 0;
                         ds.log = log;
                         *ds.replay_claims.lock() = claims;
                         opened.push(ds);
                     }
                     // Every chain is claimed: the logs with nothing to replay start anew.
-                    for ds in &opened {
+                    for ds in opened.iter().filter(|_| !readonly) {
                         if ds.log.pending_replay().is_none() {
                             ds.log.start_chain(&pool.zil, 0);
                         }
@@ -1185,6 +1241,19 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))
     }
 
+    /// Refuses every change to a pool imported read-only, and writes while it is suspended.
+    pub(super) fn check_writable(&self) -> Result<(), PoolError> {
+        if self.opts.readonly {
+            return Err(PoolError::ReadOnly(self.name.clone()));
+        }
+        self.check_healthy()
+    }
+
+    /// Imported read-only (`PoolOptions::readonly`).
+    pub fn is_read_only(&self) -> bool {
+        self.opts.readonly
+    }
+
     /// Refuses writes while the pool is suspended, waiting for room or for good.
     fn check_healthy(&self) -> Result<(), PoolError> {
         match self.sync.lock().suspension() {
@@ -1285,7 +1354,7 @@ impl Pool {
         volblocksize: u32,
         checksum: Option<ChecksumKind>,
     ) -> Result<Arc<Dataset>, PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         if !valid_volume_name(name) {
             return Err(invalid(format!(
                 "invalid volume name '{name}': use letters, digits, '-', '_', '.', ':'"
@@ -1329,7 +1398,7 @@ impl Pool {
     }
 
     pub fn destroy_volume(&self, name: &str) -> Result<(), PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         {
             let mut mos = self.mos.lock();
             let ds = self
@@ -1350,7 +1419,7 @@ impl Pool {
 
     /// Changes a volume's size; shrinking frees the blocks past the new end.
     pub fn resize_volume(&self, name: &str, volsize: u64) -> Result<(), PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         let ds = self.dataset(name)?;
         check_volsize(volsize, ds.volblocksize)?;
         let old = ds.volsize();

@@ -293,6 +293,11 @@ impl Pool {
 
     /// Syncs one txg if anything is dirty. Returns the txg committed, if any.
     fn sync_once(&self) -> Result<Option<Committed>, PoolError> {
+        // Nothing can be dirty in a read-only pool but the directory flags that ask for a
+        // commit (`commit_soon`, `sync_frees`): there is never a txg to write.
+        if self.opts.readonly {
+            return Ok(None);
+        }
         let mos = self.mos.lock();
         let (txg, syncing_bytes, datasets) = {
             let mut open = self.open_txg.write();

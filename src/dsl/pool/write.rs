@@ -37,7 +37,7 @@ impl Pool {
         change: Dirty,
         wait: bool,
     ) -> Result<Option<u64>, PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         let hold = if matches!(change, Dirty::Data(_)) {
             match self.admit_block(ds, wait)? {
                 Some(hold) => hold,
@@ -136,7 +136,7 @@ impl Pool {
         data: Arc<Vec<u8>>,
         wait: bool,
     ) -> Result<Option<u64>, PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         let Some(hold) = self.admit_block(ds, wait)? else {
             return Ok(None);
         };
@@ -271,7 +271,7 @@ impl Pool {
         ds: &Dataset,
         blocks: &[(u64, &[u8])],
     ) -> Result<(u64, Vec<Option<BlkPtr>>), PoolError> {
-        self.check_healthy()?;
+        self.check_writable()?;
         let bs = ds.volblocksize as u64;
         assert!(blocks.iter().all(|(_, b)| b.len() as u64 == bs));
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| *b).collect();
