@@ -191,6 +191,10 @@ fn held(pieces: &[Piece]) -> u64 {
 pub struct Delta {
     pub bytes: i64,
     pub held: i64,
+    /// Bytes of level-1 indirect blocks (all their copies) the txg's sync will write anew
+    /// for this change: those of a block whose group of `FANOUT` blocks had no other change
+    /// in the txg. The sync's other metadata (higher levels, the MOS) is a few blocks.
+    pub meta: i64,
 }
 
 /// What a txg's changes to an object held when its sync began: all dirty bytes, those of
@@ -201,6 +205,8 @@ pub struct SyncBytes {
     pub dirty: u64,
     pub placed: u64,
     pub held: u64,
+    /// The level-1 indirect blocks it rewrites (`Delta::meta`).
+    pub meta: u64,
 }
 
 impl std::ops::AddAssign for SyncBytes {
@@ -208,6 +214,7 @@ impl std::ops::AddAssign for SyncBytes {
         self.dirty += b.dirty;
         self.placed += b.placed;
         self.held += b.held;
+        self.meta += b.meta;
     }
 }
 
@@ -225,6 +232,24 @@ impl std::iter::Sum for SyncBytes {
 type Override = (Arc<Vec<u8>>, BlkPtr);
 
 impl State {
+    /// Bytes a level-1 indirect block takes with all its copies (as `sync` writes them).
+    fn indirect_bytes(&self) -> u64 {
+        IND_BLOCK_BYTES as u64 * indirect_copies(self.dnode.copies) as u64
+    }
+
+    /// Counts a change to block `blkid` new in the open txg in its group; returns the bytes
+    /// of indirect block the sync then writes for it (`Delta::meta`): none if its group had
+    /// a change already.
+    fn note_new_change(&mut self, blkid: u64) -> i64 {
+        let n = self.open_groups.entry(blkid >> IND_SHIFT).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.indirect_bytes() as i64
+        } else {
+            0
+        }
+    }
+
     /// What the unsynced txgs say of block `blkid`: the newest change that replaces it whole
     /// (in the open txg, else in the syncing one; `None` if neither has one: the tree holds
     /// it), and the pieces patched over that since, oldest first.
@@ -250,6 +275,9 @@ impl State {
 struct State {
     dnode: DnodePhys,
     open: OpenMap,
+    /// How many changes the open txg holds in each group of `FANOUT` blocks (one level-1
+    /// indirect block's children): each group present is an indirect block its sync writes.
+    open_groups: GroupMap,
     syncing: Option<Arc<SyncingMap>>,
     /// Blocks of the open txg written ahead; the sync adopts those whose buffer is still the
     /// dirty one and frees the others.
@@ -271,6 +299,16 @@ pub struct Object {
     state: Mutex<State>,
 }
 
+/// Copies of an indirect block of an object whose data has `copies`: one more than the
+/// data, at least two, at most three (as OpenZFS keeps metadata).
+fn indirect_copies(copies: u8) -> usize {
+    (copies as usize).clamp(2, 3)
+}
+
+/// The open txg's changes counted per group of `FANOUT` blocks (`State::open_groups`).
+type GroupMap =
+    std::collections::HashMap<u64, u32, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
+
 fn bp_at(block: &[u8], slot: usize) -> BlkPtr {
     BlkPtr::read_from_bytes(&block[slot * BP_BYTES..(slot + 1) * BP_BYTES]).expect("exact size")
 }
@@ -287,6 +325,7 @@ impl Object {
             state: Mutex::new(State {
                 dnode,
                 open: OpenMap::default(),
+                open_groups: GroupMap::default(),
                 syncing: None,
                 overrides: BTreeMap::new(),
                 syncing_overrides: BTreeMap::new(),
@@ -490,6 +529,7 @@ impl Object {
                 Some(Delta {
                     bytes: block_bytes as i64,
                     held: new as i64,
+                    meta: st.note_new_change(blkid),
                 })
             }
             Some(Dirty::Patch(pieces)) => {
@@ -521,11 +561,13 @@ impl Object {
                     return Some(Delta {
                         bytes: 0,
                         held: block_bytes as i64 - before as i64,
+                        meta: 0,
                     });
                 }
                 Some(Delta {
                     bytes: 0,
                     held: after as i64 - before as i64,
+                    meta: 0,
                 })
             }
             _ => None,
@@ -548,11 +590,15 @@ impl Object {
         let mut delta = Delta {
             bytes: change.bytes(block_bytes) as i64,
             held: change.held() as i64,
+            meta: 0,
         };
         let old = st.open.insert(blkid, change);
-        if let Some(o) = &old {
-            delta.bytes -= o.bytes(block_bytes) as i64;
-            delta.held -= o.held() as i64;
+        match &old {
+            Some(o) => {
+                delta.bytes -= o.bytes(block_bytes) as i64;
+                delta.held -= o.held() as i64;
+            }
+            None => delta.meta = st.note_new_change(blkid),
         }
         (delta, old.and_then(|o| o.placed()))
     }
@@ -611,9 +657,13 @@ impl Object {
         }
         let next = open_map_after(st.open.len());
         let map = std::mem::replace(&mut st.open, next);
+        let groups = std::mem::take(&mut st.open_groups).len() as u64;
         st.syncing_overrides = std::mem::take(&mut st.overrides);
         let block_bytes = st.dnode.data_block_bytes.get() as u64;
-        let mut bytes = SyncBytes::default();
+        let mut bytes = SyncBytes {
+            meta: groups * st.indirect_bytes(),
+            ..SyncBytes::default()
+        };
         for d in map.values() {
             bytes.dirty += d.bytes(block_bytes);
             bytes.held += d.held();
@@ -778,7 +828,7 @@ impl Object {
             kind: BlockKind::Indirect,
             level: 0,
             checksum: checksum.for_metadata(),
-            copies: (old.copies as usize).clamp(2, 3),
+            copies: indirect_copies(old.copies),
             class: self.class,
         };
         // The pointer at index 0 of the level `children` holds, if it has one.
@@ -1029,9 +1079,20 @@ mod tests {
             AllocClass::Recorded,
         );
         let piece = |len: usize, byte: u8| Arc::new(vec![byte; len]);
-        let delta = |bytes, held| Some(Delta { bytes, held });
-        // The first piece dirties the whole block and holds its own bytes.
-        assert_eq!(o.patch(0, 0, piece(4096, 1)), delta(16384, 4096));
+        let delta = |bytes, held| {
+            Some(Delta {
+                bytes,
+                held,
+                meta: 0,
+            })
+        };
+        // The first piece dirties the whole block and holds its own bytes, and its group's
+        // indirect block (two copies) for the sync.
+        let first = Some(Delta {
+            meta: 2 * IND_BLOCK_BYTES as i64,
+            ..delta(16384, 4096).unwrap()
+        });
+        assert_eq!(o.patch(0, 0, piece(4096, 1)), first);
         // Another beside it; then one that covers the first exactly takes its place.
         assert_eq!(o.patch(0, 4096, piece(4096, 2)), delta(0, 4096));
         assert_eq!(o.patch(0, 0, piece(4096, 3)), delta(0, 0));
@@ -1049,5 +1110,32 @@ mod tests {
         };
         assert_eq!(&d[..12288], &[4u8; 12288][..]);
         assert_eq!(&d[12288..], &[6u8; 4096][..]);
+    }
+
+    #[test]
+    fn a_txg_counts_one_indirect_block_per_group_of_blocks_it_changes() {
+        use super::super::dnode::ObjectKind;
+        let o = Object::new(
+            DnodePhys::new(
+                ObjectKind::VolumeData,
+                8192,
+                ChecksumKind::Fletcher4 as u8,
+                1,
+            ),
+            BlockKind::Data,
+            AllocClass::Recorded,
+        );
+        let block = || Dirty::Data(Arc::new(vec![7u8; 8192]));
+        let ind = 2 * IND_BLOCK_BYTES as i64;
+        let group = FANOUT as u64;
+        assert_eq!(o.dirty(0, block()).0.meta, ind);
+        assert_eq!(o.dirty(1, block()).0.meta, 0, "same group");
+        assert_eq!(o.dirty(0, block()).0.meta, 0, "same block again");
+        assert_eq!(o.dirty(group, block()).0.meta, ind, "the next group");
+        assert_eq!(o.dirty(5 * group + 3, Dirty::Free).0.meta, ind);
+        let synced = o.begin_sync();
+        assert_eq!(synced.meta, 3 * ind as u64);
+        // The next txg counts its groups afresh.
+        assert_eq!(o.dirty(1, block()).0.meta, ind);
     }
 }

@@ -187,6 +187,9 @@ pub struct SpaceGauge {
     size: u64,
     free: AtomicU64,
     freeing: AtomicU64,
+    /// Every byte ever allocated: what a reader of `free` cannot tell apart from frees
+    /// returning meanwhile (`Pool::fits_meta` bounds what allocations cut up with it).
+    taken_total: AtomicU64,
 }
 
 impl SpaceGauge {
@@ -207,6 +210,12 @@ impl SpaceGauge {
 
     fn taken(&self, len: u64) {
         self.free.fetch_sub(len, Ordering::Relaxed);
+        self.taken_total.fetch_add(len, Ordering::Relaxed);
+    }
+
+    /// Bytes allocated since the pool was opened (`taken_total`).
+    pub fn taken_total(&self) -> u64 {
+        self.taken_total.load(Ordering::Relaxed)
     }
 }
 
@@ -249,6 +258,7 @@ impl Allocator {
                 size,
                 free: AtomicU64::new(size),
                 freeing: AtomicU64::new(0),
+                taken_total: AtomicU64::new(0),
             }),
         }
     }
@@ -370,7 +380,7 @@ impl Allocator {
         let total = asize * count as u64;
         let top = &mut self.tops[v];
         let ms = &mut top.metaslabs[top.active];
-        let off = Self::take_from(ms, total)?;
+        let off = Self::take_from(ms, total, false)?;
         self.gauge.taken(total);
         self.note_taken(v as u32, off, total, class);
         self.advance_rotor(total);
@@ -404,6 +414,7 @@ impl Allocator {
     /// Takes `asize` bytes from vdev `v`; copy `hint` of `of` starts its search that fraction of
     /// the way across the vdev, so ditto copies on one vdev land far apart.
     fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
+        let near_full = self.near_full();
         let top = &mut self.tops[v];
         let count = top.metaslabs.len();
         let preferred = if hint == 0 {
@@ -413,7 +424,7 @@ impl Allocator {
         };
         // The preferred metaslab almost always has room: try it before ranking the others,
         // which costs a sort per allocation.
-        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize) {
+        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize, near_full) {
             return Some(off);
         }
         // Then the one with the largest free segment, the lowest on ties. A metaslab takes
@@ -423,16 +434,30 @@ impl Allocator {
         let best = (0..count)
             .filter(|&i| i != preferred)
             .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
-        let off = Self::take_from(&mut top.metaslabs[best], asize)?;
+        let off = Self::take_from(&mut top.metaslabs[best], asize, near_full)?;
         if hint == 0 {
             top.active = best;
         }
         Some(off)
     }
 
-    /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them.
-    fn take_from(ms: &mut Metaslab, asize: u64) -> Option<u64> {
-        ms.free.take(asize, &mut ms.cursor)
+    /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them;
+    /// `near_full`, from a hole of exactly that size first (`RangeTree::take_exact_first`).
+    fn take_from(ms: &mut Metaslab, asize: u64, near_full: bool) -> Option<u64> {
+        if near_full {
+            ms.free.take_exact_first(asize, &mut ms.cursor)
+        } else {
+            ms.free.take(asize, &mut ms.cursor)
+        }
+    }
+
+    /// Less than a third of the pool free: blocks then refill holes of their own size before
+    /// they cut into larger segments. Random overwrites of small blocks on a pool 75 % full
+    /// otherwise spent its last large segments on data while the frees they made came back
+    /// as holes of the data's size, and the txg's 16K indirect blocks found no room.
+    fn near_full(&self) -> bool {
+        let s = self.gauge.read();
+        s.free < s.size / 3
     }
 
     fn unalloc(&mut self, d: &Dva) {

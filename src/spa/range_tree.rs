@@ -215,6 +215,25 @@ impl Ranges<BySize> {
         Some(off)
     }
 
+    /// `take` from a segment of exactly `len` bytes if there is one (a hole a block of
+    /// that size left), else as `take` does: near full, blocks refill the holes their kind
+    /// leaves, and larger segments stay for larger blocks (a txg's indirect blocks).
+    pub fn take_exact_first(&mut self, len: u64, cursor: &mut u64) -> Option<u64> {
+        let exact = self
+            .index
+            .0
+            .range((len, 0)..(len + 1, 0))
+            .next()
+            .map(|&(_, s)| s);
+        match exact {
+            Some(off) => {
+                self.remove(off, len);
+                Some(off)
+            }
+            None => self.take(len, cursor),
+        }
+    }
+
     /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
     /// segments (keeps sequential writes sequential), else the smallest segment that fits.
     pub fn find(&self, len: u64, cursor: u64) -> Option<u64> {
@@ -251,6 +270,21 @@ mod tests {
         assert_eq!(t.space_in_pieces(100), 300 + 100);
         assert_eq!(t.space_in_pieces(1), 499);
         assert_eq!(t.space_in_pieces(301), 0);
+    }
+
+    #[test]
+    fn take_exact_first_fills_a_hole_of_the_size_and_spares_larger_segments() {
+        let mut t = RangeTree::new();
+        t.add(0, 1000);
+        t.add(2000, 8);
+        t.add(3000, 16);
+        let mut cursor = 0;
+        assert_eq!(t.take_exact_first(8, &mut cursor), Some(2000));
+        assert_eq!(cursor, 0, "an exact hole leaves the cursor where it was");
+        // No hole of 8 left: next fit from the cursor, as `take`.
+        assert_eq!(t.take_exact_first(8, &mut cursor), Some(0));
+        assert_eq!(t.take_exact_first(16, &mut cursor), Some(3000));
+        assert_eq!(t.space(), 1000 - 8);
     }
 
     #[test]

@@ -453,6 +453,10 @@ pub struct Pool {
     /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
     /// placed blocks and by the unread rest of patched ones.
     held_bytes: AtomicI64,
+    /// The level-1 indirect blocks the dirty changes make their syncs write (`Delta::meta`):
+    /// with small random writes, more than the data itself (an 8K block dirties a 16K
+    /// indirect block, two copies of it), and the sync must find room for them.
+    meta_bytes: AtomicI64,
     /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
     /// last txg committed (kept here so writers need not take the allocator's lock to ask).
     ahead_limit: AtomicU64,
@@ -464,6 +468,10 @@ pub struct Pool {
     /// The free space admission last found in slivers too small for a block (when, block
     /// size, bytes): reused for a while instead of walking every free segment again.
     slivers: Mutex<(std::time::Instant, u64, u64)>,
+    /// The last count of room for indirect blocks (`Pool::fits_meta`): when, the bytes
+    /// allocated until then (`SpaceGauge::taken_total`), and the room then in segments an
+    /// indirect block fits.
+    meta_room: Mutex<(std::time::Instant, u64, u64)>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The last scrub's state (saved in the config) and the thread running one.
     pub(super) scan: Mutex<ScanState>,
@@ -644,10 +652,12 @@ impl Pool {
             dirty_max: AtomicU64::new(dirty_max),
             placed_bytes: AtomicI64::new(0),
             held_bytes: AtomicI64::new(0),
+            meta_bytes: AtomicI64::new(0),
             ahead_limit: AtomicU64::new(ahead_limit),
             ahead: Mutex::new(BTreeMap::new()),
             ahead_bytes: AtomicU64::new(0),
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
+            meta_room: Mutex::new((std::time::Instant::now(), 0, 0)),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
             scanner: Mutex::new(ScanSlot::default()),

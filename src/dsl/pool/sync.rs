@@ -490,6 +490,8 @@ impl Pool {
             .fetch_sub(syncing_bytes.placed as i64, Ordering::AcqRel);
         self.held_bytes
             .fetch_sub(syncing_bytes.held as i64, Ordering::AcqRel);
+        self.meta_bytes
+            .fetch_sub(syncing_bytes.meta as i64, Ordering::AcqRel);
         drop(mos);
         // The log blocks this txg covers are free; sync requests it covers are answered.
         for ds in datasets {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use parking_lot::RwLockReadGuard;
 
 use crate::dmu::object::Delta;
-use crate::dmu::Dirty;
+use crate::dmu::{dnode, Dirty};
 use crate::spa::{AllocClass, AllocError, BlkPtr, Space};
 use crate::zio::{WriteProps, ZioError};
 
@@ -118,6 +118,14 @@ impl Pool {
     fn count_dirty(&self, delta: Delta) {
         self.dirty_bytes.fetch_add(delta.bytes, Ordering::AcqRel);
         self.held_bytes.fetch_add(delta.held, Ordering::AcqRel);
+        if delta.meta != 0 {
+            self.meta_bytes.fetch_add(delta.meta, Ordering::AcqRel);
+        }
+    }
+
+    /// The indirect blocks the unsynced txgs will write (`meta_bytes`).
+    fn meta_bytes(&self) -> u64 {
+        self.meta_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     /// Lays `data` over bytes `at..` of block `blkid` of a volume in the open txg, without
@@ -421,8 +429,44 @@ impl Pool {
         let inflation = self.io.zio.max_inflation();
         let dirty = (self.unplaced_bytes() + len) * inflation;
         let ahead = self.ahead_bytes.load(Ordering::Acquire);
-        let need = dirty + dirty / 8 + slop + ahead * inflation;
-        space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need)
+        // The indirect blocks of the txgs not yet synced, and one more for this write.
+        let meta = (self.meta_bytes() + 2 * dnode::IND_BLOCK_BYTES as u64) * inflation;
+        let need = dirty + dirty / 8 + meta + slop + ahead * inflation;
+        let room =
+            space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need);
+        // Data of blocks smaller than an indirect block can fill its holes; the indirect
+        // blocks need segments of their own size, which such data may also cut up.
+        let meta_need = if block >= dnode::IND_BLOCK_BYTES as u64 {
+            need
+        } else {
+            meta + slop / 2 + self.unplaced_bytes() * inflation
+        };
+        room && self.fits_meta(meta_need, count)
+    }
+
+    /// Whether the segments an indirect block fits in hold `need` bytes. Counted under the
+    /// allocator's lock at most once a second while the count stays well above the need:
+    /// between counts, the room is taken as the last count less what every byte allocated
+    /// since could have cut from it (an allocation of one sector can spoil a whole segment
+    /// of an indirect block's size), frees returning meanwhile counted as no room (they come
+    /// back as holes of the blocks freed). Without `count`, a doubtful answer is no.
+    fn fits_meta(&self, need: u64, count: bool) -> bool {
+        let piece = dnode::IND_BLOCK_BYTES as u64 * self.io.zio.max_inflation();
+        let spoil = piece / crate::vdev::layout::SECTOR;
+        let total = self.io.zio.gauge.taken_total();
+        let mut last = self.meta_room.lock();
+        let (at, taken_then, room) = *last;
+        let taken = total.saturating_sub(taken_then);
+        let lower = room.saturating_sub(taken.saturating_mul(spoil));
+        if lower >= need && at.elapsed() < SLIVERS_FOR {
+            return true;
+        }
+        if !count {
+            return false;
+        }
+        let room = self.io.zio.usable_space(dnode::IND_BLOCK_BYTES as u64);
+        *last = (std::time::Instant::now(), total, room);
+        room >= need
     }
 
     /// Whether blocks of `block` bytes still find `need` bytes of room among the free
