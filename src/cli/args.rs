@@ -441,9 +441,21 @@ pub struct NetArgs {
     /// Address and port to listen on.
     #[arg(long, default_value = "127.0.0.1:10809", value_name = "ADDR:PORT")]
     pub listen: String,
-    /// Connections served at once; further clients get a clear refusal.
+    /// Connections served at once (past their handshake); further clients get a clear
+    /// refusal.
     #[arg(long, default_value_t = 64)]
     pub max_connections: usize,
+    /// Handshakes in progress at once (they hold no serving slot); one more ends the
+    /// oldest.
+    #[arg(long, default_value_t = 32)]
+    pub max_handshakes: usize,
+    /// Seconds a client has for its whole handshake before it is dropped.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub handshake_timeout: u64,
+    /// Seconds a client may leave its replies unread (the socket full) before it is
+    /// dropped.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub write_timeout: u64,
     /// Export every volume read-only.
     #[arg(long)]
     pub read_only: bool,

@@ -30,6 +30,14 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
     if net.max_connections == 0 {
         return Err(usage("--max-connections must be at least 1"));
     }
+    if net.max_handshakes == 0 {
+        return Err(usage("--max-handshakes must be at least 1"));
+    }
+    if net.handshake_timeout == 0 || net.write_timeout == 0 {
+        return Err(usage(
+            "--handshake-timeout and --write-timeout must be at least 1 second",
+        ));
+    }
     let inflight = parse_size(&net.max_inflight)?;
     if inflight < crate::nbd::proto::MAX_PAYLOAD as u64 {
         return Err(usage(format!(
@@ -40,6 +48,9 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
     Ok(ServerConfig {
         listen,
         max_connections: net.max_connections,
+        max_handshakes: net.max_handshakes,
+        handshake_timeout: std::time::Duration::from_secs(net.handshake_timeout),
+        write_timeout: std::time::Duration::from_secs(net.write_timeout),
         read_only: net.read_only,
         inflight_bytes: inflight,
         ..Default::default()

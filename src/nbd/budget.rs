@@ -57,9 +57,22 @@ impl Budget {
     /// Waits until `bytes` (at most the whole capacity, so one huge request cannot wait
     /// forever) are available and takes them.
     pub fn acquire(self: &Arc<Self>, bytes: u64) -> Grant {
+        self.acquire_or_else(bytes, || {})
+    }
+
+    /// `acquire`, calling `before_wait` (without the budget's lock) once if it has to wait:
+    /// a caller holding replies it has yet to send sends them there, since their grants may
+    /// be the room it waits for.
+    pub fn acquire_or_else(self: &Arc<Self>, bytes: u64, before_wait: impl FnOnce()) -> Grant {
         let bytes = bytes.min(self.capacity);
         let mut st = self.state.lock();
         st.make_room(bytes);
+        if st.available < bytes {
+            drop(st);
+            before_wait();
+            st = self.state.lock();
+            st.make_room(bytes);
+        }
         while st.available < bytes {
             self.freed.wait(&mut st);
             st.make_room(bytes);
@@ -73,7 +86,11 @@ impl Budget {
 
     /// A grant and an empty buffer that can hold `len` bytes: a kept one if one fits
     /// (at most twice as large), else a new one once the budget has room for it.
-    pub fn acquire_buffer(self: &Arc<Self>, len: usize) -> (Grant, Vec<u8>) {
+    pub fn acquire_buffer(
+        self: &Arc<Self>,
+        len: usize,
+        before_wait: impl FnOnce(),
+    ) -> (Grant, Vec<u8>) {
         let fits = |b: &Vec<u8>| b.capacity() >= len && b.capacity() <= len.max(4096) * 2;
         {
             let mut st = self.state.lock();
@@ -86,7 +103,7 @@ impl Budget {
                 return (grant, buf);
             }
         }
-        let grant = self.acquire(len as u64);
+        let grant = self.acquire_or_else(len as u64, before_wait);
         (grant, Vec::with_capacity(len))
     }
 
@@ -114,12 +131,29 @@ impl Grant {
     }
 }
 
-impl Drop for Grant {
-    fn drop(&mut self) {
+impl Grant {
+    /// Gives the bytes back now (the grant's data is gone), not when the grant is dropped.
+    pub fn release(&mut self) {
         if self.bytes > 0 {
-            self.budget.state.lock().available += self.bytes;
+            self.budget.state.lock().available += std::mem::take(&mut self.bytes);
             self.budget.freed.notify_all();
         }
+    }
+}
+
+/// What one request holds until its reply is on the wire: bytes of the server-wide budget
+/// for its data (a read's reply, a write's payload until the volume has it), and bytes of
+/// its connection's quota for its reply. A reply keeps both until its last byte is written,
+/// so a client that stops reading stops its own reader before it holds more than its quota.
+pub struct Held {
+    pub data: Grant,
+    /// Only ever given back (dropped with the reply).
+    pub _reply: Grant,
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -130,7 +164,7 @@ mod tests {
     #[test]
     fn kept_buffers_count_against_the_budget_and_make_room_when_needed() {
         let b = Budget::new(1 << 20);
-        let (mut g, buf) = b.acquire_buffer(256 << 10);
+        let (mut g, buf) = b.acquire_buffer(256 << 10, || {});
         assert_eq!(b.available(), 768 << 10);
         let ptr = buf.as_ptr();
         g.keep(buf);
@@ -141,7 +175,7 @@ mod tests {
             "the kept buffer still holds its bytes"
         );
         // The same size again reuses it.
-        let (g, buf) = b.acquire_buffer(200 << 10);
+        let (g, buf) = b.acquire_buffer(200 << 10, || {});
         assert_eq!(buf.as_ptr(), ptr);
         assert!(buf.is_empty() && buf.capacity() >= 200 << 10);
         drop((g, buf));
@@ -151,7 +185,7 @@ mod tests {
             "a buffer not kept gives its bytes back"
         );
         // A kept buffer too small to fit is freed when the room is needed.
-        let (mut g, buf) = b.acquire_buffer(512 << 10);
+        let (mut g, buf) = b.acquire_buffer(512 << 10, || {});
         g.keep(buf);
         drop(g);
         let whole = b.acquire(1 << 20);
@@ -163,7 +197,7 @@ mod tests {
     #[test]
     fn a_request_waiting_for_room_wakes_when_a_buffer_is_kept() {
         let b = Budget::new(1 << 20);
-        let (mut g, buf) = b.acquire_buffer(1 << 20);
+        let (mut g, buf) = b.acquire_buffer(1 << 20, || {});
         let (tx, rx) = std::sync::mpsc::channel();
         let b2 = b.clone();
         let waiter = std::thread::spawn(move || {

@@ -8,17 +8,21 @@
 //! Memory is bounded by the server-wide in-flight budget: the reader takes budget for a
 //! request's data before reading its payload (or before issuing a read), and a request gives
 //! it back once its reply is on the wire. When the budget is spent the reader stops reading
-//! the socket, which is TCP's backpressure on the client.
+//! the socket, which is TCP's backpressure on the client. Each connection also has a quota
+//! of reply bytes not yet written (`ConnConfig::reply_quota_bytes`), taken the same way: a
+//! client that sends reads and does not read their replies stops its own reader once its
+//! quota is spent, and never holds the budget the other connections need.
 
 use std::cell::{Cell, RefCell};
-use std::io::{self, BufReader};
-use std::net::TcpStream;
+use std::io::{self, BufReader, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::budget::{Budget, Grant};
+use super::budget::{Budget, Held};
 use super::handshake::Session;
 use super::proto::*;
 use super::replies::{
@@ -30,12 +34,39 @@ use crate::zvol::{after_wakeups, Done, VolError, Volume};
 
 /// The longest range one BLOCK_STATUS reply describes; clients ask again for the rest.
 const MAX_STATUS_SPAN: u64 = 1 << 30;
+/// The most extents one BLOCK_STATUS reply carries (the spec lets a reply cover less than
+/// was asked), so that its size, which the reply's quota must cover, is bounded.
+const MAX_STATUS_EXTENTS: usize = 1024;
 /// The longest range one CACHE request prefetches; the rest is a hint we may ignore.
 const MAX_CACHE_SPAN: u64 = 64 << 20;
 
+/// What bounds one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnConfig {
+    /// Bytes of replies a connection may owe (requests admitted whose replies are not yet
+    /// written): past it, its reader waits.
+    pub reply_quota_bytes: u64,
+    /// How long a client may leave its socket full (reading nothing) before it is dropped.
+    pub write_timeout: Duration,
+}
+
+/// The longest error message a reply carries.
+const MAX_ERROR_MESSAGE_BYTES: usize = 200;
+
+/// The quota a request takes for its reply: a read's data, else room for a header and a
+/// message.
+fn reply_cost(req: &Request) -> u64 {
+    const SMALL_REPLY_BYTES: u64 = 256;
+    match req.kind {
+        CMD_READ => req.length as u64 + SMALL_REPLY_BYTES,
+        CMD_BLOCK_STATUS => 8 * MAX_STATUS_EXTENTS as u64 + SMALL_REPLY_BYTES,
+        _ => SMALL_REPLY_BYTES,
+    }
+}
+
 pub struct Shared {
     pub session: Session,
-    replies: Replies,
+    replies: Arc<Replies>,
     inflight: Mutex<usize>,
     drained: Condvar,
 }
@@ -74,12 +105,12 @@ impl Shared {
     /// while a worker has more requests queued behind this one (until it runs out of them, or
     /// has run a few: `workers::more_queued`), and while the reader serving a read has more
     /// requests buffered (`read_here`).
-    fn send(self: &Arc<Self>, bufs: &[&[u8]]) {
+    fn send(self: &Arc<Self>, bufs: &[&[u8]], held: Held) {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if len > QUEUED_REPLY_BYTES {
-            self.replies.write_now(bufs);
+            self.replies.write_now(bufs, held);
         } else {
-            self.replies.queue(bufs);
+            self.replies.queue(bufs, held);
             if !hold(self) {
                 self.replies.drain();
             }
@@ -87,49 +118,55 @@ impl Shared {
     }
 
     /// Replies to a read with `len` bytes of `data`, a buffer from `take_read_buffer`, which
-    /// goes back to the buffers (with the read's `grant` to the budget) once the reply is on
-    /// the wire. A long reply that finds the socket taken is left to the thread writing
-    /// (`Replies::send_long`).
-    fn reply_read(self: &Arc<Self>, req: &Request, data: Vec<u8>, len: usize, grant: Grant) {
+    /// goes back to the buffers (and what the read holds to its budgets) once the reply is on
+    /// the wire. A long reply is handed over whole (`Replies::send_long`).
+    fn reply_read(self: &Arc<Self>, req: &Request, data: Vec<u8>, len: usize, held: Held) {
         let (head, head_len) = self.read_head(req, len);
         let head = &head[..head_len];
         if len > QUEUED_REPLY_BYTES {
-            self.replies.send_long(head, data, len, grant);
+            self.replies.send_long(head, data, len, held);
         } else {
-            self.send(&[head, &data[..len]]);
+            self.send(&[head, &data[..len]], held);
             give_back_read_buffer(data);
         }
     }
 
     /// One structured reply chunk flagged DONE.
-    fn send_chunk(self: &Arc<Self>, req: &Request, kind: u16, parts: &[&[u8]]) {
+    fn send_chunk(self: &Arc<Self>, req: &Request, kind: u16, parts: &[&[u8]], held: Held) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let h = chunk_header(req.cookie, REPLY_FLAG_DONE, kind, len as u32);
         let mut bufs: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
         bufs.push(&h);
         bufs.extend_from_slice(parts);
-        self.send(&bufs);
+        self.send(&bufs, held);
     }
 
-    fn reply_ok(self: &Arc<Self>, req: &Request) {
-        self.send(&[&simple_reply_header(req.cookie, 0)]);
+    fn reply_ok(self: &Arc<Self>, req: &Request, held: Held) {
+        self.send(&[&simple_reply_header(req.cookie, 0)], held);
     }
 
-    fn reply_err(self: &Arc<Self>, req: &Request, error: u32, msg: &str) {
+    fn reply_err(self: &Arc<Self>, req: &Request, error: u32, msg: &str, held: Held) {
         if self.session.structured {
+            // Cut to what the reply's quota covers (`reply_cost`): an export's name in it may
+            // be 4K long.
+            let mut cut = msg.len().min(MAX_ERROR_MESSAGE_BYTES);
+            while !msg.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let msg = &msg.as_bytes()[..cut];
             let mut p = Vec::with_capacity(6 + msg.len());
             p.extend_from_slice(&error.to_be_bytes());
             p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
-            p.extend_from_slice(msg.as_bytes());
-            self.send_chunk(req, REPLY_TYPE_ERROR, &[&p]);
+            p.extend_from_slice(msg);
+            self.send_chunk(req, REPLY_TYPE_ERROR, &[&p], held);
         } else {
-            self.send(&[&simple_reply_header(req.cookie, error)]);
+            self.send(&[&simple_reply_header(req.cookie, error)], held);
         }
     }
 
-    fn reply_data(self: &Arc<Self>, req: &Request, data: &[u8]) {
+    fn reply_data(self: &Arc<Self>, req: &Request, data: &[u8], held: Held) {
         let (head, head_len) = self.read_head(req, data.len());
-        self.send(&[&head[..head_len], data]);
+        self.send(&[&head[..head_len], data], held);
     }
 
     /// The header of a read's successful reply carrying `len` bytes, and its length: a
@@ -184,16 +221,25 @@ pub(super) fn send_held() {
 
 /// Serves requests until the client disconnects (DISC, EOF, a framing error) or the socket is
 /// shut down for reading by the server; returns after every started request has replied.
-pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers: &Workers) {
-    let Ok(send) = stream.try_clone() else {
+/// `stream` is read; `send` is a second descriptor of the same socket, for the replies.
+pub fn serve<S: Read + AsRawFd>(
+    stream: S,
+    send: OwnedFd,
+    session: Session,
+    budget: &Arc<Budget>,
+    workers: &Workers,
+    cfg: ConnConfig,
+) {
+    let Ok(replies) = Replies::start(send, cfg.write_timeout) else {
         return;
     };
     let shared = Arc::new(Shared {
         session,
-        replies: Replies::new(send),
+        replies,
         inflight: Mutex::new(0),
         drained: Condvar::new(),
     });
+    let quota = Budget::new(cfg.reply_quota_bytes.max(MIN_BLOCK as u64));
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     // Whether the last request was a large write (see `DIRECT_PAYLOAD_BYTES`).
     let mut large_writes = false;
@@ -219,28 +265,39 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
         if req.kind == CMD_DISC {
             break;
         }
+        // The reply's quota first: a client whose replies wait unread stops here. Replies
+        // this thread holds go out before it waits (their grants may be what it waits for).
+        let reply = quota.acquire_or_else(reply_cost(&req), send_held);
         match admit(&shared, &req) {
             Admit::Run => {}
             Admit::Refuse(error, msg) => {
                 if req.kind == CMD_WRITE && discard(&mut reader, req.length as u64).is_err() {
                     break;
                 }
-                shared.reply_err(&req, error, &msg);
+                let held = Held {
+                    data: budget.acquire(0),
+                    _reply: reply,
+                };
+                shared.reply_err(&req, error, &msg, held);
                 continue;
             }
         }
-        let (grant, payload) = if req.kind == CMD_WRITE {
+        let (data, payload) = if req.kind == CMD_WRITE {
             // Read into spare capacity (of a kept buffer, mostly): zeroing a buffer the
             // socket overwrites at once cost as much as a memcpy of every payload.
             let len = req.length as usize;
-            let (grant, mut p) = budget.acquire_buffer(len);
+            let (grant, mut p) = budget.acquire_buffer(len, send_held);
             if read_payload(&mut reader, len, &mut p).is_err() {
                 break; // the client went away mid-payload: nothing was written
             }
             (grant, Some(p))
         } else {
             let cost = if req.kind == CMD_READ { req.length } else { 0 };
-            (budget.acquire(cost as u64), None)
+            (budget.acquire_or_else(cost as u64, send_held), None)
+        };
+        let held = Held {
+            data,
+            _reply: reply,
         };
         let alone = {
             let mut n = shared.inflight.lock();
@@ -256,27 +313,25 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
             // payload came past the buffer, so the empty buffer says nothing of what waits
             // in the socket, and a reader running large writes itself starves the
             // connection (see `READ_BUFFER_BYTES`).
-            execute(sh, req, payload, grant, Some(workers));
-        } else if req.kind == CMD_READ
-            && req.length as usize <= READ_HERE_BYTES
-            && read_here(&sh, &req, request_buffered(&reader))
-        {
-            drop(grant);
-            sh.finish_one();
+            execute(sh, req, payload, held, Some(workers));
+        } else if req.kind == CMD_READ && req.length as usize <= READ_HERE_BYTES {
+            match read_here(&sh, &req, request_buffered(&reader), held) {
+                None => sh.finish_one(),
+                Some(held) => workers.spawn(move || execute(sh, req, None, held, None)),
+            }
         } else if req.kind == CMD_WRITE
             && req.flags & CMD_FLAG_FUA == 0
             && req.length as usize <= WRITE_HERE_BYTES
         {
             let more = request_buffered(&reader);
-            match write_here(&sh, &req, payload.unwrap_or_default(), more) {
-                // The volume keeps the payload's buffer: the grant's bytes go back.
+            match write_here(&sh, &req, payload.unwrap_or_default(), more, held) {
                 Ok(()) => sh.finish_one(),
-                Err(p) => workers.spawn(move || execute(sh, req, Some(p), grant, None)),
+                Err((p, held)) => workers.spawn(move || execute(sh, req, Some(p), held, None)),
             }
         } else if req.kind == CMD_FLUSH {
-            flush(sh, req, grant, workers);
+            flush(sh, req, held, workers);
         } else {
-            workers.spawn(move || execute(sh, req, payload, grant, None));
+            workers.spawn(move || execute(sh, req, payload, held, None));
         }
     }
     shared.wait_drained();
@@ -289,7 +344,11 @@ pub fn serve(stream: TcpStream, session: Session, budget: &Arc<Budget>, workers:
 /// than its buffer was received into the buffer and copied again (a tenth of the server's
 /// time under 128K writes); after a large write the header came alone, so little or nothing
 /// of the payload is buffered (`DIRECT_PAYLOAD_BYTES`).
-fn read_payload(reader: &mut BufReader<TcpStream>, len: usize, p: &mut Vec<u8>) -> io::Result<()> {
+fn read_payload<S: Read + AsRawFd>(
+    reader: &mut BufReader<S>,
+    len: usize,
+    p: &mut Vec<u8>,
+) -> io::Result<()> {
     let buffered = reader.buffer();
     let n = buffered.len().min(len);
     p.extend_from_slice(&buffered[..n]);
@@ -442,7 +501,7 @@ fn execute(
     sh: Arc<Shared>,
     req: Request,
     payload: Option<Vec<u8>>,
-    mut grant: Grant,
+    mut held: Held,
     inline: Option<&Workers>,
 ) {
     let vol = sh.volume();
@@ -451,16 +510,15 @@ fn execute(
         // This thread may now commit the log for a while: replies it holds go first.
         send_held();
     }
-    let applied = match req.kind {
+    let (result, durable) = match req.kind {
         CMD_READ => {
             let len = req.length as usize;
             let mut buf = take_read_buffer(len);
             match caught(vol, || vol.read(req.offset, &mut buf[..len])) {
-                Ok(()) => sh.reply_read(&req, buf, len, grant),
+                Ok(()) => sh.reply_read(&req, buf, len, held),
                 Err(e) => {
                     give_back_read_buffer(buf);
-                    sh.reply_err(&req, error_code(&e), &e.to_string());
-                    drop(grant);
+                    sh.reply_err(&req, error_code(&e), &e.to_string(), held);
                 }
             }
             sh.finish_one();
@@ -469,40 +527,38 @@ fn execute(
         CMD_WRITE => {
             let payload = payload.unwrap_or_default();
             let written = caught(vol, || vol.write(req.offset, &payload));
-            // The volume has what it needs of the bytes (copied or placed on disk).
-            grant.keep(payload);
-            Some((written, fua))
+            // The volume has what it needs of the bytes (copied or placed on disk): their
+            // budget goes back now, not once the reply is written.
+            held.data.keep(payload);
+            held.data.release();
+            (written, fua)
         }
-        CMD_FLUSH => Some((Ok(()), true)),
-        CMD_TRIM => Some((caught(vol, || vol.trim(req.offset, req.length as u64)), fua)),
+        CMD_FLUSH => (Ok(()), true),
+        CMD_TRIM => (caught(vol, || vol.trim(req.offset, req.length as u64)), fua),
         CMD_WRITE_ZEROES => {
             let punch = req.flags & CMD_FLAG_NO_HOLE == 0;
             let zeroed = caught(vol, || {
                 vol.write_zeroes(req.offset, req.length as u64, punch)
             });
-            Some((zeroed, fua))
+            (zeroed, fua)
         }
         CMD_CACHE => {
             let len = (req.length as u64).min(MAX_CACHE_SPAN);
             match caught(vol, || vol.prefetch(req.offset, len)) {
-                Ok(()) => sh.reply_ok(&req),
-                Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
+                Ok(()) => sh.reply_ok(&req, held),
+                Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string(), held),
             }
-            None
+            sh.finish_one();
+            return;
         }
         CMD_BLOCK_STATUS => {
-            block_status(&sh, &req);
-            None
+            block_status(&sh, &req, held);
+            sh.finish_one();
+            return;
         }
         _ => unreachable!("admit() refuses unknown commands"),
     };
-    match applied {
-        Some((result, durable)) => reply_when_durable(sh, req, grant, result, durable, inline),
-        None => {
-            drop(grant);
-            sh.finish_one();
-        }
-    }
+    reply_when_durable(sh, req, held, result, durable, inline);
 }
 
 /// The capacity of a connection's read buffer. Small requests come through it, many per
@@ -531,7 +587,7 @@ const DIRECT_PAYLOAD_BYTES: usize = 64 << 10;
 const READ_HERE_BYTES: usize = 16 << 10;
 
 /// Whether the reader holds a whole request header, so reading the next request will not wait.
-fn request_buffered(reader: &BufReader<TcpStream>) -> bool {
+fn request_buffered<S>(reader: &BufReader<S>) -> bool {
     reader.buffer().len() >= REQUEST_BYTES
 }
 
@@ -543,25 +599,25 @@ thread_local! {
 }
 
 /// Serves a short read on the connection's reader if the volume has every block it needs at
-/// once (`Volume::read_nowait`); false, with nothing sent, if not (a worker then reads it).
-/// `more`: another request is buffered behind this one.
-fn read_here(sh: &Arc<Shared>, req: &Request, more: bool) -> bool {
+/// once (`Volume::read_nowait`); gives `held` back, with nothing sent, if not (a worker then
+/// reads it). `more`: another request is buffered behind this one.
+fn read_here(sh: &Arc<Shared>, req: &Request, more: bool, held: Held) -> Option<Held> {
     READER_HAS_MORE.with(|m| m.set(more));
-    let served = with_read_buffer(req.length as usize, |buf| {
+    let unserved = with_read_buffer(req.length as usize, |buf| {
         match sh.volume().read_nowait(req.offset, buf) {
-            None => false,
+            None => Some(held),
             Some(Ok(())) => {
-                sh.reply_data(req, buf);
-                true
+                sh.reply_data(req, buf, held);
+                None
             }
             Some(Err(e)) => {
-                sh.reply_err(req, error_code(&e), &e.to_string());
-                true
+                sh.reply_err(req, error_code(&e), &e.to_string(), held);
+                None
             }
         }
     });
     READER_HAS_MORE.with(|m| m.set(false));
-    served
+    unserved
 }
 
 /// Writes up to this long, without FUA, are done by the connection's reader itself when the
@@ -573,12 +629,23 @@ const WRITE_HERE_BYTES: usize = 16 << 10;
 /// replies; gives the payload back, with nothing done or sent, if not (a worker then writes
 /// it). `more`: another request is buffered behind this one, so the reply may wait to go
 /// out with the next ones.
-fn write_here(sh: &Arc<Shared>, req: &Request, data: Vec<u8>, more: bool) -> Result<(), Vec<u8>> {
-    let written = sh.volume().write_nowait_owned(req.offset, data)?;
+fn write_here(
+    sh: &Arc<Shared>,
+    req: &Request,
+    data: Vec<u8>,
+    more: bool,
+    mut held: Held,
+) -> Result<(), (Vec<u8>, Held)> {
+    let written = match sh.volume().write_nowait_owned(req.offset, data) {
+        Ok(w) => w,
+        Err(data) => return Err((data, held)),
+    };
+    // The volume keeps the payload's buffer: its budget goes back now.
+    held.data.release();
     READER_HAS_MORE.with(|m| m.set(more));
     match written {
-        Ok(()) => sh.reply_ok(req),
-        Err(e) => sh.reply_err(req, error_code(&e), &e.to_string()),
+        Ok(()) => sh.reply_ok(req, held),
+        Err(e) => sh.reply_err(req, error_code(&e), &e.to_string(), held),
     }
     READER_HAS_MORE.with(|m| m.set(false));
     Ok(())
@@ -591,16 +658,16 @@ fn write_here(sh: &Arc<Shared>, req: &Request, data: Vec<u8>, more: bool) -> Res
 fn reply_when_durable(
     sh: Arc<Shared>,
     req: Request,
-    grant: Grant,
+    held: Held,
     applied: Result<(), VolError>,
     durable: bool,
     inline: Option<&Workers>,
 ) {
     match applied {
-        Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string()),
-        Ok(()) if !durable => sh.reply_ok(&req),
+        Err(e) => sh.reply_err(&req, error_code(&e), &e.to_string(), held),
+        Ok(()) if !durable => sh.reply_ok(&req, held),
         Ok(()) => {
-            let done = reply_once_durable(&sh, req, grant);
+            let done = reply_once_durable(&sh, req, held);
             match inline {
                 None => sh.volume().flush_then(done),
                 Some(workers) => {
@@ -614,22 +681,20 @@ fn reply_when_durable(
             return;
         }
     }
-    drop(grant);
     sh.finish_one();
 }
 
 /// The callback that answers `req` once the log says its changes are durable (or failed).
-fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
+fn reply_once_durable(sh: &Arc<Shared>, req: Request, held: Held) -> Done {
     let sh = sh.clone();
     Box::new(move |r| {
         match r {
-            Ok(()) => sh.reply_ok(&req),
+            Ok(()) => sh.reply_ok(&req, held),
             Err(e) => {
                 let e = sh.volume().log_error(e);
-                sh.reply_err(&req, error_code(&e), &e.to_string())
+                sh.reply_err(&req, error_code(&e), &e.to_string(), held)
             }
         }
-        drop(grant);
         sh.finish_one();
     })
 }
@@ -638,8 +703,8 @@ fn reply_once_durable(sh: &Arc<Shared>, req: Request, grant: Grant) -> Done {
 /// committer at work, which answers it (`Volume::flush_then_joined`). With no committer at
 /// work, a worker becomes one. Handing every FLUSH to a worker cost a wake-up and two task
 /// switches, for a worker that then mostly found a committer at work and only queued it.
-fn flush(sh: Arc<Shared>, req: Request, grant: Grant, workers: &Workers) {
-    let done = reply_once_durable(&sh, req, grant);
+fn flush(sh: Arc<Shared>, req: Request, held: Held, workers: &Workers) {
+    let done = reply_once_durable(&sh, req, held);
     if let Some(done) = sh.volume().flush_then_joined(done) {
         workers.spawn(move || {
             // This worker may commit for a while: replies it holds go first.
@@ -649,17 +714,17 @@ fn flush(sh: Arc<Shared>, req: Request, grant: Grant, workers: &Workers) {
     }
 }
 
-fn block_status(sh: &Arc<Shared>, req: &Request) {
+fn block_status(sh: &Arc<Shared>, req: &Request, held: Held) {
     let vol = sh.volume();
     let len = (req.length as u64).min(MAX_STATUS_SPAN);
     let extents = match vol.allocation(req.offset, len) {
         Ok(x) => x,
-        Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string()),
+        Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string(), held),
     };
     let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
         1
     } else {
-        extents.len()
+        extents.len().min(MAX_STATUS_EXTENTS)
     };
     let mut p = Vec::with_capacity(4 + 8 * take);
     p.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
@@ -669,5 +734,5 @@ fn block_status(sh: &Arc<Shared>, req: &Request) {
         let flags = if x.hole { STATE_HOLE | STATE_ZERO } else { 0 };
         p.extend_from_slice(&flags.to_be_bytes());
     }
-    sh.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &[&p]);
+    sh.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &[&p], held);
 }

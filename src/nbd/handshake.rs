@@ -3,6 +3,7 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+use super::admission::{Slot, Slots};
 use super::proto::*;
 use super::{ExportInfo, Exports};
 use crate::zvol::Volume;
@@ -18,6 +19,8 @@ pub struct Session {
     /// The client asked for NBD_INFO_BLOCK_SIZE with NBD_OPT_GO and so promised to honour the
     /// minimum block size: misaligned requests are then errors.
     pub promised_alignment: bool,
+    /// The serving slot this connection holds while it lasts (given back on drop).
+    pub _slot: Slot,
 }
 
 pub enum Outcome {
@@ -29,9 +32,18 @@ pub enum Outcome {
 
 pub struct Policy<'a> {
     pub read_only: bool,
-    /// Set when the server is over its connection limit: every option is refused with this
-    /// message so the client can tell the user why.
-    pub refuse: Option<&'a str>,
+    /// The serving slots: NBD_OPT_GO and NBD_OPT_EXPORT_NAME take one, and are refused
+    /// when none is free; every other option is answered whatever the load.
+    pub slots: &'a Arc<Slots>,
+}
+
+impl Policy<'_> {
+    fn full(&self) -> String {
+        format!(
+            "server is at its limit of {} connections; try again later",
+            self.slots.limit()
+        )
+    }
 }
 
 /// Transmission flags for an export.
@@ -101,13 +113,6 @@ pub fn negotiate<S: Read + Write>(
             let _ = write_option_reply(s, opt, REP_ACK, &[]);
             return Ok(Outcome::Closed);
         }
-        if let Some(why) = policy.refuse {
-            if opt == OPT_EXPORT_NAME {
-                return Ok(Outcome::Closed);
-            }
-            reply_err(s, opt, REP_ERR_POLICY, why)?;
-            continue;
-        }
         match opt {
             OPT_EXPORT_NAME => {
                 let Ok(name) = String::from_utf8(data) else {
@@ -116,6 +121,9 @@ pub fn negotiate<S: Read + Write>(
                 let Some(volume) = exports.open(&name) else {
                     // NBD_OPT_EXPORT_NAME cannot carry an error: the spec says to close.
                     return Ok(Outcome::Closed);
+                };
+                let Some(slot) = policy.slots.try_take() else {
+                    return Ok(Outcome::Closed); // as above: no way to say why
                 };
                 let mut m = Vec::with_capacity(134);
                 m.extend_from_slice(&volume.size().to_be_bytes());
@@ -126,7 +134,9 @@ pub fn negotiate<S: Read + Write>(
                     m.extend_from_slice(&[0u8; 124]);
                 }
                 s.write_all(&m)?;
-                return Ok(Outcome::Transmit(session(name, volume, policy, &st, false)));
+                return Ok(Outcome::Transmit(session(
+                    name, volume, policy, &st, false, slot,
+                )));
             }
             OPT_LIST => {
                 if !data.is_empty() {
@@ -155,13 +165,26 @@ pub fn negotiate<S: Read + Write>(
                     reply_err(s, opt, REP_ERR_UNKNOWN, &msg)?;
                     continue;
                 };
+                // The slot is taken before anything is sent, so a GO refused for the limit
+                // is answered with an error and nothing else (the client may try again).
+                let slot = if opt == OPT_GO {
+                    match policy.slots.try_take() {
+                        Some(slot) => Some(slot),
+                        None => {
+                            reply_err(s, opt, REP_ERR_POLICY, &policy.full())?;
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
                 let read_only = policy.read_only || volume.read_only();
                 send_info(s, opt, &name, &volume, &infos, read_only, exports)?;
                 write_option_reply(s, opt, REP_ACK, &[])?;
-                if opt == OPT_GO {
+                if let Some(slot) = slot {
                     let promised = infos.contains(&INFO_BLOCK_SIZE);
                     return Ok(Outcome::Transmit(session(
-                        name, volume, policy, &st, promised,
+                        name, volume, policy, &st, promised, slot,
                     )));
                 }
             }
@@ -229,9 +252,11 @@ fn session(
     policy: &Policy,
     st: &State,
     promised_alignment: bool,
+    slot: Slot,
 ) -> Session {
     let read_only = policy.read_only || volume.read_only();
     Session {
+        _slot: slot,
         base_allocation: st.structured && st.meta_for.as_deref() == Some(name.as_str()),
         name,
         volume,

@@ -6,6 +6,7 @@
 //! `Volume::flush_then`, which commits the volume's intent log, and the log holds the writes
 //! replied to on every connection, so a FLUSH on any connection covers them all.
 
+mod admission;
 mod budget;
 mod conn;
 mod exports;

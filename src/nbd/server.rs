@@ -2,33 +2,42 @@
 //! runs requests on a shared worker pool. `shutdown` stops accepting, lets every started
 //! request reply, and returns once all connections are closed.
 
-use super::workers::Workers;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::admission::{Deadline, Handshakes, Slots};
 use super::budget::Budget;
+use super::conn::{self, ConnConfig};
 use super::handshake::{negotiate, Outcome, Policy};
-use super::{conn, Exports};
+use super::workers::Workers;
+use super::Exports;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
-    /// Connections served at once; more are answered with an NBD policy error and closed.
+    /// Connections served at once (past NBD_OPT_GO or NBD_OPT_EXPORT_NAME); a GO beyond
+    /// them is refused with an NBD policy error that says so.
     pub max_connections: usize,
+    /// Handshakes in progress at once; one more ends the oldest. They hold no serving slot.
+    pub max_handshakes: usize,
     pub read_only: bool,
     /// Threads running requests (they block on I/O and on the pool's write throttle).
     pub workers: usize,
     /// Bytes of request payloads and read buffers in flight, server-wide.
     pub inflight_bytes: u64,
-    /// How long a client may take over option haggling before it is dropped.
+    /// Bytes of replies one connection may owe before its reader waits.
+    pub reply_quota_bytes: u64,
+    /// How long a client may take over all of its option haggling before it is dropped.
     pub handshake_timeout: Duration,
+    /// How long a client may leave its socket full (reading nothing) before it is dropped.
+    pub write_timeout: Duration,
 }
 
 pub const DEFAULT_PORT: u16 = 10809;
@@ -38,16 +47,16 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
             max_connections: 64,
+            max_handshakes: 32,
             read_only: false,
             workers: 16,
             inflight_bytes: 64 << 20,
-            handshake_timeout: Duration::from_secs(30),
+            reply_quota_bytes: 8 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
-
-/// Refusals answered at once; beyond this, surplus connections are simply closed.
-const MAX_REFUSING: usize = 8;
 
 struct Inner {
     cfg: ServerConfig,
@@ -55,9 +64,9 @@ struct Inner {
     budget: Arc<Budget>,
     workers: Workers,
     stop: AtomicBool,
-    active: AtomicUsize,
-    refusing: AtomicUsize,
-    /// A second handle on every open connection, to shut it down from outside.
+    slots: Arc<Slots>,
+    handshakes: Handshakes,
+    /// A second handle on every connection past its handshake, to shut it down from outside.
     conns: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -75,12 +84,12 @@ impl Server {
         let workers = Workers::new(cfg.workers, super::conn::send_held)?;
         let inner = Arc::new(Inner {
             budget: Budget::new(cfg.inflight_bytes.max(super::proto::MAX_PAYLOAD as u64)),
+            slots: Slots::new(cfg.max_connections.max(1)),
+            handshakes: Handshakes::new(cfg.max_handshakes),
             cfg,
             exports,
             workers,
             stop: AtomicBool::new(false),
-            active: AtomicUsize::new(0),
-            refusing: AtomicUsize::new(0),
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
         });
@@ -119,6 +128,7 @@ impl Server {
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         let _ = acceptor.join();
+        self.inner.handshakes.end_all();
         for s in self.inner.conns.lock().values() {
             // Readers see end-of-file, stop taking requests, and drain what they started.
             let _ = s.shutdown(Shutdown::Read);
@@ -153,77 +163,59 @@ fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
         };
         let _ = stream.set_nodelay(true);
         inner.threads.lock().retain(|t| !t.is_finished());
-        if inner.active.load(Ordering::Acquire) >= inner.cfg.max_connections {
-            refuse(stream, &inner);
-            continue;
-        }
         let Ok(handle) = stream.try_clone() else {
             continue;
         };
         next_id += 1;
         let id = next_id;
-        inner.active.fetch_add(1, Ordering::AcqRel);
-        inner.conns.lock().insert(id, handle);
+        // At the cap the oldest handshake ends here, so handshake threads stay within it.
+        inner.handshakes.begin(id, handle);
         let inner2 = inner.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-conn-{id}"))
-            .spawn(move || {
-                run_connection(stream, &inner2);
-                inner2.conns.lock().remove(&id);
-                inner2.active.fetch_sub(1, Ordering::AcqRel);
-            });
+            .spawn(move || run_connection(stream, id, &inner2));
         match spawned {
             Ok(t) => inner.threads.lock().push(t),
-            Err(_) => {
-                inner.conns.lock().remove(&id);
-                inner.active.fetch_sub(1, Ordering::AcqRel);
-            }
+            Err(_) => inner.handshakes.end(id),
         }
     }
 }
 
-fn run_connection(mut stream: TcpStream, inner: &Inner) {
-    let _ = stream.set_read_timeout(Some(inner.cfg.handshake_timeout));
+/// One connection: its handshake (under the handshake deadline, holding no serving slot),
+/// then, with a slot, its requests.
+fn run_connection(stream: TcpStream, id: u64, inner: &Inner) {
+    let mut hs = Deadline::new(stream, inner.cfg.handshake_timeout);
     let policy = Policy {
         read_only: inner.cfg.read_only,
-        refuse: None,
+        slots: &inner.slots,
     };
-    let session = match negotiate(&mut stream, inner.exports.as_ref(), &policy) {
-        Ok(Outcome::Transmit(s)) => s,
-        Ok(Outcome::Closed) | Err(_) => return,
-    };
-    // Clients may sit idle between requests for as long as they like.
-    let _ = stream.set_read_timeout(None);
-    conn::serve(stream, session, &inner.budget, &inner.workers);
-}
-
-/// Over the connection limit: negotiate only far enough to tell the client why, on a
-/// short-lived thread, or just close when many refusals are already in progress.
-fn refuse(mut stream: TcpStream, inner: &Arc<Inner>) {
-    if inner.refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
-        inner.refusing.fetch_sub(1, Ordering::AcqRel);
+    let outcome = negotiate(&mut hs, inner.exports.as_ref(), &policy);
+    inner.handshakes.end(id);
+    let Ok(Outcome::Transmit(session)) = outcome else {
         return;
+    };
+    let Ok(stream) = hs.into_inner() else {
+        return;
+    };
+    let (Ok(handle), Ok(send)) = (stream.try_clone(), stream.try_clone()) else {
+        return;
+    };
+    inner.conns.lock().insert(id, handle);
+    // Stopping began while this handshake finished: the stop's shutdown missed it.
+    if inner.stop.load(Ordering::Acquire) {
+        let _ = stream.shutdown(Shutdown::Read);
     }
-    let outer = inner.clone();
-    let inner = inner.clone();
-    let msg = format!(
-        "server is at its limit of {} connections; try again later",
-        inner.cfg.max_connections
+    let cfg = ConnConfig {
+        reply_quota_bytes: inner.cfg.reply_quota_bytes,
+        write_timeout: inner.cfg.write_timeout,
+    };
+    conn::serve(
+        stream,
+        send.into(),
+        session,
+        &inner.budget,
+        &inner.workers,
+        cfg,
     );
-    let spawned = std::thread::Builder::new()
-        .name("nbd-refuse".into())
-        .spawn(move || {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let policy = Policy {
-                read_only: true,
-                refuse: Some(&msg),
-            };
-            let _ = negotiate(&mut stream, inner.exports.as_ref(), &policy);
-            inner.refusing.fetch_sub(1, Ordering::AcqRel);
-        });
-    if spawned.is_err() {
-        // The thread never ran (its closure, and the stream, were dropped: the client sees a
-        // close), so give its slot back here.
-        outer.refusing.fetch_sub(1, Ordering::AcqRel);
-    }
+    inner.conns.lock().remove(&id);
 }
