@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::budget::{Budget, Held};
+use super::budget::{Budget, Held, Quota};
 use super::handshake::Session;
 use super::proto::*;
 use super::replies::{
@@ -239,7 +239,7 @@ pub fn serve<S: Read + AsRawFd>(
         inflight: Mutex::new(0),
         drained: Condvar::new(),
     });
-    let quota = Budget::new(cfg.reply_quota_bytes.max(MIN_BLOCK as u64));
+    let quota = Quota::new(cfg.reply_quota_bytes.max(MIN_BLOCK as u64));
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     // Whether the last request was a large write (see `DIRECT_PAYLOAD_BYTES`).
     let mut large_writes = false;
