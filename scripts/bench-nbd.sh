@@ -6,6 +6,7 @@
 #
 #   scripts/bench-nbd.sh [--runtime SECONDS] [--size SIZE] [--dir DIR] [--bs "4k 128k"] [--runs N]
 #                        [--layout stripe|raidz2] [--leaf-size SIZE] [--rw "randwrite write"]
+#                        [--tls]
 #
 # Each point is fio --rw={read,write,randread,randwrite} (or those --rw names) at queue depth
 # 32 for --runtime seconds (default 20, as the issue asks; use less for a quick look). With --runs N each point
@@ -20,6 +21,14 @@
 # to be dirty). zeta writes every block to its file and syncs every txg, so at large sizes
 # its writes meet the disk's ceiling long before nbdkit's.
 #
+# --tls measures the cost of TLS on the same zeta server, in the same run: it serves with
+# --tls=on and a pre-shared key, and nbdcopy (libnbd, GnuTLS) copies a file of SIZE random
+# bytes into the volume and the volume out to null:, in the clear (nbd://) and through TLS
+# (nbds://...?tls-psk-file=), --runs times each in turn; it prints the median MB/s of each and
+# the tls/plain ratio; and the same of `nbdkit file` with --tls=require (GnuTLS in the server
+# too) for reference. (fio's nbd engine cannot do TLS here: libnbd refuses it the key file
+# of a URI, and as root reads X.509 credentials only from /etc/pki/libnbd.)
+#
 # The pool is three times the volume (--leaf-size sets each file's size instead). A
 # copy-on-write pool places a txg's new copies while the frees of the two txgs before it are
 # still held (crash safety), so random overwrites need free room of about five txgs to run at
@@ -28,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RWS="randread randwrite read write" RUNS=1 LAYOUT=stripe LEAF_SIZE=
+RUNTIME=20 SIZE=1G DIR=${TMPDIR:-/tmp} BSS="4k 8k 16k 32k 64k 128k" RWS="randread randwrite read write" RUNS=1 LAYOUT=stripe LEAF_SIZE= TLS=
 while [ $# -gt 0 ]; do
     case "$1" in
         --runtime) RUNTIME=$2; shift 2 ;;
@@ -39,6 +48,7 @@ while [ $# -gt 0 ]; do
         --runs) RUNS=$2; shift 2 ;;
         --layout) LAYOUT=$2; shift 2 ;;
         --leaf-size) LEAF_SIZE=$2; shift 2 ;;
+        --tls) TLS=1; shift ;;
         -h|--help) sed -n "2,/^set /p" "$0" | sed "\$d"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -50,7 +60,7 @@ for t in fio nbdkit python3; do
     command -v $t >/dev/null || { echo "$t is required (apt-get install fio nbdkit)" >&2; exit 1; }
 done
 cargo build --release -q
-ZETA=$PWD/target/release/zeta
+ZETA=${CARGO_TARGET_DIR:-$PWD/target}/release/zeta
 
 WORK=$(mktemp -d "$DIR/zeta-bench-nbd.XXXXXX")
 ZPID="" KPID=""
@@ -93,10 +103,20 @@ $ZETA vol create bench/v "$SIZE" >/dev/null
 truncate -s "$BYTES" "$WORK/raw"
 precondition "$BYTES" "$WORK/disk"
 
-$ZETA serve --listen 127.0.0.1:10811 bench >"$WORK/zeta.log" 2>&1 &
+TLS_ARGS=() TLS_URI=""
+if [ -n "$TLS" ]; then
+    python3 -c 'import secrets; print("bench:" + secrets.token_hex(32))' >"$WORK/keys.psk"
+    TLS_ARGS=(--tls=on --tls-psk "$WORK/keys.psk")
+    TLS_URI="nbds://bench@127.0.0.1:10811/bench/v?tls-psk-file=$WORK/keys.psk"
+fi
+$ZETA serve --listen 127.0.0.1:10811 "${TLS_ARGS[@]}" bench >"$WORK/zeta.log" 2>&1 &
 ZPID=$!
 nbdkit --exit-with-parent -f -p 10812 -i 127.0.0.1 file "$WORK/raw" >"$WORK/nbdkit.log" 2>&1 &
 KPID=$!
+if [ -n "$TLS" ]; then
+    nbdkit --exit-with-parent -f -p 10813 -i 127.0.0.1 --tls=require --tls-psk="$WORK/keys.psk" \
+        file "$WORK/raw" >"$WORK/nbdkit-tls.log" 2>&1 &
+fi
 sleep 1
 
 # Fill both once so reads hit written data, not holes.
@@ -140,6 +160,45 @@ for rw in $RWS; do
             $kp "$(python3 -c "print($zi/$ki if $ki else 0)")" $di "$(python3 -c "print($zi/$di if $di else 0)")"
     done
 done
+
+if [ -n "$TLS" ]; then
+    # The cost of TLS: nbdcopy in and out, in the clear and through TLS, in turn.
+    head -c "$BYTES" /dev/urandom >"$WORK/rand"
+    copy_mbs() { # src dst -> MB/s
+        local t0 t1
+        t0=$(date +%s.%N)
+        nbdcopy -S 0 "$1" "$2"
+        t1=$(date +%s.%N)
+        python3 -c "print('%.0f' % ($BYTES / 1e6 / ($t1 - $t0)))"
+    }
+    printf "\n%-22s %10s %10s %9s %10s %10s %9s\n" "nbdcopy (SIZE $SIZE)" zeta_MB/s tls_MB/s \
+        tls/plain nbdkit_MB/s tls_MB/s tls/plain
+    ratio() { python3 -c "print($1/$2 if $2 else 0)"; }
+    for dir in write read; do
+        for server in zeta nbdkit; do
+            if [ $server = zeta ]; then
+                plain=nbd://127.0.0.1:10811/bench/v tls=$TLS_URI
+            else
+                plain=nbd://127.0.0.1:10812/ tls="nbds://bench@127.0.0.1:10813/?tls-psk-file=$WORK/keys.psk"
+            fi
+            P="" T=""
+            for _ in $(seq "$RUNS"); do
+                if [ $dir = write ]; then
+                    P+="$(copy_mbs "$WORK/rand" "$plain")"$'\n'
+                    T+="$(copy_mbs "$WORK/rand" "$tls")"$'\n'
+                else
+                    P+="$(copy_mbs "$plain" null:)"$'\n'
+                    T+="$(copy_mbs "$tls" null:)"$'\n'
+                fi
+            done
+            p=$(printf "%s" "$P" | median) t=$(printf "%s" "$T" | median)
+            if [ $server = zeta ]; then zp=$p zt=$t; else kp=$p kt=$t; fi
+        done
+        printf "%-22s %10s %10s %9.2f %10s %10s %9.2f\n" "$dir" "$zp" "$zt" "$(ratio $zt $zp)" \
+            "$kp" "$kt" "$(ratio $kt $kp)"
+    done
+    rm -f "$WORK/rand"
+fi
 
 # Memory under many connections: 32 jobs x QD 32 of random writes.
 fio --name=mem --ioengine=nbd --uri=nbd://127.0.0.1:10811/bench/v --rw=randwrite --bs=128k \

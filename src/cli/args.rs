@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -463,6 +463,29 @@ pub struct NetArgs {
     /// the largest request).
     #[arg(long, default_value = "32M", value_name = "SIZE")]
     pub max_inflight: String,
+    /// TLS (NBD_OPT_STARTTLS): off; on (offered, clients may go without); require (every
+    /// option but STARTTLS is refused before the upgrade). Needs --tls-certificates or
+    /// --tls-psk.
+    #[arg(long, value_enum, default_value = "off")]
+    pub tls: TlsArg,
+    /// X.509 credentials: a directory with server-cert.pem and server-key.pem, and with
+    /// ca-cert.pem to accept only clients whose certificate that CA signed (the layout
+    /// nbdkit and qemu use).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys: a file of `username:hexkey` lines, as psktool writes them.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsArg {
+    /// No TLS.
+    Off,
+    /// TLS offered; clients may go without.
+    On,
+    /// TLS before anything else.
+    Require,
 }
 
 #[derive(Subcommand, Debug)]

@@ -8,17 +8,50 @@ use std::sync::Arc;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use super::args::{NetArgs, ServeArgs, UpArgs};
+use super::args::{NetArgs, ServeArgs, TlsArg, UpArgs};
 use super::fmt::{human, parse_size};
 use super::memory::{self, Limits};
 use super::pool_cmd::create_pool;
 use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
+use crate::nbd::tls::{Tls, TlsMode};
 use crate::nbd::{Exports, PoolExports, Server, ServerConfig};
 
 pub const UP_POOL: &str = "zeta";
 pub const UP_VOLUME: &str = "vol0";
+
+/// The TLS credentials the flags name, checked and loaded now (a bad file is a usage error
+/// at start, not a failed handshake later).
+fn tls_config(net: &NetArgs) -> Result<Option<Arc<Tls>>> {
+    let mode = match net.tls {
+        TlsArg::Off => TlsMode::Off,
+        TlsArg::On => TlsMode::On,
+        TlsArg::Require => TlsMode::Require,
+    };
+    let tls = match (&net.tls_certificates, &net.tls_psk, mode) {
+        (None, None, TlsMode::Off) => return Ok(None),
+        (Some(_), Some(_), _) => {
+            return Err(usage(
+                "give one of --tls-certificates and --tls-psk, not both",
+            ))
+        }
+        (_, _, TlsMode::Off) => {
+            return Err(usage(
+                "--tls-certificates and --tls-psk need --tls=on or --tls=require",
+            ))
+        }
+        (None, None, _) => {
+            return Err(usage(
+                "--tls=on and --tls=require need --tls-certificates DIR or --tls-psk FILE",
+            ))
+        }
+        (Some(dir), None, _) => Tls::x509(mode, dir),
+        (None, Some(file), _) => Tls::psk(mode, file),
+    };
+    tls.map(|t| Some(Arc::new(t)))
+        .map_err(|e| usage(format!("TLS: {e}")))
+}
 
 fn config(net: &NetArgs) -> Result<ServerConfig> {
     let listen: SocketAddr = net.listen.parse().map_err(|_| {
@@ -45,8 +78,16 @@ fn config(net: &NetArgs) -> Result<ServerConfig> {
             human(crate::nbd::proto::MAX_PAYLOAD as u64)
         )));
     }
+    let tls = tls_config(net)?;
+    if !listen.ip().is_loopback() && tls.as_ref().is_none_or(|t| t.mode != TlsMode::Require) {
+        eprintln!(
+            "zeta serve: warning: listening on {listen} without --tls=require: anyone who can \
+             reach it reads and writes every volume in clear text"
+        );
+    }
     Ok(ServerConfig {
         listen,
+        tls,
         max_connections: net.max_connections,
         max_handshakes: net.max_handshakes,
         handshake_timeout: std::time::Duration::from_secs(net.handshake_timeout),
@@ -205,10 +246,11 @@ fn run(
     } else {
         addr.ip().to_string()
     };
+    let scheme = if cfg.tls.is_some() { "nbds" } else { "nbd" };
     let base = if addr.port() == crate::nbd::DEFAULT_PORT {
-        format!("nbd://{host}")
+        format!("{scheme}://{host}")
     } else {
-        format!("nbd://{host}:{}", addr.port())
+        format!("{scheme}://{host}:{}", addr.port())
     };
     println!(
         "serving on {addr}{}: (max {} connections; per pool: cache {}, dirty limit {})",
@@ -221,6 +263,13 @@ fn run(
         let pool = export.split('/').next().unwrap_or("");
         pools.iter().any(|p| p.name == pool && p.is_read_only())
     };
+    if let Some(t) = &cfg.tls {
+        let how = match t.mode {
+            TlsMode::Require => "required",
+            _ => "offered",
+        };
+        println!("TLS {how}: {}", t.what);
+    }
     for e in exports.list() {
         let ro = if read_only(&e.name) {
             ", read-only"

@@ -122,17 +122,31 @@ impl Handshakes {
 /// A socket whose reads and writes all end by one deadline: each sets the socket's timeout
 /// to the time left. (A timeout per read alone lets a client that sends a byte now and then
 /// keep its handshake for ever.)
+#[derive(Debug)]
 pub struct Deadline {
     stream: TcpStream,
-    until: Instant,
+    /// None once the handshake is over (`lift`).
+    until: Option<Instant>,
 }
 
 impl Deadline {
     pub fn new(stream: TcpStream, timeout: Duration) -> Deadline {
         Deadline {
             stream,
-            until: Instant::now() + timeout,
+            until: Some(Instant::now() + timeout),
         }
+    }
+
+    /// The handshake is over: no deadline from now on, and the socket's timeouts cleared.
+    /// (A TLS session keeps its socket wrapped in this type for its whole life.)
+    pub fn lift(&mut self) -> io::Result<()> {
+        self.until = None;
+        self.stream.set_read_timeout(None)?;
+        self.stream.set_write_timeout(None)
+    }
+
+    pub fn socket(&self) -> &TcpStream {
+        &self.stream
     }
 
     /// The socket, its timeouts cleared (clients may then stay idle as long as they like).
@@ -142,28 +156,36 @@ impl Deadline {
         Ok(self.stream)
     }
 
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.until.saturating_duration_since(Instant::now());
+    /// The time left, or None without a deadline.
+    fn left(&self) -> io::Result<Option<Duration>> {
+        let Some(until) = self.until else {
+            return Ok(None);
+        };
+        let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "handshake took too long",
             ));
         }
-        Ok(left)
+        Ok(Some(left))
     }
 }
 
 impl Read for Deadline {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
+        if let Some(left) = self.left()? {
+            self.stream.set_read_timeout(Some(left))?;
+        }
         self.stream.read(buf)
     }
 }
 
 impl Write for Deadline {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
+        if let Some(left) = self.left()? {
+            self.stream.set_write_timeout(Some(left))?;
+        }
         self.stream.write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::admission::{Slot, Slots};
 use super::proto::*;
+use super::tls::TlsMode;
 use super::{ExportInfo, Exports};
 use crate::zvol::Volume;
 
@@ -25,6 +26,11 @@ pub struct Session {
 
 pub enum Outcome {
     Transmit(Session),
+    /// The client asked for TLS and was told to go ahead: the caller runs the TLS handshake
+    /// and then `negotiate_after_tls` on the TLS session.
+    StartTls {
+        no_zeroes: bool,
+    },
     /// The client aborted, or the session ended as the protocol requires (no such export
     /// with NBD_OPT_EXPORT_NAME, a refused connection).
     Closed,
@@ -35,6 +41,7 @@ pub struct Policy<'a> {
     /// The serving slots: NBD_OPT_GO and NBD_OPT_EXPORT_NAME take one, and are refused
     /// when none is free; every other option is answered whatever the load.
     pub slots: &'a Arc<Slots>,
+    pub tls: TlsMode,
 }
 
 impl Policy<'_> {
@@ -70,6 +77,7 @@ struct State {
     meta_for: Option<String>,
 }
 
+/// The greeting, then option haggling in the clear.
 pub fn negotiate<S: Read + Write>(
     s: &mut S,
     exports: &dyn Exports,
@@ -86,6 +94,27 @@ pub fn negotiate<S: Read + Write>(
         return Ok(Outcome::Closed);
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    haggle(s, exports, policy, no_zeroes, false)
+}
+
+/// Option haggling over a TLS session, after NBD_OPT_STARTTLS. What was agreed before the
+/// upgrade is forgotten, as the spec asks: the client negotiates it again, protected.
+pub fn negotiate_after_tls<S: Read + Write>(
+    s: &mut S,
+    exports: &dyn Exports,
+    policy: &Policy,
+    no_zeroes: bool,
+) -> io::Result<Outcome> {
+    haggle(s, exports, policy, no_zeroes, true)
+}
+
+fn haggle<S: Read + Write>(
+    s: &mut S,
+    exports: &dyn Exports,
+    policy: &Policy,
+    no_zeroes: bool,
+    in_tls: bool,
+) -> io::Result<Outcome> {
     let mut st = State {
         structured: false,
         meta_for: None,
@@ -112,6 +141,31 @@ pub fn negotiate<S: Read + Write>(
             // Best effort: the client may already have gone.
             let _ = write_option_reply(s, opt, REP_ACK, &[]);
             return Ok(Outcome::Closed);
+        }
+        if opt == OPT_STARTTLS {
+            let refusal = if !data.is_empty() {
+                Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data"))
+            } else if in_tls {
+                Some((REP_ERR_INVALID, "TLS is already in use on this connection"))
+            } else if policy.tls == TlsMode::Off {
+                Some((REP_ERR_UNSUP, "this server is not configured for TLS"))
+            } else {
+                None
+            };
+            if let Some((kind, why)) = refusal {
+                reply_err(s, opt, kind, why)?;
+                continue;
+            }
+            write_option_reply(s, opt, REP_ACK, &[])?;
+            return Ok(Outcome::StartTls { no_zeroes });
+        }
+        if policy.tls == TlsMode::Require && !in_tls {
+            if opt == OPT_EXPORT_NAME {
+                return Ok(Outcome::Closed); // it cannot carry an error
+            }
+            let why = "this server requires TLS: upgrade with NBD_OPT_STARTTLS first";
+            reply_err(s, opt, REP_ERR_TLS_REQD, why)?;
+            continue;
         }
         match opt {
             OPT_EXPORT_NAME => {

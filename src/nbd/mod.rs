@@ -14,6 +14,7 @@ mod handshake;
 pub mod proto;
 mod replies;
 mod server;
+pub mod tls;
 mod workers;
 
 use std::sync::Arc;

@@ -15,7 +15,8 @@ use parking_lot::Mutex;
 use super::admission::{Deadline, Handshakes, Slots};
 use super::budget::Budget;
 use super::conn::{self, ConnConfig};
-use super::handshake::{negotiate, Outcome, Policy};
+use super::handshake::{negotiate, negotiate_after_tls, Outcome, Policy};
+use super::tls::{self, Tls, TlsMode};
 use super::workers::Workers;
 use super::Exports;
 
@@ -38,6 +39,8 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// How long a client may leave its socket full (reading nothing) before it is dropped.
     pub write_timeout: Duration,
+    /// TLS credentials and whether clients must use them; None: no TLS.
+    pub tls: Option<Arc<Tls>>,
 }
 
 pub const DEFAULT_PORT: u16 = 10809;
@@ -54,6 +57,7 @@ impl Default for ServerConfig {
             reply_quota_bytes: 8 << 20,
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -182,40 +186,95 @@ fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
 }
 
 /// One connection: its handshake (under the handshake deadline, holding no serving slot),
-/// then, with a slot, its requests.
+/// then, with a slot, its requests; over TLS if the client asked for it.
 fn run_connection(stream: TcpStream, id: u64, inner: &Inner) {
+    let Ok(handle) = stream.try_clone() else {
+        inner.handshakes.end(id);
+        return;
+    };
     let mut hs = Deadline::new(stream, inner.cfg.handshake_timeout);
     let policy = Policy {
         read_only: inner.cfg.read_only,
         slots: &inner.slots,
+        tls: inner.cfg.tls.as_ref().map_or(TlsMode::Off, |t| t.mode),
     };
     let outcome = negotiate(&mut hs, inner.exports.as_ref(), &policy);
-    inner.handshakes.end(id);
-    let Ok(Outcome::Transmit(session)) = outcome else {
-        return;
-    };
-    let Ok(stream) = hs.into_inner() else {
-        return;
-    };
-    let (Ok(handle), Ok(send)) = (stream.try_clone(), stream.try_clone()) else {
-        return;
-    };
-    inner.conns.lock().insert(id, handle);
+    match (outcome, &inner.cfg.tls) {
+        (Ok(Outcome::Transmit(session)), _) => {
+            inner.handshakes.end(id);
+            let Ok(stream) = hs.into_inner() else {
+                return;
+            };
+            let Ok(send) = stream.try_clone() else {
+                return;
+            };
+            serving(inner, id, handle, || {
+                conn::serve(
+                    stream,
+                    send.into(),
+                    session,
+                    &inner.budget,
+                    &inner.workers,
+                    conn_config(&inner.cfg),
+                )
+            });
+        }
+        (Ok(Outcome::StartTls { no_zeroes }), Some(tls)) => {
+            // The TLS handshake and the haggling after it share the deadline.
+            let upgraded = tls.accept(hs).and_then(|mut s| {
+                let o = negotiate_after_tls(&mut s, inner.exports.as_ref(), &policy, no_zeroes)?;
+                Ok((s, o))
+            });
+            inner.handshakes.end(id);
+            let Ok((mut s, Outcome::Transmit(session))) = upgraded else {
+                return;
+            };
+            if s.get_mut().lift().is_err() {
+                return;
+            }
+            let Ok((ours, theirs)) = std::os::unix::net::UnixStream::pair() else {
+                return;
+            };
+            let Ok(send) = ours.try_clone() else {
+                return;
+            };
+            let timeout = inner.cfg.write_timeout;
+            let Ok(pump) = std::thread::Builder::new()
+                .name(format!("nbd-tls-{id}"))
+                .spawn(move || tls::pump(s, theirs, timeout))
+            else {
+                return;
+            };
+            serving(inner, id, handle, || {
+                conn::serve(
+                    ours,
+                    send.into(),
+                    session,
+                    &inner.budget,
+                    &inner.workers,
+                    conn_config(&inner.cfg),
+                )
+            });
+            let _ = pump.join();
+        }
+        _ => inner.handshakes.end(id),
+    }
+}
+
+fn conn_config(cfg: &ServerConfig) -> ConnConfig {
+    ConnConfig {
+        reply_quota_bytes: cfg.reply_quota_bytes,
+        write_timeout: cfg.write_timeout,
+    }
+}
+
+/// Runs `serve` as connection `id`, whose TCP socket `handle` the server's stop shuts.
+fn serving(inner: &Inner, id: u64, handle: TcpStream, serve: impl FnOnce()) {
     // Stopping began while this handshake finished: the stop's shutdown missed it.
     if inner.stop.load(Ordering::Acquire) {
-        let _ = stream.shutdown(Shutdown::Read);
+        let _ = handle.shutdown(Shutdown::Read);
     }
-    let cfg = ConnConfig {
-        reply_quota_bytes: inner.cfg.reply_quota_bytes,
-        write_timeout: inner.cfg.write_timeout,
-    };
-    conn::serve(
-        stream,
-        send.into(),
-        session,
-        &inner.budget,
-        &inner.workers,
-        cfg,
-    );
+    inner.conns.lock().insert(id, handle);
+    serve();
     inner.conns.lock().remove(&id);
 }
