@@ -441,7 +441,7 @@ impl Pool {
         } else {
             meta + slop / 2 + self.unplaced_bytes() * inflation
         };
-        room && self.fits_meta(meta_need, count)
+        room && self.fits_meta(&space, meta_need, count)
     }
 
     /// Whether the segments an indirect block fits in hold `need` bytes. Counted under the
@@ -450,7 +450,12 @@ impl Pool {
     /// since could have cut from it (an allocation of one sector can spoil a whole segment
     /// of an indirect block's size), frees returning meanwhile counted as no room (they come
     /// back as holes of the blocks freed). Without `count`, a doubtful answer is no.
-    fn fits_meta(&self, need: u64, count: bool) -> bool {
+    fn fits_meta(&self, space: &Space, need: u64, count: bool) -> bool {
+        // A third free and twice the need: large segments are not yet scarce (the allocator
+        // keeps to them until then, `Allocator::near_full`), and nothing is counted.
+        if space.free >= space.size / 3 && space.free / 2 >= need {
+            return true;
+        }
         let piece = dnode::IND_BLOCK_BYTES as u64 * self.io.zio.max_inflation();
         let spoil = piece / crate::vdev::layout::SECTOR;
         let total = self.io.zio.gauge.taken_total();
