@@ -72,25 +72,9 @@ impl FileDevice {
     /// read-only opens may share the device, `open` (which takes the lock exclusively) may
     /// not, so nothing writes the device while a read-only pool reads it.
     pub fn open_read_only(path: &Path) -> Result<FileDevice, VdevError> {
-        let (name, meta) = stat_device(path)?;
-        let ft = meta.file_type();
-        let file = File::open(path).map_err(|e| VdevError::io(&name, e))?;
-        lock(&file, &name, libc::LOCK_SH)?;
-        let len_bytes = if ft.is_block_device() {
-            block_device_size(&file, &name)?
-        } else {
-            meta.len()
-        };
-        Ok(FileDevice {
-            file,
-            direct: None,
-            path: name,
-            len_bytes,
-            is_block_device: ft.is_block_device(),
-            unstarted: std::sync::atomic::AtomicUsize::new(0),
-            nowait_reads: std::sync::atomic::AtomicBool::new(true),
-            read_only: true,
-        })
+        let dev = Self::open_to_inspect(path)?;
+        lock(&dev.file, &dev.path, libc::LOCK_SH)?;
+        Ok(dev)
     }
 
     /// Creates a new sparse file of `len_bytes` (refusing to overwrite an existing path) and
@@ -168,7 +152,7 @@ impl FileDevice {
             is_block_device: ft.is_block_device(),
             unstarted: std::sync::atomic::AtomicUsize::new(0),
             nowait_reads: std::sync::atomic::AtomicBool::new(true),
-            read_only: false,
+            read_only: true,
         })
     }
 
