@@ -300,6 +300,11 @@ impl Allocator {
             .sum()
     }
 
+    /// How many metaslabs the pool has: each may have its space map rewritten in a txg.
+    pub fn metaslab_count(&self) -> usize {
+        self.tops.iter().map(|t| t.metaslabs.len()).sum()
+    }
+
     fn ms_index(&self, vdev: u32, offset: u64) -> usize {
         (offset >> self.tops[vdev as usize].ms_shift) as usize
     }
@@ -442,17 +447,17 @@ impl Allocator {
     }
 
     /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them;
-    /// `near_full`, from a hole of exactly that size first (`RangeTree::take_exact_first`).
+    /// `near_full`, from its smallest segment that holds them (`RangeTree::take_best_fit`).
     fn take_from(ms: &mut Metaslab, asize: u64, near_full: bool) -> Option<u64> {
         if near_full {
-            ms.free.take_exact_first(asize, &mut ms.cursor)
+            ms.free.take_best_fit(asize)
         } else {
             ms.free.take(asize, &mut ms.cursor)
         }
     }
 
-    /// Less than a third of the pool free: blocks then refill holes of their own size before
-    /// they cut into larger segments. Random overwrites of small blocks on a pool 75 % full
+    /// Less than a third of the pool free: blocks then take the smallest hole that holds
+    /// them rather than cut into larger segments. Random overwrites of small blocks on a pool 75 % full
     /// otherwise spent its last large segments on data while the frees they made came back
     /// as holes of the data's size, and the txg's 16K indirect blocks found no room.
     fn near_full(&self) -> bool {

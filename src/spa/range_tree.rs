@@ -215,23 +215,13 @@ impl Ranges<BySize> {
         Some(off)
     }
 
-    /// `take` from a segment of exactly `len` bytes if there is one (a hole a block of
-    /// that size left), else as `take` does: near full, blocks refill the holes their kind
-    /// leaves, and larger segments stay for larger blocks (a txg's indirect blocks).
-    pub fn take_exact_first(&mut self, len: u64, cursor: &mut u64) -> Option<u64> {
-        let exact = self
-            .index
-            .0
-            .range((len, 0)..(len + 1, 0))
-            .next()
-            .map(|&(_, s)| s);
-        match exact {
-            Some(off) => {
-                self.remove(off, len);
-                Some(off)
-            }
-            None => self.take(len, cursor),
-        }
+    /// `take` from the smallest segment that holds `len` bytes (best fit), the cursor left
+    /// where it was: near full, blocks refill the holes that blocks of their size left, and
+    /// larger segments stay for larger blocks (a txg's indirect blocks).
+    pub fn take_best_fit(&mut self, len: u64) -> Option<u64> {
+        let off = self.index.0.range((len, 0)..).next().map(|&(_, s)| s)?;
+        self.remove(off, len);
+        Some(off)
     }
 
     /// Finds room for `len` bytes: first fit at or after `cursor` among the next few
@@ -273,18 +263,22 @@ mod tests {
     }
 
     #[test]
-    fn take_exact_first_fills_a_hole_of_the_size_and_spares_larger_segments() {
+    fn best_fit_fills_the_smallest_hole_that_holds_the_block_and_spares_larger_ones() {
         let mut t = RangeTree::new();
         t.add(0, 1000);
         t.add(2000, 8);
-        t.add(3000, 16);
-        let mut cursor = 0;
-        assert_eq!(t.take_exact_first(8, &mut cursor), Some(2000));
-        assert_eq!(cursor, 0, "an exact hole leaves the cursor where it was");
-        // No hole of 8 left: next fit from the cursor, as `take`.
-        assert_eq!(t.take_exact_first(8, &mut cursor), Some(0));
-        assert_eq!(t.take_exact_first(16, &mut cursor), Some(3000));
-        assert_eq!(t.space(), 1000 - 8);
+        t.add(3000, 12);
+        t.add(4000, 16);
+        assert_eq!(t.take_best_fit(8), Some(2000));
+        assert_eq!(
+            t.take_best_fit(8),
+            Some(3000),
+            "the 12-byte hole before the 16"
+        );
+        assert_eq!(t.take_best_fit(16), Some(4000));
+        assert_eq!(t.take_best_fit(16), Some(0));
+        assert_eq!(t.take_best_fit(1000), None);
+        assert_eq!(t.space(), 1000 - 16 + 4);
     }
 
     #[test]

@@ -39,7 +39,7 @@ impl Pool {
     ) -> Result<Option<u64>, PoolError> {
         self.check_writable()?;
         let hold = if matches!(change, Dirty::Data(_)) {
-            match self.admit_block(ds, wait)? {
+            match self.admit_block(ds, blkid, wait)? {
                 Some(hold) => hold,
                 None => return Ok(None),
             }
@@ -59,15 +59,16 @@ impl Pool {
     fn admit_block(
         &self,
         ds: &Dataset,
+        blkid: u64,
         wait: bool,
     ) -> Result<Option<RwLockReadGuard<'_, u64>>, PoolError> {
         let len = ds.volblocksize as u64;
         if wait {
             self.throttle()?;
-            self.reserve_space(len, len)?;
+            self.reserve_space(len, len, || self.overwrites(ds, &[blkid]))?;
             return self.hold_open_txg(ds).map(Some);
         }
-        if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false) {
+        if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false, false) {
             return Ok(None);
         }
         let Some(hold) = self.open_txg.try_read() else {
@@ -145,7 +146,7 @@ impl Pool {
         wait: bool,
     ) -> Result<Option<u64>, PoolError> {
         self.check_writable()?;
-        let Some(hold) = self.admit_block(ds, wait)? else {
+        let Some(hold) = self.admit_block(ds, blkid, wait)? else {
             return Ok(None);
         };
         let txg = *hold;
@@ -285,7 +286,8 @@ impl Pool {
         let bufs: Vec<&[u8]> = blocks.iter().map(|(_, b)| *b).collect();
         for attempt in 0.. {
             self.throttle()?;
-            self.reserve_space(bs * blocks.len() as u64, bs)?;
+            let ids: Vec<u64> = blocks.iter().map(|b| b.0).collect();
+            self.reserve_space(bs * blocks.len() as u64, bs, || self.overwrites(ds, &ids))?;
             let hold = self.hold_open_txg(ds)?;
             let txg = *hold;
             let bps = match self.write_nonzero(ds, txg, &bufs, false) {
@@ -404,10 +406,27 @@ impl Pool {
     /// only in segments such blocks can take (`Zio::usable_space`): a pool of slivers
     /// between blocks has free bytes but no room for one more block, and a txg sync that
     /// cannot place a block suspends the pool.
-    fn reserve_space(&self, len: u64, block: u64) -> Result<(), PoolError> {
+    ///
+    /// A write that only overwrites blocks that hold data grows nothing: it may use three
+    /// quarters of the slop that new data must leave (`overwrites`, asked only once the
+    /// write does not fit without it), so a nearly full pool keeps taking overwrites.
+    fn reserve_space(
+        &self,
+        len: u64,
+        block: u64,
+        overwrites: impl FnOnce() -> bool,
+    ) -> Result<(), PoolError> {
+        let mut overwrites = Some(overwrites);
+        let mut overwrite = false;
         for attempt in 0..=RESERVE_WAITS {
-            if self.has_room(len, block, true) {
+            if self.has_room(len, block, true, overwrite) {
                 return Ok(());
+            }
+            if let Some(ask) = overwrites.take() {
+                overwrite = ask();
+                if overwrite && self.has_room(len, block, true, true) {
+                    return Ok(());
+                }
             }
             let space = self.space();
             if attempt == RESERVE_WAITS || space.freeing == 0 && self.dirty_bytes() == 0 {
@@ -419,12 +438,24 @@ impl Pool {
         Err(PoolError::NoSpace(self.name.clone()))
     }
 
+    /// Whether every one of `blkids` holds data now: writing them only replaces what is
+    /// there. (Read from the block tree, whose indirect blocks a recent write has cached.)
+    fn overwrites(&self, ds: &Dataset, blkids: &[u64]) -> bool {
+        let (Some(&lo), Some(&hi)) = (blkids.iter().min(), blkids.iter().max()) else {
+            return false;
+        };
+        match ds.object.allocated_blocks(&self.io, lo, hi + 1) {
+            Ok(present) => blkids.iter().all(|b| present.binary_search(b).is_ok()),
+            Err(_) => false,
+        }
+    }
+
     /// `reserve_space`'s test, once: whether the pool has room now for `len` more dirty
     /// bytes in blocks of `block` bytes. Without `count`, a pool with less than twice the
     /// room needed is taken as full rather than counted (`fits` takes the allocator's lock).
-    fn has_room(&self, len: u64, block: u64, count: bool) -> bool {
+    fn has_room(&self, len: u64, block: u64, count: bool, overwrite: bool) -> bool {
         let space = self.space();
-        let slop = (space.size / 32).max(4 << 20);
+        let slop = (space.size / 32).max(4 << 20) / if overwrite { 4 } else { 1 };
         // Placed blocks already hold their space: only the rest is still to allocate.
         let inflation = self.io.zio.max_inflation();
         let dirty = (self.unplaced_bytes() + len) * inflation;
@@ -434,12 +465,15 @@ impl Pool {
         let need = dirty + dirty / 8 + meta + slop + ahead * inflation;
         let room =
             space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need);
-        // Data of blocks smaller than an indirect block can fill its holes; the indirect
-        // blocks need segments of their own size, which such data may also cut up.
-        let meta_need = if block >= dnode::IND_BLOCK_BYTES as u64 {
+        // The indirect blocks need segments of their own size, which the txg's data cuts up
+        // where no smaller hole takes it: a block of `block` bytes can spoil a segment of
+        // an indirect block's size each.
+        let ind = dnode::IND_BLOCK_BYTES as u64;
+        let meta_need = if block >= ind {
             need
         } else {
-            meta + slop / 2 + self.unplaced_bytes() * inflation
+            let unplaced = self.unplaced_bytes() * inflation;
+            meta + slop / 4 + unplaced * ind.div_ceil(block)
         };
         room && self.fits_meta(&space, meta_need, count)
     }
@@ -460,18 +494,24 @@ impl Pool {
         let spoil = piece / crate::vdev::layout::SECTOR;
         let total = self.io.zio.gauge.taken_total();
         let mut last = self.meta_room.lock();
-        let (at, taken_then, room) = *last;
+        let (at, taken_then, room, mos) = *last;
         let taken = total.saturating_sub(taken_then);
         let lower = room.saturating_sub(taken.saturating_mul(spoil));
-        if lower >= need && at.elapsed() < SLIVERS_FOR {
+        if lower >= need + mos && at.elapsed() < SLIVERS_FOR {
             return true;
         }
         if !count {
             return false;
         }
-        let room = self.io.zio.usable_space(dnode::IND_BLOCK_BYTES as u64);
-        *last = (std::time::Instant::now(), total, room);
-        room >= need
+        let (room, metaslabs) = {
+            let room = self.io.zio.usable_space(dnode::IND_BLOCK_BYTES as u64);
+            (room, self.io.zio.alloc.lock().metaslab_count() as u64)
+        };
+        // Each metaslab's space map may be appended to in a txg: its last block and the
+        // indirect block above it, two copies each, either spoiling such a segment.
+        let mos = metaslabs * 4 * piece;
+        *last = (std::time::Instant::now(), total, room, mos);
+        room >= need + mos
     }
 
     /// Whether blocks of `block` bytes still find `need` bytes of room among the free

@@ -1,0 +1,119 @@
+//! A pool as it fills: random overwrites of small blocks on a nearly full pool must never
+//! suspend it. A write may be refused for space (ENOSPC); the pool stays writable, and frees
+//! bring the room back.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{mem_devs, opts, pattern, MB};
+use zeta::dsl::{Pool, PoolError, TopSpec};
+use zeta::vdev::BlockDevice;
+use zeta::zvol::{VolError, Volume};
+
+/// A stripe of one 256M device with an 8K-block volume filled to `fill` of the pool's
+/// usable space by one sequential write, then `writers` threads overwriting random 8K blocks
+/// of what was filled for `secs`. Returns (writes done, writes refused for space).
+fn overwrite_at(fill: f64, writers: usize, secs: u64) -> (u64, u64) {
+    let devs = mem_devs(1, 256 * MB);
+    let leaf = (devs[0].clone() as Arc<dyn BlockDevice>, "d0".to_string());
+    let pool = Pool::create("tank", vec![TopSpec::stripe(leaf)], opts()).unwrap();
+    pool.create_volume("v", 256 * MB, 8192, None).unwrap();
+    let vol = Arc::new(Volume::open(&pool, "v").unwrap());
+    // Sequentially, 1M at a time, until the pool is `fill` allocated (metadata included)
+    // or refuses more.
+    let mut filled = 0;
+    let chunk = pattern(1, MB as usize);
+    while (pool.space().alloc as f64) < pool.space().size as f64 * fill {
+        match vol.write(filled, &chunk) {
+            Ok(()) => filled += MB,
+            Err(VolError::Pool {
+                source: PoolError::NoSpace(_),
+                ..
+            }) => break,
+            Err(e) => panic!("the fill failed at {filled}: {e}"),
+        }
+    }
+    vol.flush().unwrap();
+    pool.sync_frees().unwrap();
+    let s = pool.space();
+    println!(
+        "filled {} MiB: {:.1} % of the pool allocated",
+        filled / MB,
+        s.alloc as f64 * 100.0 / s.size as f64
+    );
+    assert!(
+        s.alloc as f64 >= s.size as f64 * (fill - 0.03),
+        "the fill stopped at {:?}",
+        s
+    );
+    let (done, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let until = Instant::now() + Duration::from_secs(secs);
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let (vol, done, refused) = (vol.clone(), done.clone(), refused.clone());
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+                let block = pattern(100 + w as u64, 8192);
+                while Instant::now() < until {
+                    let at = rng.gen_range(0..filled / 8192) * 8192;
+                    match vol.write(at, &block) {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(VolError::Pool {
+                            source: PoolError::NoSpace(_),
+                            ..
+                        }) => refused.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => panic!("an overwrite at {at} failed: {e}; {:?}", pool.space()),
+                    };
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    vol.flush().unwrap();
+    assert!(
+        pool.suspension().is_none(),
+        "random overwrites at {fill} full suspended the pool: {:?}",
+        pool.suspension()
+    );
+    // Frees bring the room back: with half the data trimmed, overwrites go through again.
+    vol.trim(0, filled / 2).unwrap();
+    vol.flush().unwrap();
+    pool.sync_frees().unwrap();
+    for i in 0..64 {
+        let at = filled / 2 + i * 8192 * 97 % (filled / 2);
+        vol.write(at / 8192 * 8192, &pattern(7, 8192))
+            .unwrap_or_else(|e| panic!("an overwrite after the trim failed: {e}"));
+    }
+    drop(vol);
+    pool.close().unwrap();
+    (
+        done.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    )
+}
+
+#[test]
+fn random_overwrites_at_80_percent_full_never_suspend_the_pool() {
+    let (done, refused) = overwrite_at(0.80, 4, 4);
+    println!("80 %: {done} overwrites done, {refused} refused for space");
+    assert!(done > 1000, "only {done} overwrites went through");
+}
+
+/// Nearly full, overwrites may be refused for space (ENOSPC: the pool keeps room for the
+/// txg's metadata), but never suspend the pool or fail otherwise.
+#[test]
+fn random_overwrites_at_95_percent_full_are_refused_cleanly_never_suspend() {
+    let (done, refused) = overwrite_at(0.95, 4, 3);
+    println!("95 %: {done} overwrites done, {refused} refused for space");
+    assert!(
+        done + refused > 1000,
+        "the writers hardly ran: {done} + {refused}"
+    );
+}
