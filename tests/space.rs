@@ -100,10 +100,11 @@ fn overwrite_at(fill: f64, writers: usize, secs: u64) -> (u64, u64) {
 }
 
 #[test]
-fn random_overwrites_at_80_percent_full_never_suspend_the_pool() {
+fn random_overwrites_at_80_percent_full_are_never_refused_nor_suspend_the_pool() {
     let (done, refused) = overwrite_at(0.80, 4, 4);
     println!("80 %: {done} overwrites done, {refused} refused for space");
     assert!(done > 1000, "only {done} overwrites went through");
+    assert_eq!(refused, 0, "overwrites at 80 % full were refused for space");
 }
 
 /// Nearly full, overwrites may be refused for space (ENOSPC: the pool keeps room for the

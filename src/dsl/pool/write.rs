@@ -22,6 +22,10 @@ use super::{Dataset, Pool, PoolError};
 /// admission (`reserve_space`) and when the allocator finds no segment (`place_blocks`).
 const RESERVE_WAITS: usize = 6;
 
+/// The most commits an admission waits for while frees are still coming back (each is a
+/// short txg when the pool is this short of room).
+const RESERVE_WAITS_MAX: usize = 64;
+
 /// How long admission trusts a count of the free space in slivers (`Pool::fits`).
 const SLIVERS_FOR: Duration = Duration::from_secs(1);
 
@@ -418,7 +422,7 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let mut overwrites = Some(overwrites);
         let mut overwrite = false;
-        for attempt in 0..=RESERVE_WAITS {
+        for attempt in 0..=RESERVE_WAITS_MAX {
             if self.has_room(len, block, true, overwrite) {
                 return Ok(());
             }
@@ -428,8 +432,13 @@ impl Pool {
                     return Ok(());
                 }
             }
+            // Past `RESERVE_WAITS` commits, only while frees are still to come back: an
+            // overwrite near full waits for the room its txgs free, new data is refused.
             let space = self.space();
-            if attempt == RESERVE_WAITS || space.freeing == 0 && self.dirty_bytes() == 0 {
+            let waiting_for_frees = space.freeing > 0 && attempt < RESERVE_WAITS_MAX;
+            if attempt >= RESERVE_WAITS && !waiting_for_frees
+                || space.freeing == 0 && self.dirty_bytes() == 0
+            {
                 break;
             }
             // Deferred frees return as txgs commit: wait for the next commit and try again.
@@ -507,9 +516,9 @@ impl Pool {
             let room = self.io.zio.usable_space(dnode::IND_BLOCK_BYTES as u64);
             (room, self.io.zio.alloc.lock().metaslab_count() as u64)
         };
-        // Each metaslab's space map may be appended to in a txg: its last block and the
-        // indirect block above it, two copies each, either spoiling such a segment.
-        let mos = metaslabs * 4 * piece;
+        // Each metaslab's space map may be appended to in a txg: two copies of its last
+        // block (or of the indirect block above it), each spoiling such a segment.
+        let mos = metaslabs * 2 * piece;
         *last = (std::time::Instant::now(), total, room, mos);
         room >= need + mos
     }
