@@ -22,7 +22,7 @@ use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
 use crate::zio::{WriteProps, Zio, ZioError};
 
-use dirty_map::{open_map_after, open_range, OpenMap, SyncingMap};
+use dirty_map::{open_map_after, open_range, GroupMap, OpenMap, SyncingMap};
 use patch::{covers, lay_pieces, overlay, read_spare, sync_patched, Patched};
 use tree::{collect_blkids, lookup, Leaves};
 
@@ -304,10 +304,6 @@ pub struct Object {
 fn indirect_copies(copies: u8) -> usize {
     (copies as usize).clamp(2, 3)
 }
-
-/// The open txg's changes counted per group of `FANOUT` blocks (`State::open_groups`).
-type GroupMap =
-    std::collections::HashMap<u64, u32, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
 
 fn bp_at(block: &[u8], slot: usize) -> BlkPtr {
     BlkPtr::read_from_bytes(&block[slot * BP_BYTES..(slot + 1) * BP_BYTES]).expect("exact size")

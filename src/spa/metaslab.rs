@@ -457,9 +457,9 @@ impl Allocator {
     }
 
     /// Less than a third of the pool free: blocks then take the smallest hole that holds
-    /// them rather than cut into larger segments. Random overwrites of small blocks on a pool 75 % full
-    /// otherwise spent its last large segments on data while the frees they made came back
-    /// as holes of the data's size, and the txg's 16K indirect blocks found no room.
+    /// them rather than cut into larger segments. Under random overwrites of small blocks,
+    /// next fit spent a nearly full pool's last large segments on data while the frees came
+    /// back as holes of the data's size, and a txg's indirect blocks found no room.
     fn near_full(&self) -> bool {
         let s = self.gauge.read();
         s.free < s.size / 3

@@ -18,6 +18,10 @@ use super::Dirty;
 /// The open txg's changes.
 pub type OpenMap = HashMap<u64, Dirty, BuildHasherDefault<FxHasher>>;
 
+/// How many of the open txg's changes fall in each group of blocks under one level-1
+/// indirect block, by group (`Object`'s count of the indirect blocks its sync writes).
+pub type GroupMap = HashMap<u64, u32, BuildHasherDefault<FxHasher>>;
+
 /// The most changes a new open map makes room for at once (`open_map_after`).
 const OPEN_ROOM_MAX: usize = 1 << 14;
 

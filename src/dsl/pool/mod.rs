@@ -468,10 +468,8 @@ pub struct Pool {
     /// The free space admission last found in slivers too small for a block (when, block
     /// size, bytes): reused for a while instead of walking every free segment again.
     slivers: Mutex<(std::time::Instant, u64, u64)>,
-    /// The last count of room for indirect blocks (`Pool::fits_meta`): when, the bytes
-    /// allocated until then (`SpaceGauge::taken_total`), the room then in segments an
-    /// indirect block fits, and the part of it the MOS may need in a txg.
-    meta_room: Mutex<(std::time::Instant, u64, u64, u64)>,
+    /// The last count of room for indirect blocks (`Pool::fits_meta`).
+    meta_room: Mutex<write::MetaRoom>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The last scrub's state (saved in the config) and the thread running one.
     pub(super) scan: Mutex<ScanState>,
@@ -657,7 +655,7 @@ impl Pool {
             ahead: Mutex::new(BTreeMap::new()),
             ahead_bytes: AtomicU64::new(0),
             slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
-            meta_room: Mutex::new((std::time::Instant::now(), 0, 0, 0)),
+            meta_room: Mutex::new(write::MetaRoom::default()),
             thread: Mutex::new(None),
             scan: Mutex::new(ScanState::default()),
             scanner: Mutex::new(ScanSlot::default()),

@@ -29,6 +29,19 @@ const RESERVE_WAITS_MAX: usize = 64;
 /// How long admission trusts a count of the free space in slivers (`Pool::fits`).
 const SLIVERS_FOR: Duration = Duration::from_secs(1);
 
+/// The last count of room for indirect blocks (`Pool::fits_meta`).
+#[derive(Default)]
+pub(super) struct MetaRoom {
+    /// When it was counted (never, at first).
+    at: Option<std::time::Instant>,
+    /// The bytes allocated until then (`SpaceGauge::taken_total`).
+    taken: u64,
+    /// The free space then in segments an indirect block fits.
+    room: u64,
+    /// The part of it each metaslab's space map may take in a txg.
+    mos: u64,
+}
+
 impl Pool {
     /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
     /// dirty, and refusing with `NoSpace` if the pool could not hold it. Returns the txg the
@@ -503,10 +516,9 @@ impl Pool {
         let spoil = piece / crate::vdev::layout::SECTOR;
         let total = self.io.zio.gauge.taken_total();
         let mut last = self.meta_room.lock();
-        let (at, taken_then, room, mos) = *last;
-        let taken = total.saturating_sub(taken_then);
-        let lower = room.saturating_sub(taken.saturating_mul(spoil));
-        if lower >= need + mos && at.elapsed() < SLIVERS_FOR {
+        let taken = total.saturating_sub(last.taken);
+        let lower = last.room.saturating_sub(taken.saturating_mul(spoil));
+        if last.at.is_some_and(|at| at.elapsed() < SLIVERS_FOR) && lower >= need + last.mos {
             return true;
         }
         if !count {
@@ -519,7 +531,12 @@ impl Pool {
         // Each metaslab's space map may be appended to in a txg: two copies of its last
         // block (or of the indirect block above it), each spoiling such a segment.
         let mos = metaslabs * 2 * piece;
-        *last = (std::time::Instant::now(), total, room, mos);
+        *last = MetaRoom {
+            at: Some(std::time::Instant::now()),
+            taken: total,
+            room,
+            mos,
+        };
         room >= need + mos
     }
 
