@@ -6,45 +6,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::nbd_client::Client;
-use common::procs::{have, spawn_server};
+use common::procs::{have, run_ok as run, spawn_server, status_field, zeta_in as zeta};
 use common::rig::{Rig, VOL};
 use zeta::nbd::proto::*;
 use zeta::nbd::ServerConfig;
-
-fn zeta(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zeta"));
-    c.env("ZETA_HOME", home);
-    c
-}
-
-fn run(mut c: Command, what: &str) {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A field of /proc/PID/status in bytes (`VmHWM`, `VmRSS`) or as a count (`Threads`).
-fn status_field(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let v: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    if field.starts_with("Vm") {
-        v << 10
-    } else {
-        v
-    }
-}
 
 /// A socket that has read the greeting and sent its flags and half an option header.
 fn stopped_mid_handshake(addr: SocketAddr) -> TcpStream {

@@ -4,35 +4,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
-use common::procs::{have, spawn_server};
-
-fn zeta(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zeta"));
-    c.env("ZETA_HOME", home);
-    c
-}
-
-fn run(mut c: Command, what: &str) {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM");
-    kb << 10
-}
+use common::procs::{have, run_ok as run, spawn_server, status_field, zeta_in as zeta};
 
 #[test]
 fn the_server_stays_within_its_memory_limits_under_random_io() {
@@ -88,7 +62,7 @@ fn the_server_stays_within_its_memory_limits_under_random_io() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let rss = peak_rss(child.id());
+    let rss = status_field(child.id(), "VmHWM");
     let _ = child.kill();
     let _ = child.wait();
     eprintln!("server peak RSS {} MiB", rss >> 20);

@@ -86,3 +86,35 @@ pub fn bench_json(args: &[&str], dir: &Path) -> serde_json::Value {
     assert!(out.status.success(), "bench failed: {err}");
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
+
+/// The `zeta` binary with `ZETA_HOME=home`.
+pub fn zeta_in(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    c.env("ZETA_HOME", home);
+    c
+}
+
+/// Runs `c` and fails the test, with its stderr, unless it succeeds.
+pub fn run_ok(mut c: Command, what: &str) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A field of /proc/PID/status in bytes (`VmHWM`, `VmRSS`) or as a count (`Threads`).
+pub fn status_field(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let v: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    if field.starts_with("Vm") {
+        v << 10
+    } else {
+        v
+    }
+}
