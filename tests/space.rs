@@ -118,3 +118,70 @@ fn random_overwrites_at_95_percent_full_are_refused_cleanly_never_suspend() {
         "the writers hardly ran: {done} + {refused}"
     );
 }
+
+/// The fragmentation metric is kept as ranges come and go, equals a recount from the free
+/// trees (`Pool::verify` compares them), grows under random overwrites of a sequential fill,
+/// and is the same after an import, which rebuilds the trees from the space maps.
+#[test]
+fn fragmentation_follows_random_overwrites_and_survives_import() {
+    use rand::{Rng, SeedableRng};
+    let devs = mem_devs(1, 128 * MB);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::stripe(common::as_leaves(&devs).remove(0))],
+        opts(),
+    )
+    .unwrap();
+    pool.create_volume("v", 64 * MB, 8192, None).unwrap();
+    let vol = Volume::open(&pool, "v").unwrap();
+    for i in 0..64 {
+        vol.write(i * MB, &pattern(i, MB as usize)).unwrap();
+    }
+    vol.flush().unwrap();
+    pool.sync_frees().unwrap();
+    pool.verify().unwrap();
+    let compact = pool.metaslab_map();
+    assert_eq!(compact.fragmentation, pool.fragmentation());
+    assert_eq!(compact.free, pool.space().free);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(57);
+    for round in 0..8 {
+        for _ in 0..800 {
+            let at = rng.gen_range(0..64 * MB / 8192) * 8192;
+            vol.write(at, &pattern(round, 8192)).unwrap();
+        }
+        vol.flush().unwrap();
+        pool.sync_frees().unwrap();
+    }
+    pool.verify().unwrap();
+    let scattered = pool.metaslab_map();
+    println!(
+        "fragmentation {} % after the fill, {} % after the overwrites",
+        compact.fragmentation, scattered.fragmentation
+    );
+    assert!(
+        scattered.fragmentation >= compact.fragmentation + 10,
+        "random 8K overwrites left the free space as it was: {} % then {} %",
+        compact.fragmentation,
+        scattered.fragmentation
+    );
+    let segments = |m: &zeta::spa::PoolMap| -> u64 {
+        m.vdevs
+            .iter()
+            .flat_map(|v| &v.metaslabs)
+            .map(|ms| ms.segments)
+            .sum()
+    };
+    assert!(segments(&scattered) > segments(&compact));
+    drop(vol);
+    pool.close().unwrap();
+    let pool = common::import(&devs);
+    pool.verify().unwrap();
+    let imported = pool.metaslab_map();
+    assert!(
+        imported.fragmentation.abs_diff(scattered.fragmentation) <= 3,
+        "fragmentation {} % before the export, {} % after the import",
+        scattered.fragmentation,
+        imported.fragmentation
+    );
+    pool.close().unwrap();
+}

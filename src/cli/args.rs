@@ -183,10 +183,31 @@ pub enum PoolCmd {
     },
     /// List imported pools with their space: SIZE, ALLOC, FREE and CAP raw, as `zpool
     /// list` counts them (parity included); FREEING freed but not yet allocatable (frees wait
-    /// two txgs; `zeta pool sync` brings them); USABLE and AVAIL what volumes of 16K blocks
-    /// can hold, after raidz parity and padding, as `zfs list` counts it.
+    /// two txgs; `zeta pool sync` brings them); FRAG how much of the free space lies in
+    /// small segments (0 % one free extent per metaslab, 100 % all in 512-byte slivers; the
+    /// weights of `zpool list`'s FRAG, `zeta pool map` shows it per metaslab); USABLE and
+    /// AVAIL what volumes of 16K blocks can hold, after raidz parity and padding, as `zfs
+    /// list` counts it.
     List {
         /// Print as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw every metaslab of a pool as a cell coloured and labelled by its free percentage
+    /// and its fragmentation (FRAG in `pool list`): compact after sequential writes,
+    /// scattered after random overwrites.
+    #[command(after_help = "Examples:\n  zeta pool map tank -o tank.svg\n  \
+                            zeta pool map tank -o tank.png\n  zeta pool map tank --json\n\n\
+                            Without -o or --json it prints one line per vdev and the pool's \
+                            free-segment histogram.")]
+    Map {
+        /// The pool's name.
+        pool: String,
+        /// Write the picture here: FILE.svg or FILE.png.
+        #[arg(short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Print the numbers as JSON: every metaslab's free bytes, largest free segment,
+        /// segment count and fragmentation, each vdev's and the pool's, and the histogram.
         #[arg(long)]
         json: bool,
     },

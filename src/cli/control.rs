@@ -9,6 +9,7 @@
 //! - `{"op": "sync"}` commits a txg, and the txgs that make what was freed reusable →
 //!   `{"ok": true}`
 //! - `{"op": "iostat"}` → `{"ok": true, "value": <pool iostat --json object>}`
+//! - `{"op": "map"}` → `{"ok": true, "value": <pool map --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
 //! - `{"op": "clear"}` zeroes the pool's error counters → `{"ok": true}`
@@ -155,6 +156,13 @@ pub fn remote_status(s: UnixStream, pool: &str) -> Result<Value> {
 /// Asks the server of `pool` for its `pool iostat --json` object.
 pub fn remote_iostat(s: UnixStream, pool: &str) -> Result<Value> {
     Ok(call(s, json!({"op": "iostat"}), pool)?["value"].take())
+}
+
+/// Asks the server of `pool` for its metaslab map (`pool map --json`).
+pub fn remote_map(s: UnixStream, pool: &str) -> Result<crate::spa::PoolMap> {
+    let v = call(s, json!({"op": "map"}), pool)?["value"].take();
+    serde_json::from_value(v)
+        .map_err(|e| super::usage(format!("the server of '{pool}' sent a bad map: {e}")))
 }
 
 /// Has the server of `pool` commit a txg.
@@ -397,6 +405,7 @@ fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         Some("iostat") => Ok(json!({"ok": true, "value": super::pool_cmd::iostat_json(&pool)})),
+        Some("map") => Ok(json!({"ok": true, "value": pool.metaslab_map()})),
         Some("scrub") => {
             if req["stop"] == json!(true) {
                 pool.stop_scrub()?;

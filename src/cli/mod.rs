@@ -15,6 +15,7 @@ pub mod fmt;
 pub mod guard;
 pub mod memory;
 pub mod nbd_load;
+pub mod plot;
 pub mod pool_cmd;
 pub mod progress;
 pub mod room;

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::bp::{Dva, Dvas};
-use super::range_tree::{RangeSet, RangeTree};
+use super::frag;
+use super::range_tree::{Histogram, RangeSet, RangeTree};
 use super::space_map::SmRecord;
 use crate::vdev::SECTOR;
 
@@ -154,6 +155,51 @@ pub struct Space {
     pub free: u64,
     /// Freed but not yet reusable (deferred frees).
     pub freeing: u64,
+}
+
+/// One metaslab in `Allocator::map`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MetaslabInfo {
+    pub index: usize,
+    pub start: u64,
+    pub size: u64,
+    /// Allocatable bytes (not counting deferred frees).
+    pub free: u64,
+    /// Freed, allocatable after two more txgs.
+    pub freeing: u64,
+    pub largest: u64,
+    /// Free segments.
+    pub segments: u64,
+    /// Percent, see `spa::frag`.
+    pub fragmentation: u8,
+}
+
+/// One top-level vdev in `Allocator::map`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VdevMap {
+    pub vdev: u32,
+    pub size: u64,
+    pub free: u64,
+    pub fragmentation: u8,
+    pub metaslabs: Vec<MetaslabInfo>,
+}
+
+/// Free segments of `from` to 2×`from`-1 bytes across the pool.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HistogramRow {
+    pub from: u64,
+    pub segments: u64,
+    pub bytes: u64,
+}
+
+/// The free space of every metaslab of every data vdev, and its fragmentation.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolMap {
+    pub size: u64,
+    pub free: u64,
+    pub fragmentation: u8,
+    pub histogram: Vec<HistogramRow>,
+    pub vdevs: Vec<VdevMap>,
 }
 
 struct Deferred {
@@ -298,6 +344,87 @@ impl Allocator {
             .iter()
             .map(|ms| ms.free.space_in_pieces(piece))
             .sum()
+    }
+
+    /// Every metaslab's free space and fragmentation (`zeta pool map`, `pool list`'s FRAG),
+    /// from the histograms the free trees keep.
+    pub fn map(&self) -> PoolMap {
+        self.map_with(|ms| *ms.free.histogram())
+    }
+
+    /// `map`, with every histogram counted afresh from its tree's segments (tests and
+    /// `Pool::verify` compare the two).
+    pub fn map_recounted(&self) -> PoolMap {
+        self.map_with(|ms| Histogram::of(ms.free.iter()))
+    }
+
+    fn map_with(&self, hist: impl Fn(&Metaslab) -> Histogram) -> PoolMap {
+        let mut pool_hist = Histogram::default();
+        let mut pool_w = (0u128, 0u64);
+        let vdevs = self
+            .tops
+            .iter()
+            .map(|top| {
+                let mut vdev_hist = Histogram::default();
+                let mut vdev_w = (0u128, 0u64);
+                let metaslabs = top
+                    .metaslabs
+                    .iter()
+                    .enumerate()
+                    .map(|(index, ms)| {
+                        let h = hist(ms);
+                        vdev_hist.merge(&h);
+                        let (w, f) = frag::weighted_in(&h, ms.size);
+                        vdev_w = (vdev_w.0 + w, vdev_w.1 + f);
+                        MetaslabInfo {
+                            index,
+                            start: ms.start,
+                            size: ms.size,
+                            free: ms.free.space(),
+                            freeing: ms.deferred.space(),
+                            largest: ms.free.largest(),
+                            segments: ms.free.segments() as u64,
+                            fragmentation: frag::mean(w, f),
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                pool_hist.merge(&vdev_hist);
+                pool_w = (pool_w.0 + vdev_w.0, pool_w.1 + vdev_w.1);
+                VdevMap {
+                    vdev: top.vdev,
+                    size: metaslabs.iter().map(|m| m.size).sum(),
+                    free: metaslabs.iter().map(|m| m.free).sum(),
+                    fragmentation: frag::mean(vdev_w.0, vdev_w.1),
+                    metaslabs,
+                }
+            })
+            .collect::<Vec<_>>();
+        PoolMap {
+            size: vdevs.iter().map(|v| v.size).sum(),
+            free: vdevs.iter().map(|v| v.free).sum(),
+            fragmentation: frag::mean(pool_w.0, pool_w.1),
+            histogram: (0..64)
+                .filter(|&b| pool_hist.count[b] > 0)
+                .map(|b| HistogramRow {
+                    from: 1 << b,
+                    segments: pool_hist.count[b],
+                    bytes: pool_hist.bytes[b],
+                })
+                .collect(),
+            vdevs,
+        }
+    }
+
+    /// The pool's fragmentation in percent (`map().fragmentation`, without the per-metaslab
+    /// rows).
+    pub fn fragmentation(&self) -> u8 {
+        let (mut w, mut free) = (0u128, 0u64);
+        for ms in self.tops.iter().flat_map(|t| &t.metaslabs) {
+            let (mw, mf) = frag::weighted_in(ms.free.histogram(), ms.size);
+            w += mw;
+            free += mf;
+        }
+        frag::mean(w, free)
     }
 
     /// How many metaslabs the pool has: each may have its space map rewritten in a txg.
@@ -1149,5 +1276,40 @@ mod tests {
         assert!(!b.tops[0].metaslabs[0]
             .free
             .overlaps(keep[0].offset.get(), 4096));
+    }
+
+    #[test]
+    fn the_kept_histograms_equal_a_recount_after_random_allocs_and_frees() {
+        use rand::{Rng, SeedableRng};
+        let seed = 0x5eed_0057u64;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut a = Allocator::new(&[(0, 16 * MB, 20), (1, 8 * MB, 20)]);
+        let mut live: Vec<Dva> = Vec::new();
+        let fresh = a.map();
+        assert_eq!(fresh.fragmentation, 0, "wholly free");
+        for txg in 1..400u64 {
+            for _ in 0..rng.gen_range(1..40) {
+                if rng.gen_bool(0.6) || live.is_empty() {
+                    let size = SECTOR * rng.gen_range(1..16u64);
+                    if let Ok(d) = a.alloc(size, rng.gen_range(1..=2), AllocClass::Recorded) {
+                        live.extend(d.iter().copied());
+                    }
+                } else {
+                    let d = live.swap_remove(rng.gen_range(0..live.len()));
+                    a.free(&d, txg, AllocClass::Recorded).unwrap();
+                }
+            }
+            a.txg_synced(txg);
+            if txg % 50 == 0 {
+                let map = a.map();
+                assert_eq!(map, a.map_recounted(), "seed {seed}, txg {txg}");
+                assert_eq!(a.fragmentation(), map.fragmentation);
+                assert_eq!(map.free, a.space().free);
+            }
+        }
+        assert!(
+            a.fragmentation() > 0,
+            "random small frees leave small holes"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! go and how a pool identifies itself; what the bytes mean is decided above it.
 
 pub mod bp;
+pub mod frag;
 pub mod label;
 pub mod metaslab;
 pub mod props;
@@ -13,4 +14,4 @@ pub mod scan_state;
 pub mod space_map;
 
 pub use bp::{BlkPtr, BlockKind, Dva, Dvas};
-pub use metaslab::{AllocClass, AllocError, Allocator, Space, SpaceGauge};
+pub use metaslab::{AllocClass, AllocError, Allocator, PoolMap, Space, SpaceGauge};

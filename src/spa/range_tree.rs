@@ -26,16 +26,78 @@ impl SegmentIndex for NoIndex {
     fn removed(&mut self, _: u64, _: u64) {}
 }
 
-/// The segments by (length, start).
+/// The segments by (length, start), and their histogram.
 #[derive(Default, Clone, Debug)]
-pub struct BySize(BTreeSet<(u64, u64)>);
+pub struct BySize {
+    by_len: BTreeSet<(u64, u64)>,
+    hist: Histogram,
+}
 
 impl SegmentIndex for BySize {
     fn inserted(&mut self, s: u64, e: u64) {
-        self.0.insert((e - s, s));
+        self.by_len.insert((e - s, s));
+        self.hist.add(e - s);
     }
     fn removed(&mut self, s: u64, e: u64) {
-        self.0.remove(&(e - s, s));
+        self.by_len.remove(&(e - s, s));
+        self.hist.remove(e - s);
+    }
+}
+
+/// Segments by power-of-two size class: bucket `i` holds those of 2^i to 2^(i+1)-1 bytes,
+/// with how many there are and how many bytes they hold. Kept as segments come and go, so
+/// the fragmentation metric (`spa::frag`) costs no walk of the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Histogram {
+    pub count: [u64; 64],
+    pub bytes: [u64; 64],
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            count: [0; 64],
+            bytes: [0; 64],
+        }
+    }
+}
+
+impl Histogram {
+    /// The bucket of a segment of `len` bytes (`len` > 0).
+    pub fn bucket(len: u64) -> usize {
+        debug_assert!(len > 0);
+        63 - len.leading_zeros() as usize
+    }
+
+    pub fn add(&mut self, len: u64) {
+        let b = Self::bucket(len);
+        self.count[b] += 1;
+        self.bytes[b] += len;
+    }
+
+    pub fn remove(&mut self, len: u64) {
+        let b = Self::bucket(len);
+        assert!(
+            self.count[b] > 0,
+            "histogram: removing a segment it never had"
+        );
+        self.count[b] -= 1;
+        self.bytes[b] -= len;
+    }
+
+    /// Adds another histogram's segments to this one (a vdev's from its metaslabs').
+    pub fn merge(&mut self, other: &Histogram) {
+        for i in 0..64 {
+            self.count[i] += other.count[i];
+            self.bytes[i] += other.bytes[i];
+        }
+    }
+
+    /// The histogram of `segments`, counted afresh.
+    pub fn of(segments: impl Iterator<Item = (u64, u64)>) -> Histogram {
+        let mut h = Histogram::default();
+        segments.for_each(|(s, e)| h.add(e - s));
+        h
     }
 }
 
@@ -189,18 +251,27 @@ impl<I: SegmentIndex> Ranges<I> {
 
 impl Ranges<BySize> {
     pub fn largest(&self) -> u64 {
-        self.index.0.iter().next_back().map_or(0, |&(len, _)| len)
+        self.index
+            .by_len
+            .iter()
+            .next_back()
+            .map_or(0, |&(len, _)| len)
     }
 
     /// The space in segments counted in whole `piece`s: what blocks of that size can take.
     pub fn space_in_pieces(&self, piece: u64) -> u64 {
         self.index
-            .0
+            .by_len
             .iter()
             .rev()
             .take_while(|&&(len, _)| len >= piece)
             .map(|&(len, _)| len - len % piece)
             .sum()
+    }
+
+    /// The free segments by size class, as kept (not counted afresh).
+    pub fn histogram(&self) -> &Histogram {
+        &self.index.hist
     }
 
     /// Takes `len` bytes found by [`find`](Self::find) from `cursor`, and moves the cursor past
@@ -219,7 +290,12 @@ impl Ranges<BySize> {
     /// where it was: near full, blocks refill the holes that blocks of their size left, and
     /// larger segments stay for larger blocks (a txg's indirect blocks).
     pub fn take_best_fit(&mut self, len: u64) -> Option<u64> {
-        let off = self.index.0.range((len, 0)..).next().map(|&(_, s)| s)?;
+        let off = self
+            .index
+            .by_len
+            .range((len, 0)..)
+            .next()
+            .map(|&(_, s)| s)?;
         self.remove(off, len);
         Some(off)
     }
@@ -241,7 +317,7 @@ impl Ranges<BySize> {
                 return Some(s);
             }
         }
-        self.index.0.range((len, 0)..).next().map(|&(_, s)| s)
+        self.index.by_len.range((len, 0)..).next().map(|&(_, s)| s)
     }
 }
 
@@ -353,8 +429,9 @@ mod tests {
                 v.sort();
                 v
             };
-            assert_eq!(t.index.0.iter().copied().collect::<Vec<_>>(), want);
+            assert_eq!(t.index.by_len.iter().copied().collect::<Vec<_>>(), want);
             assert_eq!(t.largest(), want.last().map_or(0, |&(l, _)| l));
+            assert_eq!(*t.histogram(), Histogram::of(t.iter()), "seed {seed}");
             // Best fit past the cursor's neighbourhood: the smallest segment that fits.
             let len = rng.gen_range(1..16u64);
             let best = want.iter().find(|&&(l, _)| l >= len).map(|&(_, s)| s);

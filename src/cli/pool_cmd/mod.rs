@@ -82,6 +82,7 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
             Ok(())
         }
         PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
+        PoolCmd::Map { pool, output, json } => map(home, &pool, output.as_deref(), json),
         PoolCmd::Iostat { pool, json } => iostat(home, &pool, json),
         PoolCmd::Sync { pool } => {
             match super::control::connect(home, &pool) {
@@ -127,7 +128,7 @@ fn list(home: &Home, json: bool) -> Result<()> {
                     st["alloc"].as_u64().unwrap_or(0),
                 );
                 json!({"name": name, "size": size, "alloc": alloc, "free": st["free"],
-                       "freeing": st["freeing"],
+                       "freeing": st["freeing"], "fragmentation": st["fragmentation"],
                        "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0),
                        "usable_size": st["usable"]["size"], "usable_free": st["usable"]["free"],
                        "health": st["state"], "readonly": st["readonly"]})
@@ -141,29 +142,92 @@ fn list(home: &Home, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8}  HEALTH",
-        "NAME", "SIZE", "ALLOC", "FREE", "FREEING", "CAP", "USABLE", "AVAIL"
+        "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5} {:>8} {:>8}  HEALTH",
+        "NAME", "SIZE", "ALLOC", "FREE", "FREEING", "FRAG", "CAP", "USABLE", "AVAIL"
     );
     for r in rows {
         let n = |k: &str| r[k].as_u64().map(human).unwrap_or_else(|| "-".into());
-        let cap = r["capacity_pct"]
-            .as_u64()
-            .map(|c| format!("{c}%"))
-            .unwrap_or_else(|| "-".into());
+        let pct = |k: &str| {
+            r[k].as_u64()
+                .map(|c| format!("{c}%"))
+                .unwrap_or_else(|| "-".into())
+        };
         println!(
-            "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8}  {}",
+            "{:<16} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5} {:>8} {:>8}  {}",
             r["name"].as_str().unwrap(),
             n("size"),
             n("alloc"),
             n("free"),
             n("freeing"),
-            cap,
+            pct("fragmentation"),
+            pct("capacity_pct"),
             n("usable_size"),
             n("usable_free"),
             health(&r)
         );
     }
     Ok(())
+}
+
+/// `zeta pool map`: the metaslab map as a picture, as JSON, or as lines.
+fn map(home: &Home, name: &str, output: Option<&std::path::Path>, json: bool) -> Result<()> {
+    let m = match super::control::connect(home, name) {
+        Some(conn) => super::control::remote_map(conn, name)?,
+        None => {
+            let p = home.open(name)?;
+            let m = p.metaslab_map();
+            p.close()?;
+            m
+        }
+    };
+    if let Some(path) = output {
+        super::plot::draw_map(&m, &format!("pool '{name}'"), path).map_err(usage)?;
+        if !json {
+            println!("wrote {}", path.display());
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&m).unwrap());
+    } else if output.is_none() {
+        print!("{}", map_lines(&m));
+    }
+    Ok(())
+}
+
+/// The map as text: a line per vdev, then the free-segment histogram.
+fn map_lines(m: &crate::spa::PoolMap) -> String {
+    use std::fmt::Write;
+    let pct = |a: u64, b: u64| (a * 100).checked_div(b).unwrap_or(0);
+    let mut out = format!(
+        "{} free of {} ({}%), {}% fragmented\n",
+        human(m.free),
+        human(m.size),
+        pct(m.free, m.size),
+        m.fragmentation
+    );
+    for v in &m.vdevs {
+        let full = v.metaslabs.iter().filter(|ms| ms.free == 0).count();
+        let empty = v.metaslabs.iter().filter(|ms| ms.free == ms.size).count();
+        let _ = writeln!(
+            out,
+            "vdev {}: {} metaslabs ({full} full, {empty} empty), {} free, {}% fragmented",
+            v.vdev,
+            v.metaslabs.len(),
+            human(v.free),
+            v.fragmentation
+        );
+    }
+    let _ = writeln!(out, "{:>10} {:>10} {:>10}", "SEGMENT", "COUNT", "BYTES");
+    for row in &m.histogram {
+        let _ = writeln!(
+            out,
+            "{:>10} {:>10} {:>10}",
+            format!("{}+", human(row.from)),
+            row.segments,
+            human(row.bytes)
+        );
+    }
+    out
 }
 
 /// A pool's state as `pool list` and `pool status` print it: `ONLINE`, `DEGRADED`, … and
@@ -306,7 +370,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
     json!({"name": p.name, "guid": p.guid.to_string(), "state": state, "suspended": suspended,
            "readonly": p.is_read_only(), "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
-           "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
+           "fragmentation": p.fragmentation(), "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
            "volumes": p.datasets().len(), "scan": scan,
            "lost_writes": p.io.zio.stats.lost_writes.load(std::sync::atomic::Ordering::Relaxed)})
 }
@@ -346,8 +410,8 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
     for st in all {
         let u = |k: &str| human(st["usable"][k].as_u64().unwrap_or(0));
         println!(
-            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free, {} freeing \
-             (raw, as zpool list counts it)\n        {} usable, {} available (after parity, \
+            "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free, {} freeing, \
+             {}% fragmented (raw, as zpool list counts it)\n        {} usable, {} available (after parity, \
              for {} blocks, as zfs list counts it)",
             st["name"].as_str().unwrap(),
             health(&st),
@@ -356,6 +420,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["alloc"].as_u64().unwrap()),
             human(st["free"].as_u64().unwrap()),
             human(st["freeing"].as_u64().unwrap_or(0)),
+            st["fragmentation"],
             u("size"),
             u("free"),
             u("block_bytes"),

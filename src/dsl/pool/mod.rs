@@ -41,7 +41,7 @@ use crate::spa::label::{
 };
 use crate::spa::props::{CommitPolicy, Placement};
 use crate::spa::scan_state::{ScanPhase, ScanState};
-use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Space};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, PoolMap, Space};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev, VdevError};
 use crate::zil::{Log, Zil};
 use crate::zio::{Zio, ZioError};
@@ -1140,6 +1140,16 @@ impl Pool {
         self.io.zio.gauge.read()
     }
 
+    /// Every metaslab's free space and fragmentation (`zeta pool map`).
+    pub fn metaslab_map(&self) -> PoolMap {
+        self.io.zio.alloc.lock().map()
+    }
+
+    /// The fragmentation of the pool's free space, in percent (`spa::frag`).
+    pub fn fragmentation(&self) -> u8 {
+        self.io.zio.alloc.lock().fragmentation()
+    }
+
     /// The pool's space as volumes of `block_bytes` blocks can fill it, as `zfs list` counts
     /// it: a raidz vdev's share after its parity and padding sectors for such a block
     /// (`TopVdev::asize_of`), a mirror's or stripe's as it is (`space` already counts a
@@ -1607,6 +1617,12 @@ impl Pool {
             return Err(invalid(format!(
                 "pool '{}': the allocator's running totals {kept:?} drifted from its \
                  metaslabs {counted:?}",
+                self.name
+            )));
+        }
+        if alloc.map() != alloc.map_recounted() {
+            return Err(invalid(format!(
+                "pool '{}': a metaslab's free-segment histogram drifted from its free tree",
                 self.name
             )));
         }
