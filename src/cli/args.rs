@@ -228,7 +228,8 @@ pub enum PoolCmd {
     },
     /// Show the intent log's counters since the pool was opened: log blocks and bytes per
     /// vdev, sync requests, records per commit batch and per block, mean batch latency,
-    /// device flushes and fallbacks to a txg sync.
+    /// device flushes and fallbacks to a txg sync; and the data writes that reached the
+    /// devices, by size (small random writes should leave in large runs).
     Iostat {
         /// The pool's name.
         pool: String,
@@ -578,6 +579,14 @@ pub enum BenchCmd {
                             not measured)."
     )]
     Sync(BenchSyncArgs),
+    /// Seed 002's fragmentation experiment: per fill level a fresh pool on one file, a
+    /// volume of 8K blocks filled sequentially to that share of the pool, then --writers
+    /// clients overwriting random 8K blocks of it through NBD for --runtime seconds. Prints
+    /// the burst (first 10 s) and steady state (mean of the last 50 s) against the pool's
+    /// occupancy, and with --peer zfs-fuse the same on zfs-fuse in the same run; writes the
+    /// time series and steady-state plots, the metaslab map before and after each level, and
+    /// the device write sizes to --out.
+    Frag(BenchFragArgs),
     /// zeta-load, `bench sync`'s generator, against any NBD server: random writes with
     /// exactly one flush every N (or FUA on each), a connection per export: IOPS, and the
     /// latency of writes and of flushes.
@@ -669,6 +678,47 @@ pub struct BenchSyncArgs {
     /// the same default pool.
     #[arg(long, hide = true)]
     pub no_zil_props: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchFragArgs {
+    /// Print the results as one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A short run for CI: a 512M pool, fills 10,50,90, 8 s each (where the other flags do
+    /// not say otherwise).
+    #[arg(long)]
+    pub quick: bool,
+    /// Fill levels, in percent of the pool's size, comma-separated [default:
+    /// 10,25,50,75,90].
+    #[arg(long, value_name = "LIST")]
+    pub fills: Option<String>,
+    /// Seconds of random overwrites per fill level [default: 150, or 8 with --quick].
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u64>,
+    /// Concurrent writers (NBD connections for zeta, threads for zfs-fuse).
+    #[arg(long, default_value_t = 8)]
+    pub writers: u32,
+    /// Writes each writer keeps in flight (zfs-fuse's writers, plain write(2) calls, get
+    /// as many threads each).
+    #[arg(long, default_value_t = 1)]
+    pub depth: u32,
+    /// Size of the pool's file [default: 4G, or 512M with --quick].
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Also run the experiment on this peer in the same run: zfs-fuse (needs root, the
+    /// zfs-fuse package, and a loop device for its vdev).
+    #[arg(long, value_name = "PEER")]
+    pub peer: Option<String>,
+    /// Directory for the temporary pool files (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Directory for the plots, maps and results.json (created if missing).
+    #[arg(long, default_value = "frag-results")]
+    pub out: PathBuf,
+    /// Picture format of the plots and maps: svg or png.
+    #[arg(long, default_value = "svg")]
+    pub format: String,
 }
 
 #[derive(Args, Debug)]

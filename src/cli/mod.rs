@@ -6,6 +6,7 @@
 pub mod args;
 pub mod bench_checksum;
 pub mod bench_cmd;
+pub mod bench_frag;
 pub mod bench_parity;
 pub mod bench_raidz;
 pub mod bench_scrub;
@@ -54,6 +55,7 @@ pub fn main() -> i32 {
         args::Command::Bench(args::BenchCmd::Scrub(a)) => bench_scrub::scrub_bench(a),
         args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
         args::Command::Bench(args::BenchCmd::Sync(a)) => bench_sync::sync_bench(a),
+        args::Command::Bench(args::BenchCmd::Frag(a)) => bench_frag::frag_bench(a),
         args::Command::Bench(args::BenchCmd::Load(a)) => nbd_load::load_cmd(a),
     };
     match result {

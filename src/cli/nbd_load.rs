@@ -50,6 +50,7 @@ pub const SEED: u64 = 0x5eed;
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
     pub bs_bytes: u32,
+    /// A FLUSH after every N-th write; 0, none at all (`zeta bench frag`'s writers).
     pub writes_per_flush: u32,
     /// Requests in flight per connection, flushes included.
     pub depth: u32,
@@ -176,7 +177,6 @@ pub fn run(
         "depth {}",
         spec.depth
     );
-    assert!(spec.writes_per_flush >= 1);
     assert!(spec.bs_bytes >= 4096 && spec.bs_bytes.is_multiple_of(4096));
     assert!(spec.bs_bytes as usize <= MAX_BS_BYTES);
     // Handshakes first, so that connection set-up is not part of the measured time.
@@ -516,8 +516,8 @@ fn send_requests(
             );
             writes += 1;
             in_group += 1;
-            if spec.fua {
-                // Each write is its own durable group.
+            if spec.fua || spec.writes_per_flush == 0 {
+                // Each write is its own group: durable (FUA), or never flushed.
                 in_group = 0;
             } else if in_group == spec.writes_per_flush {
                 // The flush follows its group's last write at once, waiting for a slot if

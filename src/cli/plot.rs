@@ -133,9 +133,16 @@ fn map_on<DB: DrawingBackend>(
             part as f64 * 100.0 / of as f64
         }
     };
+    let freeing: u64 = map
+        .vdevs
+        .iter()
+        .flat_map(|v| &v.metaslabs)
+        .map(|m| m.freeing)
+        .sum();
     let heading = format!(
-        "{title}: {:.0}% free, fragmentation {}%",
+        "{title}: {:.0}% free, {:.0}% freeing, fragmentation {}% (cells count both as free)",
         pct(map.free, map.size),
+        pct(freeing, map.size),
         map.fragmentation
     );
     root.draw(&Text::new(heading, (8, 6), big)).map_err(err)?;

@@ -30,9 +30,9 @@ use super::{usage, CliError, Result};
 mod cpustat;
 mod devstat;
 mod peers;
-mod procs;
+pub(crate) mod procs;
 mod report;
-mod zeta_server;
+pub(crate) mod zeta_server;
 
 use cpustat::CpuFigures;
 use peers::{measure_device, measure_nbdkit, measure_raw, run_fio, start_nbdkit, zeta_load, Files};
@@ -46,7 +46,7 @@ const VOLUMES: usize = 3;
 const DEPTH: u32 = 100;
 const POOL: &str = "sync";
 /// How long a server may take to start accepting connections.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a server may take to exit after SIGTERM (zeta syncs and closes its pool) before it
 /// is killed.
 const STOP_GRACE: Duration = Duration::from_secs(60);
@@ -222,7 +222,7 @@ impl Row {
     }
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> CliError {
+pub(crate) fn io_err(path: &Path, e: std::io::Error) -> CliError {
     CliError::Io {
         path: path.display().to_string(),
         source: e,
@@ -233,7 +233,7 @@ fn interrupted() -> CliError {
     usage("interrupted; child processes stopped and temporary files removed")
 }
 
-fn check_stop(stop: &AtomicBool) -> Result<()> {
+pub(crate) fn check_stop(stop: &AtomicBool) -> Result<()> {
     if stop.load(Ordering::SeqCst) {
         return Err(interrupted());
     }

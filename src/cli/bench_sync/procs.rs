@@ -12,10 +12,10 @@ use super::{check_stop, io_err, START_TIMEOUT, STOP_GRACE};
 use crate::cli::{usage, Result};
 
 /// The temporary directory of the run; removed when dropped.
-pub(super) struct WorkDir(pub(super) PathBuf);
+pub(crate) struct WorkDir(pub(crate) PathBuf);
 
 impl WorkDir {
-    pub(super) fn create(path: &Path) -> Result<WorkDir> {
+    pub(crate) fn create(path: &Path) -> Result<WorkDir> {
         std::fs::create_dir(path).map_err(|e| io_err(path, e))?;
         Ok(WorkDir(path.to_path_buf()))
     }
@@ -29,15 +29,15 @@ impl WorkDir {
 
 /// A child process that is stopped (SIGTERM, then SIGKILL after `STOP_GRACE`) and reaped
 /// whenever this is dropped, so no way out of the bench leaves one running.
-pub(super) struct ChildGuard {
+pub(crate) struct ChildGuard {
     child: Option<Child>,
     name: &'static str,
-    pub(super) log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl ChildGuard {
     /// Starts `cmd` with stdout and stderr going to `log`.
-    pub(super) fn spawn(cmd: &mut Command, name: &'static str, log: PathBuf) -> Result<ChildGuard> {
+    pub(crate) fn spawn(cmd: &mut Command, name: &'static str, log: PathBuf) -> Result<ChildGuard> {
         let out = File::create(&log).map_err(|e| io_err(&log, e))?;
         let err = out.try_clone().map_err(|e| io_err(&log, e))?;
         let child = cmd
@@ -54,17 +54,17 @@ impl ChildGuard {
     }
 
     /// The child's process id, while it runs.
-    pub(super) fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    pub(super) fn exited(&mut self) -> Result<Option<ExitStatus>> {
+    pub(crate) fn exited(&mut self) -> Result<Option<ExitStatus>> {
         let c = self.child.as_mut().expect("child present until stopped");
         c.try_wait().map_err(|e| io_err(Path::new(self.name), e))
     }
 
     /// The last line the child wrote, for error messages.
-    pub(super) fn last_words(&self) -> String {
+    pub(crate) fn last_words(&self) -> String {
         last_line(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
@@ -121,7 +121,7 @@ pub(super) fn terminate(child: &mut Child) -> std::io::Result<ExitStatus> {
     child.wait()
 }
 
-pub(super) fn last_line(text: &str) -> String {
+pub(crate) fn last_line(text: &str) -> String {
     text.lines()
         .rev()
         .map(str::trim)
@@ -131,7 +131,7 @@ pub(super) fn last_line(text: &str) -> String {
 }
 
 /// Polls until `addr` accepts a TCP connection, failing if the server exits first.
-pub(super) fn wait_accepting(
+pub(crate) fn wait_accepting(
     server: &mut ChildGuard,
     addr: SocketAddr,
     stop: &AtomicBool,

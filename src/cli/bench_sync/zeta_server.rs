@@ -17,7 +17,7 @@ use super::{check_stop, io_err, Gen, Measured, Plan, Point, Zil, POOL, START_TIM
 use crate::cli::{usage, Result};
 
 /// `zeta` itself (this executable), with its state in `home`.
-pub(super) fn zeta(home: &Path) -> Result<Command> {
+pub(crate) fn zeta(home: &Path) -> Result<Command> {
     let exe = std::env::current_exe().map_err(|e| io_err(Path::new("current executable"), e))?;
     let mut c = Command::new(exe);
     c.env("ZETA_HOME", home);
@@ -25,7 +25,7 @@ pub(super) fn zeta(home: &Path) -> Result<Command> {
 }
 
 /// Runs a short `zeta` command; its stdout, or its one-line error.
-fn run_zeta(home: &Path, args: &[String], what: &str) -> Result<String> {
+pub(crate) fn run_zeta(home: &Path, args: &[String], what: &str) -> Result<String> {
     let out = zeta(home)?
         .args(args)
         .stdin(Stdio::null())
@@ -43,7 +43,7 @@ fn run_zeta(home: &Path, args: &[String], what: &str) -> Result<String> {
 
 /// The address in `zeta serve`'s first line, "serving on 127.0.0.1:PORT: ..." (or
 /// "serving on ADDR, read-only: ...").
-pub(super) fn served_addr(log: &str) -> Option<SocketAddr> {
+pub(crate) fn served_addr(log: &str) -> Option<SocketAddr> {
     let rest = log.lines().find_map(|l| l.strip_prefix("serving on "))?;
     rest.split([',', ' '])
         .next()?

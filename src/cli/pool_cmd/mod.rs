@@ -281,6 +281,7 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
         requests += r;
     }
     let blocks: u64 = z.blocks.iter().sum();
+    let (dev_bytes, dev_sizes) = p.device_writes();
     let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     json!({"pool": p.name, "txg": p.synced_txg(), "log": {
         "commit": cfg.zil_commit.name(), "placement": cfg.zil_placement.name(),
@@ -288,7 +289,9 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
         "batch_latency_mean_us": per(z.batch_nanos, z.batches) / 1000.0,
         "records_per_block": per(z.records, blocks), "records_per_batch": per(z.records, z.batches),
         "fallback_syncs": z.fallback_syncs, "space_waits": z.space_waits, "bulk_syncs": z.bulk_syncs, "records_in_place": z.in_place, "sync_requests": requests, "records_queued": queued,
-        "space_used": z.space_used, "space_total": z.space_total}})
+        "space_used": z.space_used, "space_total": z.space_total},
+        "device_writes": {"bytes": dev_bytes, "by_size": dev_sizes.iter()
+            .map(|&(from, writes)| json!({"from": from, "writes": writes})).collect::<Vec<_>>()}})
 }
 
 fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
@@ -346,6 +349,28 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
         n("fallback_syncs"),
         n("bulk_syncs"),
         n("records_in_place")
+    );
+    let w = &st["device_writes"];
+    let sizes: Vec<String> = w["by_size"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            format!(
+                "{}+ {}",
+                human(r["from"].as_u64().unwrap_or(0)),
+                r["writes"].as_u64().unwrap_or(0)
+            )
+        })
+        .collect();
+    println!(
+        "device writes: {} in all; by size: {}",
+        human(w["bytes"].as_u64().unwrap_or(0)),
+        if sizes.is_empty() {
+            "none".to_string()
+        } else {
+            sizes.join(", ")
+        }
     );
     Ok(())
 }

@@ -1145,6 +1145,27 @@ impl Pool {
         self.io.zio.alloc.lock().map()
     }
 
+    /// Data writes that reached the pool's devices since it was opened: their bytes, and
+    /// by size `(from, writes)` for each size class 4K, 8K, ... that has any
+    /// (`LeafCounters::write_sizes`).
+    pub fn device_writes(&self) -> (u64, Vec<(u64, u64)>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (tops, _) = self.label_tops();
+        let mut sum = [0u64; crate::vdev::top::WRITE_SIZE_BUCKETS];
+        let mut bytes = 0;
+        for leaf in tops.iter().flat_map(|t| &t.children) {
+            for (s, c) in sum.iter_mut().zip(&leaf.counters.write_sizes) {
+                *s += c.load(Relaxed);
+            }
+            bytes += leaf.counters.write_bytes.load(Relaxed);
+        }
+        let sizes = (0..sum.len())
+            .filter(|&i| sum[i] > 0)
+            .map(|i| (4096u64 << i, sum[i]))
+            .collect();
+        (bytes, sizes)
+    }
+
     /// The fragmentation of the pool's free space, in percent (`spa::frag`).
     pub fn fragmentation(&self) -> u8 {
         self.io.zio.alloc.lock().fragmentation()
