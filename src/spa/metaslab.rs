@@ -137,6 +137,9 @@ pub struct TopSpace {
     pub ms_shift: u32,
     pub metaslabs: Vec<Metaslab>,
     active: usize,
+    /// No metaslab had a segment to start a run in when last asked: until space returns
+    /// (`Allocator::txg_synced`, `unalloc`), blocks fill holes without asking again.
+    runs_exhausted: bool,
 }
 
 impl TopSpace {
@@ -265,6 +268,10 @@ impl SpaceGauge {
     }
 }
 
+/// The smallest free segment a run of blocks starts in (`RangeTree::take_run`): smaller
+/// ones are holes, filled by best fit once no metaslab of the vdev has a segment this large.
+pub const RUN_MIN: u64 = 1 << 20;
+
 /// Bytes allocated on one vdev before the rotor moves to the next.
 const ROTOR_STRIDE: u64 = 1 << 20;
 
@@ -290,6 +297,7 @@ impl Allocator {
                     ms_shift: shift,
                     metaslabs,
                     active: 0,
+                    runs_exhausted: false,
                 }
             })
             .collect::<Vec<TopSpace>>();
@@ -427,6 +435,22 @@ impl Allocator {
         frag::mean(w, free)
     }
 
+    /// Free bytes that blocks of `block` bytes can take from holes too small for a block of
+    /// `below` bytes: the segments of the size classes from `block`'s up to `below`'s,
+    /// each counted as its class's lower bound (at least one such block fits in it).
+    pub fn snug_room(&self, block: u64, below: u64) -> u64 {
+        let (lo, hi) = (Histogram::bucket(block), Histogram::bucket(below));
+        if lo >= hi {
+            return 0;
+        }
+        let mut room = 0;
+        for ms in self.tops.iter().flat_map(|t| &t.metaslabs) {
+            let h = ms.free.histogram();
+            room += (lo..hi).map(|b| h.count[b] << b).sum::<u64>();
+        }
+        room
+    }
+
     /// How many metaslabs the pool has: each may have its space map rewritten in a txg.
     pub fn metaslab_count(&self) -> usize {
         self.tops.iter().map(|t| t.metaslabs.len()).sum()
@@ -510,9 +534,12 @@ impl Allocator {
         let v = self.rotor;
         let asize = asize_of(v as u32, psize);
         let total = asize * count as u64;
+        if self.near_full() {
+            return None;
+        }
         let top = &mut self.tops[v];
         let ms = &mut top.metaslabs[top.active];
-        let off = Self::take_from(ms, total, false)?;
+        let off = Self::take_from(ms, total)?;
         self.gauge.taken(total);
         self.note_taken(v as u32, off, total, class);
         self.advance_rotor(total);
@@ -545,8 +572,19 @@ impl Allocator {
 
     /// Takes `asize` bytes from vdev `v`; copy `hint` of `of` starts its search that fraction of
     /// the way across the vdev, so ditto copies on one vdev land far apart.
+    ///
+    /// While the pool is not nearly full, blocks go in runs (`RangeTree::take_run`): on in
+    /// the preferred metaslab while it has a segment of `RUN_MIN`, else in the metaslab with
+    /// the largest free segment, which becomes the active one. Only where no metaslab of the
+    /// vdev has such a segment do blocks fill holes, by best fit.
     fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
         let near_full = self.near_full();
+        if !near_full && !self.tops[v].runs_exhausted {
+            if let Some(off) = self.alloc_run_on(v, asize, hint, of) {
+                return Some(off);
+            }
+            self.tops[v].runs_exhausted = true;
+        }
         let top = &mut self.tops[v];
         let count = top.metaslabs.len();
         let preferred = if hint == 0 {
@@ -554,9 +592,28 @@ impl Allocator {
         } else {
             (top.active + hint * count / of) % count
         };
+        // Near full, holes that fit the block snugly (less than twice its size) go first,
+        // wherever they are: the preferred metaslab's if it has one, else the metaslab with
+        // the most. A block cut from a larger segment may spoil room an indirect block needs
+        // (`Pool::fits_meta` counts on these holes being taken first).
+        let b = Histogram::bucket(asize);
+        let snug = |ms: &Metaslab| ms.free.histogram().count[b];
+        if near_full && snug(&top.metaslabs[preferred]) == 0 {
+            if let Some(i) = (0..count)
+                .filter(|&i| snug(&top.metaslabs[i]) > 0)
+                .max_by_key(|&i| snug(&top.metaslabs[i]))
+            {
+                if let Some(off) = top.metaslabs[i].free.take_best_fit(asize) {
+                    if hint == 0 {
+                        top.active = i;
+                    }
+                    return Some(off);
+                }
+            }
+        }
         // The preferred metaslab almost always has room: try it before ranking the others,
         // which costs a sort per allocation.
-        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize, near_full) {
+        if let Some(off) = top.metaslabs[preferred].free.take_best_fit(asize) {
             return Some(off);
         }
         // Then the one with the largest free segment, the lowest on ties. A metaslab takes
@@ -566,37 +623,63 @@ impl Allocator {
         let best = (0..count)
             .filter(|&i| i != preferred)
             .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
-        let off = Self::take_from(&mut top.metaslabs[best], asize, near_full)?;
+        let off = top.metaslabs[best].free.take_best_fit(asize)?;
         if hint == 0 {
             top.active = best;
         }
         Some(off)
     }
 
-    /// Takes `asize` bytes from one metaslab at or after its cursor (wrapping), if it has them;
-    /// `near_full`, from its smallest segment that holds them (`RangeTree::take_best_fit`).
-    fn take_from(ms: &mut Metaslab, asize: u64, near_full: bool) -> Option<u64> {
-        if near_full {
-            ms.free.take_best_fit(asize)
+    /// `alloc_on` in runs: `None` if no metaslab of the vdev has a segment of `RUN_MIN`
+    /// (and `asize`) bytes, nor the run in progress room for this block.
+    fn alloc_run_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
+        let top = &mut self.tops[v];
+        let count = top.metaslabs.len();
+        let preferred = if hint == 0 {
+            top.active
         } else {
-            ms.free.take(asize, &mut ms.cursor)
+            (top.active + hint * count / of) % count
+        };
+        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize) {
+            return Some(off);
         }
+        // The metaslab with the largest free segment, the lowest on ties: a run there lasts
+        // longest. If its segment is short of a run, so is every other's.
+        let best = (0..count)
+            .filter(|&i| i != preferred)
+            .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
+        let off = Self::take_from(&mut top.metaslabs[best], asize)?;
+        if hint == 0 {
+            top.active = best;
+        }
+        Some(off)
     }
 
-    /// Less than a third of the pool free: blocks then take the smallest hole that holds
-    /// them rather than cut into larger segments. Under random overwrites of small blocks,
-    /// next fit spent a nearly full pool's last large segments on data while the frees came
-    /// back as holes of the data's size, and a txg's indirect blocks found no room.
+    /// Takes `asize` bytes from one metaslab to go on with its run or start one
+    /// (`RangeTree::take_run`).
+    fn take_from(ms: &mut Metaslab, asize: u64) -> Option<u64> {
+        ms.free.take_run(asize, &mut ms.cursor, RUN_MIN)
+    }
+
+    /// Less than a third of the pool free, counting what the last txgs freed: blocks then
+    /// take the smallest hole that holds them rather than cut into larger segments. Under
+    /// random overwrites of small blocks, next fit spent a nearly full pool's last large
+    /// segments on data while the frees came back as holes of the data's size, and a txg's
+    /// indirect blocks found no room. The frees waiting count: a large txg of overwrites
+    /// holds as much freed as it writes, and at half full that alone turned every block to
+    /// best fit in holes, writes of 8-32K at the device.
     fn near_full(&self) -> bool {
         let s = self.gauge.read();
-        s.free < s.size / 3
+        s.free + s.freeing < s.size / 3
     }
 
     fn unalloc(&mut self, d: &Dva) {
         let ms_i = self.ms_index(d.vdev.get(), d.offset.get());
-        self.tops[d.vdev.get() as usize].metaslabs[ms_i]
+        let top = &mut self.tops[d.vdev.get() as usize];
+        top.metaslabs[ms_i]
             .free
             .add(d.offset.get(), d.asize.get() as u64);
+        top.runs_exhausted = false;
         self.gauge.freed(d.asize.get() as u64);
     }
 
@@ -768,7 +851,9 @@ impl Allocator {
             for (v, off, len) in d.extents {
                 self.gauge.freeing.fetch_sub(len, Ordering::Relaxed);
                 let ms_i = self.ms_index(v, off);
-                let ms = &mut self.tops[v as usize].metaslabs[ms_i];
+                let top = &mut self.tops[v as usize];
+                top.runs_exhausted = false;
+                let ms = &mut top.metaslabs[ms_i];
                 ms.deferred.remove(off, len);
                 ms.free.add(off, len);
                 self.gauge.freed(len);
