@@ -72,11 +72,34 @@ pub(crate) struct Level {
 }
 
 impl Level {
-    /// The burst and steady-state means of `samples`.
-    fn summarize(&mut self) {
-        let (burst, steady) = burst_and_steady(&self.samples);
-        self.burst_mib_s = burst;
-        self.steady_mib_s = steady;
+    /// A level measured on `system`: `samples` each second after a fill of `filled_bytes`
+    /// that left the pool `occupancy` % and then `after` % allocated; the burst and steady
+    /// state follow from the samples, the rest is the caller's to add.
+    fn new(
+        system: &'static str,
+        fill_pct: u32,
+        (occupancy_pct, occupancy_after_pct): (f64, f64),
+        filled_bytes: u64,
+        samples: Vec<f64>,
+        error: Option<String>,
+    ) -> Level {
+        let (burst_mib_s, steady_mib_s) = burst_and_steady(&samples);
+        Level {
+            system,
+            fill_pct,
+            occupancy_pct,
+            occupancy_after_pct,
+            filled_bytes,
+            samples,
+            burst_mib_s,
+            steady_mib_s,
+            error,
+            frag_before: None,
+            frag_after: None,
+            write_sizes: Vec::new(),
+            mean_write_kib: None,
+            maps: None,
+        }
     }
 }
 

@@ -3,14 +3,13 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::{RngCore, SeedableRng};
 
 use super::{Level, Plan, BLOCK};
-use crate::cli::bench_sync::procs::{wait_accepting, ChildGuard};
-use crate::cli::bench_sync::zeta_server::{run_zeta, served_addr, zeta};
-use crate::cli::bench_sync::{check_stop, io_err, START_TIMEOUT};
+use crate::cli::bench_sync::zeta_server::{run_zeta, serve};
+use crate::cli::bench_sync::{check_stop, io_err};
 use crate::cli::nbd_load::{self, LoadSpec};
 use crate::cli::state::Home;
 use crate::cli::{control, usage, Result};
@@ -36,29 +35,7 @@ pub(super) fn level(work: &Path, plan: &Plan, fill: u32, stop: &AtomicBool) -> R
     run_zeta(&home, &create, "zeta pool create")?;
     let (filled, occupancy, before) = fill_volume(&home, fill, stop)?;
 
-    let mut server = ChildGuard::spawn(
-        zeta(&home)?.args(["serve", "--listen", "127.0.0.1:0", POOL]),
-        "zeta serve",
-        dir.join("serve.log"),
-    )?;
-    let t = Instant::now();
-    let addr = loop {
-        if let Some(a) = served_addr(&std::fs::read_to_string(&server.log).unwrap_or_default()) {
-            break a;
-        }
-        if let Some(st) = server.exited()? {
-            return Err(usage(format!(
-                "zeta serve exited ({st}): {}",
-                server.last_words()
-            )));
-        }
-        check_stop(stop)?;
-        if t.elapsed() > START_TIMEOUT {
-            return Err(usage("zeta serve did not start listening"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    wait_accepting(&mut server, addr, stop)?;
+    let (server, addr) = serve(&home, POOL, &dir.join("serve.log"), stop)?;
     let h = Home::resolve(Some(home.clone()));
     let ask = |what: &str| {
         control::connect(&h, POOL)
@@ -106,26 +83,20 @@ pub(super) fn level(work: &Path, plan: &Plan, fill: u32, stop: &AtomicBool) -> R
         })
         .filter(|&(_, n)| n > 0)
         .collect();
-    let mut l = Level {
-        system: "zeta",
-        fill_pct: fill,
-        occupancy_pct: occupancy,
-        occupancy_after_pct: occupancy_after,
-        filled_bytes: filled,
+    let mut l = Level::new(
+        "zeta",
+        fill,
+        (occupancy, occupancy_after),
+        filled,
         samples,
-        burst_mib_s: 0.0,
-        steady_mib_s: 0.0,
         error,
-        frag_before: Some(before.fragmentation),
-        frag_after: Some(after.fragmentation),
-        mean_write_kib: {
-            let n: u64 = write_sizes.iter().map(|s| s.1).sum();
-            (n > 0).then(|| (bytes_after - bytes_before) as f64 / n as f64 / 1024.0)
-        },
-        write_sizes,
-        maps: Some((before, after)),
-    };
-    l.summarize();
+    );
+    l.frag_before = Some(before.fragmentation);
+    l.frag_after = Some(after.fragmentation);
+    let n: u64 = write_sizes.iter().map(|s| s.1).sum();
+    l.mean_write_kib = (n > 0).then(|| (bytes_after - bytes_before) as f64 / n as f64 / 1024.0);
+    l.write_sizes = write_sizes;
+    l.maps = Some((before, after));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(l)
 }

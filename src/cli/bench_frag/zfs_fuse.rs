@@ -144,23 +144,15 @@ impl ZfsFuse {
         };
         drop(cleanup);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut l = Level {
-            system: "zfs-fuse",
-            fill_pct: fill,
-            occupancy_pct: occupancy,
-            occupancy_after_pct: occupancy_after,
-            filled_bytes: filled,
+        let mut l = Level::new(
+            "zfs-fuse",
+            fill,
+            (occupancy, occupancy_after),
+            filled,
             samples,
-            burst_mib_s: 0.0,
-            steady_mib_s: 0.0,
             error,
-            frag_before: None,
-            frag_after: None,
-            write_sizes: Vec::new(),
-            mean_write_kib,
-            maps: None,
-        };
-        l.summarize();
+        );
+        l.mean_write_kib = mean_write_kib;
         Ok(l)
     }
 }

@@ -109,11 +109,23 @@ pub(super) fn start_zeta(
         ];
         run_zeta(&home, &args, "zeta vol create")?;
     }
+    let (server, addr) = serve(&home, POOL, &dir.join("serve.log"), stop)?;
+    Ok(ZetaServer { server, addr, home })
+}
+
+/// Starts `zeta serve` on `pool` of `home`, its output to `log`, and waits until it accepts
+/// connections: the child and its address.
+pub(crate) fn serve(
+    home: &Path,
+    pool: &str,
+    log: &Path,
+    stop: &AtomicBool,
+) -> Result<(ChildGuard, SocketAddr)> {
     // Port 0: the kernel picks a free port and the server prints it, so runs never collide.
     let mut server = ChildGuard::spawn(
-        zeta(&home)?.args(["serve", "--listen", "127.0.0.1:0", POOL]),
+        zeta(home)?.args(["serve", "--listen", "127.0.0.1:0", pool]),
         "zeta serve",
-        dir.join("serve.log"),
+        log.to_path_buf(),
     )?;
     let t = Instant::now();
     let addr = loop {
@@ -133,7 +145,7 @@ pub(super) fn start_zeta(
         std::thread::sleep(Duration::from_millis(20));
     };
     wait_accepting(&mut server, addr, stop)?;
-    Ok(ZetaServer { server, addr, home })
+    Ok((server, addr))
 }
 
 /// `zeta pool iostat POOL --json` of the served pool (through its control socket). `None`
