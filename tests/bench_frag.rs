@@ -71,3 +71,33 @@ fn the_quick_frag_bench_runs_every_level_and_draws_its_pictures() {
         .iter()
         .all(|e| std::fs::read_dir(e.path()).unwrap().next().is_none()));
 }
+
+#[test]
+fn bad_frag_bench_arguments_are_one_clear_line() {
+    let t = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (vec!["--fills", "10,120"], "percentages from 1 to 97"),
+        (vec!["--fills", "ten"], "percentages from 1 to 97"),
+        (
+            vec!["--peer", "btrfs"],
+            "the peer this bench knows is zfs-fuse",
+        ),
+        (vec!["--format", "jpg"], "svg or png"),
+        (vec!["--size", "64M"], "at least 256M"),
+        (vec!["--runtime", "1"], "at least 2 seconds"),
+    ] {
+        let run = Command::new(env!("CARGO_BIN_EXE_zeta"))
+            .args(["bench", "frag"])
+            .args(&args)
+            .arg("--dir")
+            .arg(t.path())
+            .arg("--out")
+            .arg(t.path().join("out"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{args:?} ran");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
