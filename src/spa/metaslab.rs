@@ -140,9 +140,46 @@ pub struct TopSpace {
     /// No metaslab had a segment to start a run in when last asked: until space returns
     /// (`Allocator::txg_synced`, `unalloc`), blocks fill holes without asking again.
     runs_exhausted: bool,
+    /// Likewise, no metaslab had a free segment of this size class (`alloc_on`'s snug
+    /// holes).
+    snug_exhausted: Option<usize>,
 }
 
 impl TopSpace {
+    /// Takes space with `take` from the preferred metaslab (the active one, or for copy
+    /// `hint` of `of` one that fraction of the vdev away, so that ditto copies on one vdev
+    /// land far apart), else from the one with the largest free segment, the lowest on
+    /// ties, which then becomes the active one (for a first copy).
+    ///
+    /// `take` is the allocator's policy (a run, or best fit); either takes from a metaslab
+    /// only what its largest segment holds, so if the largest cannot, none can, and no
+    /// ranking of the rest is needed (sorting them all cost 3 % of the sync thread on a
+    /// nearly full pool, where the preferred one misses often).
+    fn take_somewhere(
+        &mut self,
+        hint: usize,
+        of: usize,
+        take: &mut dyn FnMut(&mut Metaslab) -> Option<u64>,
+    ) -> Option<u64> {
+        let count = self.metaslabs.len();
+        let preferred = if hint == 0 {
+            self.active
+        } else {
+            (self.active + hint * count / of) % count
+        };
+        if let Some(off) = take(&mut self.metaslabs[preferred]) {
+            return Some(off);
+        }
+        let best = (0..count)
+            .filter(|&i| i != preferred)
+            .max_by_key(|&i| (self.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
+        let off = take(&mut self.metaslabs[best])?;
+        if hint == 0 {
+            self.active = best;
+        }
+        Some(off)
+    }
+
     /// Where the space this allocator manages on the vdev ends: no block lies past it (the
     /// intent log's reserve, if any, follows).
     pub fn data_end(&self) -> u64 {
@@ -298,6 +335,7 @@ impl Allocator {
                     metaslabs,
                     active: 0,
                     runs_exhausted: false,
+                    snug_exhausted: None,
                 }
             })
             .collect::<Vec<TopSpace>>();
@@ -575,84 +613,43 @@ impl Allocator {
     ///
     /// While the pool is not nearly full, blocks go in runs (`RangeTree::take_run`): on in
     /// the preferred metaslab while it has a segment of `RUN_MIN`, else in the metaslab with
-    /// the largest free segment, which becomes the active one. Only where no metaslab of the
-    /// vdev has such a segment do blocks fill holes, by best fit.
+    /// the largest free segment, which becomes the active one. Near full, or where no
+    /// metaslab of the vdev has such a segment, blocks fill holes by best fit.
     fn alloc_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
         let near_full = self.near_full();
         if !near_full && !self.tops[v].runs_exhausted {
-            if let Some(off) = self.alloc_run_on(v, asize, hint, of) {
-                return Some(off);
+            let run = self.tops[v].take_somewhere(hint, of, &mut |ms| Self::take_from(ms, asize));
+            if run.is_some() {
+                return run;
             }
             self.tops[v].runs_exhausted = true;
         }
         let top = &mut self.tops[v];
-        let count = top.metaslabs.len();
-        let preferred = if hint == 0 {
-            top.active
-        } else {
-            (top.active + hint * count / of) % count
-        };
-        // Near full, holes that fit the block snugly (less than twice its size) go first,
-        // wherever they are: the preferred metaslab's if it has one, else the metaslab with
-        // the most. A block cut from a larger segment may spoil room an indirect block needs
-        // (`Pool::fits_meta` counts on these holes being taken first).
+        // Near full, holes that fit the block snugly (its own size class) go first,
+        // wherever they are: the active metaslab's if it has one, else the metaslab with the
+        // most. A block cut from a larger segment may spoil room an indirect block needs
+        // (`Pool::fits_meta` counts on these holes being taken first). Not for a ditto copy
+        // (`hint` > 0), which must stay far from the first.
         let b = Histogram::bucket(asize);
-        let snug = |ms: &Metaslab| ms.free.histogram().count[b];
-        if near_full && snug(&top.metaslabs[preferred]) == 0 {
-            if let Some(i) = (0..count)
+        if near_full && hint == 0 && top.snug_exhausted != Some(b) {
+            let snug = |ms: &Metaslab| ms.free.histogram().count[b];
+            let at = Some(top.active)
                 .filter(|&i| snug(&top.metaslabs[i]) > 0)
-                .max_by_key(|&i| snug(&top.metaslabs[i]))
-            {
-                if let Some(off) = top.metaslabs[i].free.take_best_fit(asize) {
-                    if hint == 0 {
-                        top.active = i;
-                    }
+                .or_else(|| {
+                    (0..top.metaslabs.len())
+                        .filter(|&i| snug(&top.metaslabs[i]) > 0)
+                        .max_by_key(|&i| snug(&top.metaslabs[i]))
+                });
+            match at.and_then(|i| Some((i, top.metaslabs[i].free.take_best_fit(asize)?))) {
+                Some((i, off)) => {
+                    top.active = i;
                     return Some(off);
                 }
+                // None left anywhere: until space returns, the search is not made again.
+                None => top.snug_exhausted = Some(b),
             }
         }
-        // The preferred metaslab almost always has room: try it before ranking the others,
-        // which costs a sort per allocation.
-        if let Some(off) = top.metaslabs[preferred].free.take_best_fit(asize) {
-            return Some(off);
-        }
-        // Then the one with the largest free segment, the lowest on ties. A metaslab takes
-        // `asize` exactly when its largest segment holds it, so if that one cannot, none
-        // can: no ranking of the rest is needed (sorting them all cost 3 % of the sync
-        // thread on a nearly full pool, where the preferred one misses often).
-        let best = (0..count)
-            .filter(|&i| i != preferred)
-            .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
-        let off = top.metaslabs[best].free.take_best_fit(asize)?;
-        if hint == 0 {
-            top.active = best;
-        }
-        Some(off)
-    }
-
-    /// `alloc_on` in runs: `None` if no metaslab of the vdev has a segment of `RUN_MIN`
-    /// (and `asize`) bytes, nor the run in progress room for this block.
-    fn alloc_run_on(&mut self, v: usize, asize: u64, hint: usize, of: usize) -> Option<u64> {
-        let top = &mut self.tops[v];
-        let count = top.metaslabs.len();
-        let preferred = if hint == 0 {
-            top.active
-        } else {
-            (top.active + hint * count / of) % count
-        };
-        if let Some(off) = Self::take_from(&mut top.metaslabs[preferred], asize) {
-            return Some(off);
-        }
-        // The metaslab with the largest free segment, the lowest on ties: a run there lasts
-        // longest. If its segment is short of a run, so is every other's.
-        let best = (0..count)
-            .filter(|&i| i != preferred)
-            .max_by_key(|&i| (top.metaslabs[i].free.largest(), std::cmp::Reverse(i)))?;
-        let off = Self::take_from(&mut top.metaslabs[best], asize)?;
-        if hint == 0 {
-            top.active = best;
-        }
-        Some(off)
+        top.take_somewhere(hint, of, &mut |ms| ms.free.take_best_fit(asize))
     }
 
     /// Takes `asize` bytes from one metaslab to go on with its run or start one
@@ -680,6 +677,7 @@ impl Allocator {
             .free
             .add(d.offset.get(), d.asize.get() as u64);
         top.runs_exhausted = false;
+        top.snug_exhausted = None;
         self.gauge.freed(d.asize.get() as u64);
     }
 
@@ -853,6 +851,7 @@ impl Allocator {
                 let ms_i = self.ms_index(v, off);
                 let top = &mut self.tops[v as usize];
                 top.runs_exhausted = false;
+                top.snug_exhausted = None;
                 let ms = &mut top.metaslabs[ms_i];
                 ms.deferred.remove(off, len);
                 ms.free.add(off, len);
