@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::nbd_client::Client;
-use common::procs::{have, run_ok as run, spawn_server, status_field, zeta_in as zeta};
+use common::procs::{have, pool_with_volume, spawn_server, status_field, zeta_in as zeta};
 use common::rig::{Rig, VOL};
 use zeta::nbd::proto::*;
 use zeta::nbd::ServerConfig;
@@ -50,13 +50,7 @@ fn reader_that_never_reads(addr: SocketAddr, n: u64, len: u32) -> std::thread::J
 fn a_good_client_gets_in_and_finishes_under_attack_within_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let mut c = zeta(&home);
-    c.current_dir(dir.path())
-        .args(["pool", "create", "-o", "size=512M", "tank", "leaf"]);
-    run(c, "pool create");
-    let mut c = zeta(&home);
-    c.args(["vol", "create", "tank/v", "64M"]);
-    run(c, "vol create");
+    pool_with_volume(dir.path(), &home, "64M");
     let mut c = zeta(&home);
     c.args([
         "serve",

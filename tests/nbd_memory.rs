@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::procs::{have, run_ok as run, spawn_server, status_field, zeta_in as zeta};
+use common::procs::{have, pool_with_volume, spawn_server, status_field, zeta_in as zeta};
 
 #[test]
 fn the_server_stays_within_its_memory_limits_under_random_io() {
@@ -15,13 +15,7 @@ fn the_server_stays_within_its_memory_limits_under_random_io() {
     }
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let mut c = zeta(&home);
-    c.current_dir(dir.path())
-        .args(["pool", "create", "-o", "size=512M", "tank", "leaf"]);
-    run(c, "pool create");
-    let mut c = zeta(&home);
-    c.args(["vol", "create", "tank/v", "256M"]);
-    run(c, "vol create");
+    pool_with_volume(dir.path(), &home, "256M");
     // 128M + 64M + 32M: the volume is twice the cache, and the writes below are many times
     // the whole budget.
     let mut c = zeta(&home);

@@ -164,7 +164,7 @@ fn fragmentation_follows_random_overwrites_and_survives_import() {
         compact.fragmentation,
         scattered.fragmentation
     );
-    let segments = |m: &zeta::spa::PoolMap| -> u64 {
+    let segments = |m: &zeta::dsl::PoolMap| -> u64 {
         m.vdevs
             .iter()
             .flat_map(|v| &v.metaslabs)

@@ -159,7 +159,7 @@ pub fn remote_iostat(s: UnixStream, pool: &str) -> Result<Value> {
 }
 
 /// Asks the server of `pool` for its metaslab map (`pool map --json`).
-pub fn remote_map(s: UnixStream, pool: &str) -> Result<crate::spa::PoolMap> {
+pub fn remote_map(s: UnixStream, pool: &str) -> Result<crate::dsl::PoolMap> {
     let v = call(s, json!({"op": "map"}), pool)?["value"].take();
     serde_json::from_value(v)
         .map_err(|e| super::usage(format!("the server of '{pool}' sent a bad map: {e}")))

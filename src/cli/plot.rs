@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::spa::PoolMap;
+use crate::dsl::PoolMap;
 
 /// The kinds of file a picture can be written as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,8 @@ pub mod dir;
 pub mod pool;
 pub mod scan;
 
+/// `Pool::metaslab_map`'s answer, for the layers above that do not reach into `spa`.
+pub use crate::spa::PoolMap;
 pub use pool::{
     examine, examine_labels, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool,
     PoolError, PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace, DEFAULT_VOLBLOCKSIZE,

@@ -43,14 +43,8 @@ pub fn weighted_in(h: &Histogram, size: u64) -> (u128, u64) {
     }
 }
 
-/// The fragmentation of free space described by `h`, in percent; 0 when there is none
-/// (a full metaslab has no free space to be fragmented, as OpenZFS counts it).
-pub fn percent(h: &Histogram) -> u8 {
-    let (w, free) = weighted(h);
-    mean(w, free)
-}
-
-/// `w / free`, the mean weight, rounded to the nearest percent.
+/// `w / free`, the mean weight, rounded to the nearest percent; 0 when nothing is free (a
+/// full metaslab has no free space to be fragmented, as OpenZFS counts it).
 pub fn mean(w: u128, free: u64) -> u8 {
     if free == 0 {
         return 0;
@@ -63,6 +57,11 @@ pub fn mean(w: u128, free: u64) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn percent(h: &Histogram) -> u8 {
+        let (w, free) = weighted(h);
+        mean(w, free)
+    }
 
     #[test]
     fn one_large_segment_is_not_fragmented_and_slivers_are() {

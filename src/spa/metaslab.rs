@@ -461,18 +461,6 @@ impl Allocator {
         }
     }
 
-    /// The pool's fragmentation in percent (`map().fragmentation`, without the per-metaslab
-    /// rows).
-    pub fn fragmentation(&self) -> u8 {
-        let (mut w, mut free) = (0u128, 0u64);
-        for ms in self.tops.iter().flat_map(|t| &t.metaslabs) {
-            let (mw, mf) = frag::weighted_in(ms.free.histogram(), ms.size);
-            w += mw;
-            free += mf;
-        }
-        frag::mean(w, free)
-    }
-
     /// Free bytes that blocks of `block` bytes can take from holes too small for a block of
     /// `below` bytes: the segments of the size classes from `block`'s up to `below`'s,
     /// each counted as its class's lower bound (at least one such block fits in it).
@@ -664,7 +652,7 @@ impl Allocator {
     /// segments on data while the frees came back as holes of the data's size, and a txg's
     /// indirect blocks found no room. The frees waiting count: a large txg of overwrites
     /// holds as much freed as it writes, and at half full that alone turned every block to
-    /// best fit in holes, writes of 8-32K at the device.
+    /// best fit in holes, scattered at the device.
     fn near_full(&self) -> bool {
         let s = self.gauge.read();
         s.free + s.freeing < s.size / 3
@@ -1387,12 +1375,12 @@ mod tests {
             if txg % 50 == 0 {
                 let map = a.map();
                 assert_eq!(map, a.map_recounted(), "seed {seed}, txg {txg}");
-                assert_eq!(a.fragmentation(), map.fragmentation);
+                assert_eq!(a.map_recounted().fragmentation, map.fragmentation);
                 assert_eq!(map.free, a.space().free);
             }
         }
         assert!(
-            a.fragmentation() > 0,
+            a.map().fragmentation > 0,
             "random small frees leave small holes"
         );
     }

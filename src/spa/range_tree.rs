@@ -293,7 +293,7 @@ impl Ranges<BySize> {
     ///
     /// Successive blocks then lie one after another and leave in one device write, however
     /// scattered the metaslab's other free space is: next fit took the first hole past the
-    /// cursor, and under random 8K overwrites the device saw writes of 12-20K on average.
+    /// cursor, so under random small overwrites the device saw about one block per write.
     pub fn take_run(&mut self, len: u64, cursor: &mut u64, min_run: u64) -> Option<u64> {
         let off = match self.containing(*cursor) {
             Some((_, e)) if e - *cursor >= len => *cursor,

@@ -94,6 +94,18 @@ pub fn zeta_in(home: &Path) -> Command {
     c
 }
 
+/// `zeta pool create -o size=512M tank leaf` in `dir` (state in `home`), and a volume
+/// `tank/v` of `vol_size`: the served pool of the NBD server tests.
+pub fn pool_with_volume(dir: &Path, home: &Path, vol_size: &str) {
+    let mut c = zeta_in(home);
+    c.current_dir(dir)
+        .args(["pool", "create", "-o", "size=512M", "tank", "leaf"]);
+    run_ok(c, "pool create");
+    let mut c = zeta_in(home);
+    c.args(["vol", "create", "tank/v", vol_size]);
+    run_ok(c, "vol create");
+}
+
 /// Runs `c` and fails the test, with its stderr, unless it succeeds.
 pub fn run_ok(mut c: Command, what: &str) {
     let out = c.output().unwrap();

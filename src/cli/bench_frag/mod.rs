@@ -7,8 +7,6 @@
 //! `recordsize=8k,compression=on` file system, as the seed's writers did.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::json;
@@ -18,7 +16,7 @@ use super::bench_sync::{check_stop, io_err};
 use super::fmt::parse_size;
 use super::plot::{self, Line};
 use super::{usage, Result};
-use crate::spa::PoolMap;
+use crate::dsl::PoolMap;
 
 mod zeta;
 mod zfs_fuse;
@@ -185,12 +183,7 @@ fn plan(a: &BenchFragArgs) -> Result<Plan> {
 
 pub fn frag_bench(a: BenchFragArgs) -> Result<()> {
     let plan = plan(&a)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let reg = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())
-            .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
-        reg.map_err(|e| io_err(Path::new("signal handler"), e))?;
-    }
+    let stop = super::bench_sync::stop_on_signals()?;
     std::fs::create_dir_all(&plan.out).map_err(|e| io_err(&plan.out, e))?;
     std::fs::create_dir_all(&plan.dir).map_err(|e| io_err(&plan.dir, e))?;
     let work = super::bench_sync::procs::WorkDir::create(

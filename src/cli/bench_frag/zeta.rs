@@ -109,7 +109,7 @@ fn fill_volume(
     home: &Path,
     fill: u32,
     stop: &AtomicBool,
-) -> Result<(u64, f64, crate::spa::PoolMap)> {
+) -> Result<(u64, f64, crate::dsl::PoolMap)> {
     let h = Home::resolve(Some(home.to_path_buf()));
     let pool = h.open(POOL)?;
     let size = pool.space().size;

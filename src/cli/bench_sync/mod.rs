@@ -240,19 +240,24 @@ pub(crate) fn check_stop(stop: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
-    let mut plan = plan(&args)?;
-    check_tools()?;
-    std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
-    // Ctrl-C reaches the whole process group: the servers and fio stop by themselves, and this
-    // process notices the flag, stops what is left and removes its files. A second signal
-    // exits at once.
+/// The flag SIGINT and SIGTERM raise. Ctrl-C reaches the whole process group: the servers
+/// and fio stop by themselves, and the bench notices the flag, stops what is left and
+/// removes its files. A second signal exits at once.
+pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let reg = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
         reg.map_err(|e| io_err(Path::new("signal handler"), e))?;
     }
+    Ok(stop)
+}
+
+pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
+    let mut plan = plan(&args)?;
+    check_tools()?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
+    let stop = stop_on_signals()?;
     let work = WorkDir::create(
         &args
             .dir

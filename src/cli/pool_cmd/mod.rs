@@ -195,7 +195,7 @@ fn map(home: &Home, name: &str, output: Option<&std::path::Path>, json: bool) ->
 }
 
 /// The map as text: a line per vdev, then the free-segment histogram.
-fn map_lines(m: &crate::spa::PoolMap) -> String {
+fn map_lines(m: &crate::dsl::PoolMap) -> String {
     use std::fmt::Write;
     let pct = |a: u64, b: u64| (a * 100).checked_div(b).unwrap_or(0);
     let mut out = format!(

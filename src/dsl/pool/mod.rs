@@ -1168,7 +1168,7 @@ impl Pool {
 
     /// The fragmentation of the pool's free space, in percent (`spa::frag`).
     pub fn fragmentation(&self) -> u8 {
-        self.io.zio.alloc.lock().fragmentation()
+        self.io.zio.alloc.lock().map().fragmentation
     }
 
     /// The pool's space as volumes of `block_bytes` blocks can fill it, as `zfs list` counts

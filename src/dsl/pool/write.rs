@@ -513,9 +513,9 @@ impl Pool {
     /// `spoilers` is (bytes, block size) of data still to place in blocks smaller than an
     /// indirect block: each such block may spoil a segment of an indirect block's size, but
     /// not those that go in the snug holes the allocator fills first near full
-    /// (`Allocator::snug_room`). Counting every one as a spoiler cut a 1G pool's txgs at
-    /// 80 % full to 5 MB of 8K overwrites, 57 a second, each rewriting most of the volume's
-    /// indirect blocks: 4.8 bytes reached the device per byte written.
+    /// (`Allocator::snug_room`). Counting every one as a spoiler made txgs near full so
+    /// small that each rewrote most of the volume's indirect blocks, and those, not the
+    /// data, filled the device (`docs/perf/frag.md`).
     fn fits_meta(&self, space: &Space, need: u64, spoilers: (u64, u64), count: bool) -> bool {
         let (unplaced, block) = spoilers;
         let ind = dnode::IND_BLOCK_BYTES as u64;
