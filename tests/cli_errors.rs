@@ -240,7 +240,7 @@ fn a_pool_larger_than_its_file_system_is_warned_of() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("warning"), "{err}");
 
-    let free = zeta::cli::room::free_bytes(d).expect("statvfs");
+    let free = zeta::server::room::free_bytes(d).expect("statvfs");
     let size = format!("size={}M", (free >> 20) + 1024);
     let out = zeta(
         &home,
@@ -302,7 +302,7 @@ fn prealloc_allocates_the_files_or_fails_at_once() {
         );
     }
 
-    let free = zeta::cli::room::free_bytes(d).expect("statvfs");
+    let free = zeta::server::room::free_bytes(d).expect("statvfs");
     let size = format!("size={}M", (free >> 20) + 1024);
     fails_with(
         &zeta(

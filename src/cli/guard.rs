@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use super::state::Home;
 use super::{usage, Result};
 use crate::dsl::{examine, Contents};
 use crate::spa::label::PoolState;
+use zeta_server::state::Home;
 
 /// What the command is about to write to the path.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -4,28 +4,14 @@
 //! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
 
 pub mod args;
-pub mod bench_checksum;
-pub mod bench_cmd;
-pub mod bench_frag;
-pub mod bench_parity;
-pub mod bench_raidz;
-pub mod bench_scrub;
-pub mod bench_sync;
-pub mod control;
-pub mod fmt;
+pub mod control_ops;
 pub mod guard;
-pub mod memory;
-pub mod nbd_load;
-pub mod plot;
 pub mod pool_cmd;
-pub mod progress;
-pub mod room;
 pub mod serve_cmd;
-pub mod state;
 pub mod vol_cmd;
-pub mod watch;
 
 use clap::Parser;
+use zeta_server::{memory, state};
 
 pub use args::Cli;
 
@@ -33,7 +19,7 @@ pub use args::Cli;
 pub fn main() -> i32 {
     let cli = Cli::parse();
     memory::tune_allocator(match cli.command {
-        args::Command::Bench(args::BenchCmd::Vol(_)) => memory::Allocators::One,
+        args::Command::Bench(zeta_bench::args::BenchCmd::Vol(_)) => memory::Allocators::One,
         _ => memory::Allocators::Many,
     });
     if matches!(
@@ -49,14 +35,7 @@ pub fn main() -> i32 {
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),
-        args::Command::Bench(args::BenchCmd::Vol(a)) => bench_cmd::vol(a),
-        args::Command::Bench(args::BenchCmd::Parity(a)) => bench_parity::parity(a),
-        args::Command::Bench(args::BenchCmd::Raidz(a)) => bench_raidz::raidz(a),
-        args::Command::Bench(args::BenchCmd::Scrub(a)) => bench_scrub::scrub_bench(a),
-        args::Command::Bench(args::BenchCmd::Checksum(a)) => bench_checksum::checksum(a),
-        args::Command::Bench(args::BenchCmd::Sync(a)) => bench_sync::sync_bench(a),
-        args::Command::Bench(args::BenchCmd::Frag(a)) => bench_frag::frag_bench(a),
-        args::Command::Bench(args::BenchCmd::Load(a)) => nbd_load::load_cmd(a),
+        args::Command::Bench(cmd) => zeta_bench::run(cmd),
     };
     match result {
         Ok(()) => 0,
@@ -79,26 +58,6 @@ fn die_on_closed_pipe() {
     }
 }
 
-/// Errors of the command line: a message for the user, one line.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error("{0}")]
-    Usage(String),
-    #[error(transparent)]
-    Pool(#[from] crate::dsl::PoolError),
-    #[error(transparent)]
-    Vol(#[from] crate::zvol::VolError),
-    #[error(transparent)]
-    Vdev(#[from] crate::vdev::VdevError),
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-}
-
-pub type Result<T> = std::result::Result<T, CliError>;
-
-pub fn usage(msg: impl Into<String>) -> CliError {
-    CliError::Usage(msg.into())
-}
+/// Errors of the command line: a message for the user, one line (shared with the serving
+/// runtime, which runs the same operations for a control client).
+pub use zeta_server::{usage, Error as CliError, Result};

@@ -1,22 +1,19 @@
 //! `zeta serve` and `zeta up`: serve volumes over NBD until SIGINT, SIGTERM or SIGHUP.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
-
 use super::args::{NetArgs, ServeArgs, TlsArg, UpArgs};
-use super::fmt::{human, parse_size};
-use super::memory::{self, Limits};
 use super::pool_cmd::create_pool;
-use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
 use crate::nbd::tls::{Tls, TlsMode};
-use crate::nbd::{Exports, PoolExports, Server, ServerConfig};
+use crate::nbd::ServerConfig;
+use zeta_server::fmt::{human, parse_size};
+use zeta_server::memory::Limits;
+use zeta_server::serve::{close_all, run};
+use zeta_server::state::Home;
 
 pub const UP_POOL: &str = "zeta";
 pub const UP_VOLUME: &str = "vol0";
@@ -123,7 +120,7 @@ pub fn serve(home: &Home, args: ServeArgs) -> Result<()> {
             }
         }
     }
-    run(home, cfg, limits, pools, None)
+    run(home, cfg, limits, pools, None, answer())
 }
 
 /// Devices of the embedded default pool: six files, raidz2 (any two may be lost).
@@ -144,7 +141,7 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         // The files exist but this state directory does not know them: import from those
         // present (a pool made by an older zeta may have fewer).
         let present: Vec<PathBuf> = disks.iter().filter(|d| d.exists()).cloned().collect();
-        let devs = super::state::open_devices(&present, false)?;
+        let devs = zeta_server::state::open_devices(&present, false)?;
         // The default pool belongs to its directory, whichever state directory last held
         // it: one still running holds the devices' locks, which `open_devices` respects.
         let opts = crate::dsl::PoolOptions {
@@ -152,8 +149,8 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
             ..home.pool_options()
         };
         let p = Pool::import(devs, Some(UP_POOL), opts)?;
-        super::state::warn_import_notes(&p);
-        home.remember(&p, super::state::device_paths(&p))?;
+        zeta_server::state::warn_import_notes(&p);
+        home.remember(&p, zeta_server::state::device_paths(&p))?;
         p
     } else {
         std::fs::create_dir_all(&args.dir).map_err(|e| CliError::Io {
@@ -184,143 +181,11 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         limits,
         vec![pool],
         Some(format!("{UP_POOL}/{UP_VOLUME}")),
+        answer(),
     )
 }
 
-fn close_all(pools: &[Arc<Pool>]) {
-    for p in pools {
-        if let Err(e) = p.close() {
-            eprintln!("zeta: closing pool '{}': {e}", p.name);
-        }
-    }
-}
-
-fn run(
-    home: &Home,
-    cfg: ServerConfig,
-    limits: Limits,
-    pools: Vec<Arc<Pool>>,
-    default: Option<String>,
-) -> Result<()> {
-    for p in &pools {
-        limits.apply(p);
-        super::room::warn(&p.name, &super::state::device_paths(p));
-    }
-    // The request buffers in flight are memory configured apart from the pools'.
-    memory::govern(&pools, cfg.inflight_bytes);
-    // A suspended pool or a failing device is told on stderr when it happens.
-    super::watch::start(&pools);
-    // Acknowledged writes from before a crash come back before any client connects.
-    for p in &pools {
-        if let Err(e) = crate::zvol::replay_logs(p) {
-            close_all(&pools);
-            return Err(e.into());
-        }
-        // The logs' headers go to disk: without that, each volume's first FLUSH or FUA write
-        // synced a whole txg (`zeta pool iostat`: fallback_syncs, one per served volume). A
-        // pool that cannot commit is still served, for what can be read from it.
-        if let Err(e) = p.ready_logs() {
-            eprintln!("zeta serve: {e}");
-        }
-    }
-    // Register for the signals before serving, so an early SIGTERM is not lost. SIGHUP (the
-    // terminal that ran `zeta up` closed) stops as cleanly: its default would end the
-    // process with the open txg unsynced and the pool left for a replay.
-    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(|e| CliError::Io {
-        path: "signal handler".into(),
-        source: e,
-    })?;
-    let exports = Arc::new(PoolExports::new(pools.clone(), default.clone()));
-    let server = match Server::start(cfg.clone(), exports.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            close_all(&pools);
-            return Err(usage(format!("cannot listen on {}: {e}", cfg.listen)));
-        }
-    };
-    // Admin commands of other processes reach the pools through their control sockets.
-    let control = super::control::ControlServer::start(home, &pools);
-    let addr = server.local_addr();
-    let host = if addr.ip().is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        addr.ip().to_string()
-    };
-    let scheme = if cfg.tls.is_some() { "nbds" } else { "nbd" };
-    let base = if addr.port() == crate::nbd::DEFAULT_PORT {
-        format!("{scheme}://{host}")
-    } else {
-        format!("{scheme}://{host}:{}", addr.port())
-    };
-    println!(
-        "serving on {addr}{}: (max {} connections; per pool: cache {}, dirty limit {})",
-        if cfg.read_only { ", read-only" } else { "" },
-        cfg.max_connections,
-        human(limits.cache),
-        human(limits.dirty_max)
-    );
-    let read_only = |export: &str| {
-        let pool = export.split('/').next().unwrap_or("");
-        pools.iter().any(|p| p.name == pool && p.is_read_only())
-    };
-    if let Some(t) = &cfg.tls {
-        let how = match t.mode {
-            TlsMode::Require => "required",
-            _ => "offered",
-        };
-        println!("TLS {how}: {}", t.what);
-    }
-    for e in exports.list() {
-        let ro = if read_only(&e.name) {
-            ", read-only"
-        } else {
-            ""
-        };
-        println!("  {base}/{}  ({}{ro})", e.name, human(e.size));
-    }
-    if let Some(d) = &default {
-        println!("\ntry:\n  nbdinfo {base}/{d}\n  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {base}/{d}\n  qemu-img convert -n -O raw disk.img {base}/{d}\n  fio --ioengine=nbd --uri={base}/{d} --name=t --rw=randrw --bs=4k --size=64M\n");
-    }
-    println!("stop with Ctrl-C (or SIGTERM)");
-    // Block until a signal arrives.
-    let sig = signals.forever().next();
-    // Written, not printed: stdout may be gone by now (a closed terminal or pipe), and a
-    // panic here would skip the drain and the pools' final sync.
-    let _ = writeln!(
-        std::io::stdout(),
-        "zeta serve: {} received, finishing in-flight requests",
-        match sig {
-            Some(SIGINT) => "SIGINT",
-            Some(SIGHUP) => "SIGHUP",
-            _ => "SIGTERM",
-        }
-    );
-    control.shutdown();
-    // In-flight requests end before the pools close; one waiting on a txg that waits for
-    // room (a writer short of pool space) would never end.
-    for p in &pools {
-        p.stop_waiting_for_room();
-    }
-    server.shutdown();
-    let mut failed = Vec::new();
-    for p in &pools {
-        if let Err(e) = p.close() {
-            eprintln!("zeta: closing pool '{}': {e}", p.name);
-            failed.push(p.name.clone());
-        }
-    }
-    if failed.is_empty() {
-        let _ = writeln!(std::io::stdout(), "zeta serve: pools synced and closed");
-        return Ok(());
-    }
-    // Each failure was told above; the exit status and this line sum them up.
-    Err(usage(format!(
-        "could not sync and close {}: the next import replays from their intent logs every \
-         write that was acknowledged durable",
-        failed
-            .iter()
-            .map(|n| format!("'{n}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )))
+/// The control socket's answers: this command line's operations.
+fn answer() -> zeta_server::control::Answer {
+    Arc::new(super::control_ops::answer)
 }

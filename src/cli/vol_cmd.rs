@@ -7,14 +7,14 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::args::VolCmd;
-use super::fmt::{human, parse_size};
 use super::guard::{check_overwrite, Writing};
-use super::progress::Reporter;
-use super::state::Home;
 use super::{usage, CliError, Result};
 use crate::dsl::Pool;
 use crate::math::ChecksumKind;
 use crate::zvol::Volume;
+use zeta_server::fmt::{human, parse_size};
+use zeta_server::progress::Reporter;
+use zeta_server::state::Home;
 
 /// Splits `POOL/VOL`.
 pub fn split_name(full: &str) -> Result<(&str, &str)> {
@@ -42,8 +42,8 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
     // A pool another process serves is reached through its control socket.
     if let Some(pool) = target_pool(&cmd) {
         if !home.served_pools().iter().any(|p| p.name == pool) {
-            if let Some(conn) = super::control::connect(home, pool) {
-                return super::control::remote_run(conn, pool);
+            if let Some(conn) = zeta_server::control::connect(home, pool) {
+                return zeta_server::control::remote_run(conn, pool);
             }
         }
     }
@@ -350,8 +350,8 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
     let mut rows = Vec::new();
     for n in &names {
         let served_here = home.served_pools().iter().any(|p| &p.name == n);
-        match super::control::connect(home, n).filter(|_| !served_here) {
-            Some(conn) => rows.extend(super::control::remote_volumes(conn, n)?),
+        match zeta_server::control::connect(home, n).filter(|_| !served_here) {
+            Some(conn) => rows.extend(zeta_server::control::remote_volumes(conn, n)?),
             None => {
                 let p = home.open(n)?;
                 rows.extend(volume_rows(&p));

@@ -5,15 +5,15 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::cli::control;
-use crate::cli::fmt::{human, parse_size};
 use crate::cli::guard::{check_overwrite, Writing};
-use crate::cli::state::{device_paths, Home};
 use crate::cli::{usage, Result};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
 use crate::spa::props::{CommitPolicy, Placement};
 use crate::vdev::{BlockDevice, FileDevice, RaidzConfig, TopKind};
+use zeta_server::control;
+use zeta_server::fmt::{human, parse_size};
+use zeta_server::state::{device_paths, Home};
 
 pub struct CreateProps {
     pub size: Option<u64>,
@@ -195,7 +195,7 @@ pub fn create(
         human(usable.block_bytes)
     );
     // `serve` and `up` warn again at each start (`serve_cmd::run`).
-    crate::cli::room::warn(name, &device_paths(&pool));
+    zeta_server::room::warn(name, &device_paths(&pool));
     Ok(())
 }
 
@@ -375,7 +375,7 @@ pub fn add_log_in(
     let mut created = Vec::new();
     let r = (|| -> Result<Vec<u32>> {
         // New files are allocated at once where the pool's are (`-o prealloc=on`).
-        let prealloc = crate::cli::room::allocated(&crate::cli::state::device_paths(p));
+        let prealloc = zeta_server::room::allocated(&zeta_server::state::device_paths(p));
         let spec = open_groups(&groups, size, prealloc, false, &mut created)?;
         let mut ids = Vec::new();
         for top in spec {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use super::create::absolute;
 use super::scan::{follow, Progress};
 use crate::cli::args::InjectArgs;
-use crate::cli::control;
-use crate::cli::state::{device_paths, Home};
 use crate::cli::{usage, Result};
 use crate::dsl::Pool;
 use crate::vdev::{BlockDevice, FileDevice};
+use zeta_server::control;
+use zeta_server::state::{device_paths, Home};
 
 /// `zeta inject`.
 pub fn inject(home: &Home, a: InjectArgs) -> Result<()> {
@@ -138,7 +138,7 @@ pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Res
             .filter_map(|d| std::fs::metadata(d).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
-        FileDevice::create_with(new_path, size, crate::cli::room::allocated(&paths))?
+        FileDevice::create_with(new_path, size, zeta_server::room::allocated(&paths))?
     };
     p.replace(
         old,

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::create::absolute;
-use crate::cli::state::{device_paths, open_devices, warn_import_notes, Home};
 use crate::cli::{usage, CliError, Result};
 use crate::dsl::{examine_labels, Pool, PoolOptions};
+use zeta_server::state::{device_paths, open_devices, warn_import_notes, Home};
 
 /// Files and block devices directly inside `dir`.
 fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {

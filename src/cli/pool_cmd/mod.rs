@@ -3,10 +3,10 @@
 use serde_json::json;
 
 use super::args::PoolCmd;
-use super::fmt::human;
-use super::state::Home;
 use super::{usage, Result};
 use crate::dsl::{Pool, Suspension};
+use zeta_server::fmt::human;
+use zeta_server::state::Home;
 
 mod create;
 mod devices;
@@ -69,8 +69,8 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         } => add(home, force, size.as_deref(), &pool, &vdevs),
         PoolCmd::Remove { pool, device } => remove(home, &pool, &device),
         PoolCmd::Clear { pool } => {
-            match super::control::connect(home, &pool) {
-                Some(conn) => super::control::remote_clear(conn, &pool)?,
+            match zeta_server::control::connect(home, &pool) {
+                Some(conn) => zeta_server::control::remote_clear(conn, &pool)?,
                 None => {
                     let p = home.open(&pool)?;
                     let r = p.clear_errors();
@@ -85,8 +85,8 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         PoolCmd::Map { pool, output, json } => map(home, &pool, output.as_deref(), json),
         PoolCmd::Iostat { pool, json } => iostat(home, &pool, json),
         PoolCmd::Sync { pool } => {
-            match super::control::connect(home, &pool) {
-                Some(conn) => super::control::remote_sync(conn, &pool)?,
+            match zeta_server::control::connect(home, &pool) {
+                Some(conn) => zeta_server::control::remote_sync(conn, &pool)?,
                 None => {
                     let p = home.open(&pool)?;
                     p.sync_frees()?;
@@ -171,8 +171,8 @@ fn list(home: &Home, json: bool) -> Result<()> {
 
 /// `zeta pool map`: the metaslab map as a picture, as JSON, or as lines.
 fn map(home: &Home, name: &str, output: Option<&std::path::Path>, json: bool) -> Result<()> {
-    let m = match super::control::connect(home, name) {
-        Some(conn) => super::control::remote_map(conn, name)?,
+    let m = match zeta_server::control::connect(home, name) {
+        Some(conn) => zeta_server::control::remote_map(conn, name)?,
         None => {
             let p = home.open(name)?;
             let m = p.metaslab_map();
@@ -181,7 +181,7 @@ fn map(home: &Home, name: &str, output: Option<&std::path::Path>, json: bool) ->
         }
     };
     if let Some(path) = output {
-        super::plot::draw_map(&m, &format!("pool '{name}'"), path).map_err(usage)?;
+        zeta_plot::draw_map(&m, &format!("pool '{name}'"), path).map_err(usage)?;
         if !json {
             println!("wrote {}", path.display());
         }
@@ -247,8 +247,8 @@ fn health(st: &serde_json::Value) -> String {
 
 /// The status of a pool, from the `zeta serve` holding it if one does, else by opening it.
 pub(super) fn pool_status(home: &Home, name: &str) -> Result<serde_json::Value> {
-    if let Some(conn) = super::control::connect(home, name) {
-        return super::control::remote_status(conn, name);
+    if let Some(conn) = zeta_server::control::connect(home, name) {
+        return zeta_server::control::remote_status(conn, name);
     }
     let p = home.open(name)?;
     let st = status_json(&p);
@@ -295,8 +295,8 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
 }
 
 fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
-    let st = match super::control::connect(home, name) {
-        Some(conn) => super::control::remote_iostat(conn, name)?,
+    let st = match zeta_server::control::connect(home, name) {
+        Some(conn) => zeta_server::control::remote_iostat(conn, name)?,
         None => {
             let p = home.open(name)?;
             let st = iostat_json(&p);
@@ -529,7 +529,7 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
 /// and the suspension's cure (free room) is theirs too.
 fn status_lines(st: &serde_json::Value) -> Option<String> {
     if let Ok(s) = serde_json::from_value::<Suspension>(st["suspended"].clone()) {
-        use crate::cli::watch::{cure, effect};
+        use zeta_server::watch::{cure, effect};
         return Some(format!(
             "status: SUSPENDED. {} ({})\naction: {}",
             effect(&s),
@@ -547,7 +547,7 @@ fn status_lines(st: &serde_json::Value) -> Option<String> {
     if no_room.is_empty() {
         return None;
     }
-    use crate::cli::watch::{NO_ROOM_CURE, NO_ROOM_EFFECT};
+    use zeta_server::watch::{NO_ROOM_CURE, NO_ROOM_EFFECT};
     Some(format!(
         "status: {} cannot take writes: {NO_ROOM_EFFECT}.\naction: {NO_ROOM_CURE}.",
         no_room.join(", ")

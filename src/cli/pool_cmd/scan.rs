@@ -2,11 +2,11 @@
 //! progress line.
 
 use super::{pool_status, status_json};
-use crate::cli::control;
-use crate::cli::fmt::human;
-use crate::cli::state::Home;
 use crate::cli::Result;
 use crate::dsl::Pool;
+use zeta_server::control;
+use zeta_server::fmt::human;
+use zeta_server::state::Home;
 
 pub(super) fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<()> {
     if let Some(conn) = control::connect(home, name) {

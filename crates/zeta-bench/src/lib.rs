@@ -1,0 +1,29 @@
+//! zeta's benchmarks: each prints its figures as ratios against a reference measured in the
+//! same run (the raw file, ISA-L, nbdkit, zfs-fuse), and the NBD load generator they share.
+//! The `zeta` binary links this crate as `zeta bench …`; nothing in the engine depends on it.
+
+pub mod args;
+pub mod checksum;
+pub mod frag;
+pub mod load;
+pub mod parity;
+pub mod raidz;
+pub mod scrub;
+pub mod sync;
+pub mod vol;
+
+use args::BenchCmd;
+
+/// Runs one `zeta bench` subcommand.
+pub fn run(cmd: BenchCmd) -> zeta_server::Result<()> {
+    match cmd {
+        BenchCmd::Vol(a) => vol::vol(a),
+        BenchCmd::Parity(a) => parity::parity(a),
+        BenchCmd::Raidz(a) => raidz::raidz(a),
+        BenchCmd::Scrub(a) => scrub::scrub_bench(a),
+        BenchCmd::Checksum(a) => checksum::checksum(a),
+        BenchCmd::Sync(a) => sync::sync_bench(a),
+        BenchCmd::Frag(a) => frag::frag_bench(a),
+        BenchCmd::Load(a) => load::load_cmd(a),
+    }
+}

@@ -1,0 +1,117 @@
+//! On-disk feature flags (OpenZFS's `feature@…`): the label records each feature a pool has
+//! enabled, whether it is in use, and whether a zeta that does not know it can still read the
+//! pool. A format change becomes one named feature instead of a global version bump, so an
+//! older zeta opens every pool whose active features it knows, and read-only what it can read.
+//!
+//! Layout in the label's config (JSON, `docs/format.md`): `"features": {"NAME": {"active":
+//! bool, "read_compatible": bool}}`, absent while empty.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A feature this zeta knows: its name (`org.zeta:NAME`, as OpenZFS names `com.delphix:…`),
+/// and whether a zeta that does not know it can read a pool where it is active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Feature {
+    pub name: &'static str,
+    pub read_compatible: bool,
+    /// One line for `zeta pool status`.
+    pub what: &'static str,
+}
+
+/// The features this zeta supports. Each format change adds one here (with a fixture image
+/// from before it in `tests/fixtures/`).
+pub const SUPPORTED: &[Feature] = &[];
+
+/// A feature's state in one pool's label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeatureState {
+    /// On-disk structures that need the feature exist now; while false the feature is only
+    /// enabled and any zeta can open the pool.
+    pub active: bool,
+    /// A zeta that does not know the feature may import the pool read-only while it is active.
+    pub read_compatible: bool,
+}
+
+/// The features of a pool's label, by name.
+pub type Features = BTreeMap<String, FeatureState>;
+
+/// Why this zeta cannot open a pool with `features` as asked: the first active feature it does
+/// not know, named; if every such feature is read-compatible, a read-only import is allowed.
+pub fn check(features: &Features, readonly: bool) -> Result<(), String> {
+    check_against(features, readonly, SUPPORTED)
+}
+
+fn check_against(features: &Features, readonly: bool, known: &[Feature]) -> Result<(), String> {
+    let unknown = |name: &str| !known.iter().any(|f| f.name == name);
+    let active_unknown: Vec<(&String, &FeatureState)> = features
+        .iter()
+        .filter(|(name, st)| st.active && unknown(name))
+        .collect();
+    if let Some((name, _)) = active_unknown.iter().find(|(_, st)| !st.read_compatible) {
+        return Err(format!(
+            "it uses feature '{name}', which this zeta does not support (a newer zeta made it)"
+        ));
+    }
+    if let Some((name, _)) = active_unknown.first() {
+        if !readonly {
+            return Err(format!(
+                "it uses feature '{name}', which this zeta does not support for writing; it can \
+                 be imported read-only (-o readonly=on)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: &str, active: bool, read_compatible: bool) -> Features {
+        Features::from([(
+            name.to_string(),
+            FeatureState {
+                active,
+                read_compatible,
+            },
+        )])
+    }
+
+    #[test]
+    fn an_unknown_active_feature_is_refused_by_name() {
+        let f = with("org.example:future", true, false);
+        let e = check(&f, false).unwrap_err();
+        assert!(e.contains("'org.example:future'"), "{e}");
+        assert!(check(&f, true).is_err(), "not even read-only");
+    }
+
+    #[test]
+    fn an_unknown_read_compatible_feature_allows_read_only() {
+        let f = with("org.example:future", true, true);
+        let e = check(&f, false).unwrap_err();
+        assert!(e.contains("read-only"), "{e}");
+        assert_eq!(check(&f, true), Ok(()));
+    }
+
+    #[test]
+    fn an_enabled_but_unused_feature_stops_nothing() {
+        assert_eq!(
+            check(&with("org.example:future", false, false), false),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_known_feature_is_opened_whatever_its_compatibility() {
+        let known = [Feature {
+            name: "org.zeta:test",
+            read_compatible: false,
+            what: "a feature for this test",
+        }];
+        let f = with("org.zeta:test", true, false);
+        assert_eq!(check_against(&f, false, &known), Ok(()));
+        assert!(check_against(&f, false, &[]).is_err());
+    }
+}

@@ -1,0 +1,88 @@
+//! Exports backed by the volumes of imported pools, named `POOL/VOL`. The list is read from
+//! the pools on every request, so volumes created while serving become exports at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{ExportInfo, Exports};
+use zeta_core::dsl::Pool;
+use zeta_core::zvol::Volume;
+
+pub struct PoolExports {
+    pools: Vec<Arc<Pool>>,
+    /// One `Volume` per export, shared by every connection to it: its range locks are what
+    /// keep concurrent partial-block writes from different connections from losing bytes.
+    open: Mutex<HashMap<String, Arc<Volume>>>,
+    /// The export an empty name selects.
+    default: Option<String>,
+}
+
+impl PoolExports {
+    pub fn new(pools: Vec<Arc<Pool>>, default: Option<String>) -> PoolExports {
+        PoolExports {
+            pools,
+            open: Mutex::new(HashMap::new()),
+            default,
+        }
+    }
+
+    /// Every export name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.list().into_iter().map(|e| e.name).collect();
+        v.sort();
+        v
+    }
+}
+
+impl Exports for PoolExports {
+    fn list(&self) -> Vec<ExportInfo> {
+        let mut out = Vec::new();
+        for p in &self.pools {
+            for ds in p.datasets() {
+                out.push(ExportInfo {
+                    name: format!("{}/{}", p.name, ds.name),
+                    size: ds.volsize(),
+                    description: format!(
+                        "zeta volume, {} bytes, {} KiB blocks, {}",
+                        ds.volsize(),
+                        ds.volblocksize / 1024,
+                        ds.checksum.name()
+                    ),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<Volume>> {
+        let name = if name.is_empty() {
+            match &self.default {
+                Some(d) => d.clone(),
+                None => {
+                    // With exactly one export, the empty name means it.
+                    let names = self.names();
+                    if names.len() != 1 {
+                        return None;
+                    }
+                    names.into_iter().next()?
+                }
+            }
+        } else {
+            name.to_string()
+        };
+        let (pool_name, vol) = name.split_once('/')?;
+        let pool = self.pools.iter().find(|p| p.name == pool_name)?;
+        let mut open = self.open.lock();
+        if let Some(v) = open.get(&name) {
+            if v.is_current() {
+                return Some(v.clone());
+            }
+        }
+        let v = Arc::new(Volume::open(pool, vol).ok()?);
+        open.insert(name, v.clone());
+        Some(v)
+    }
+}

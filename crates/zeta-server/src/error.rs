@@ -1,0 +1,28 @@
+//! The errors of the commands and the server runtime: one line for the user, with the engine's
+//! typed errors kept matchable beneath.
+
+use zeta_core::{dsl::PoolError, vdev::VdevError, zvol::VolError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A message for the user: bad arguments, a refused request, a reason to stop.
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error(transparent)]
+    Vol(#[from] VolError),
+    #[error(transparent)]
+    Vdev(#[from] VdevError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub fn usage(msg: impl Into<String>) -> Error {
+    Error::Usage(msg.into())
+}
