@@ -172,6 +172,14 @@ impl Shared {
     /// The header of a read's successful reply carrying `len` bytes, and its length: a
     /// structured OFFSET_DATA chunk with the offset, or a simple reply.
     fn read_head(&self, req: &Request, len: usize) -> ([u8; 28], usize) {
+        // A read is answered in one piece of exactly the length asked: a client reads that
+        // many bytes after the header, and any other count desynchronizes the stream.
+        assert!(
+            req.kind == CMD_READ && len == req.length as usize,
+            "read reply of {len} bytes for a request of {} (kind {})",
+            req.length,
+            req.kind
+        );
         let mut head = [0u8; 28];
         if self.session.structured {
             let chunk = len as u32 + 8; // the offset, then the data

@@ -514,9 +514,17 @@ impl Allocator {
         let mut total = 0;
         for copy in 0..copies {
             let mut placed = None;
-            for k in 0..n {
-                let v = (first + copy + k) % n;
-                let hint = if copies > 1 && n == 1 { copy } else { 0 };
+            // Vdevs no earlier copy took come first; one that did is the last resort, and then
+            // the copy keeps its distance from the others there (`alloc_on`'s hint).
+            let mut order: Vec<usize> = (0..n).map(|k| (first + copy + k) % n).collect();
+            order.sort_by_key(|&v| dvas.iter().any(|d| d.vdev.get() as usize == v));
+            for v in order {
+                let shared = dvas.iter().any(|d| d.vdev.get() as usize == v);
+                let hint = if copies > 1 && (n == 1 || shared) {
+                    copy
+                } else {
+                    0
+                };
                 let asize = asize_of(v as u32, psize);
                 if let Some(off) = self.alloc_on(v, asize, hint, copies) {
                     self.gauge.taken(asize);
@@ -536,6 +544,7 @@ impl Allocator {
                 }
             }
         }
+        assert_copies_apart(&dvas);
         for d in dvas.iter() {
             self.note_taken(d.vdev.get(), d.offset.get(), d.asize.get() as u64, class);
         }
@@ -1010,11 +1019,67 @@ fn condensed_image(ms: &Metaslab) -> Vec<SmRecord> {
     out
 }
 
+/// The copies of one block never share a byte: overlapping copies would be one copy that
+/// looks like two, and the first damage would lose the block. Checked on every allocation.
+pub fn assert_copies_apart(dvas: &[Dva]) {
+    for (i, a) in dvas.iter().enumerate() {
+        for b in &dvas[i + 1..] {
+            let (ao, bo) = (a.offset.get(), b.offset.get());
+            let overlap = a.vdev.get() == b.vdev.get()
+                && ao < bo + b.asize.get() as u64
+                && bo < ao + a.asize.get() as u64;
+            assert!(!overlap, "copies of one block overlap: {a:?} and {b:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MB: u64 = 1 << 20;
+
+    /// The post-condition of every allocation fires on copies that share bytes.
+    #[test]
+    #[should_panic(expected = "copies of one block overlap")]
+    fn overlapping_copies_are_caught() {
+        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(0, 4096, 8192)]);
+    }
+
+    #[test]
+    fn copies_side_by_side_or_on_other_vdevs_pass() {
+        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(0, 8192, 8192)]);
+        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(1, 0, 8192)]);
+    }
+
+    /// Where one vdev is full, both copies go to the other, kept apart; while both have
+    /// room, each copy has a vdev of its own.
+    #[test]
+    fn ditto_copies_take_distinct_vdevs_while_they_have_room() {
+        let mut a = Allocator::new(&[(0, 8 * MB, 20), (1, 8 * MB, 20)]);
+        for _ in 0..50 {
+            let d = a.alloc(16384, 2, AllocClass::Recorded).unwrap();
+            let vdevs: Vec<u32> = d.iter().map(|c| c.vdev.get()).collect();
+            assert_ne!(vdevs[0], vdevs[1]);
+        }
+        // Fill vdev 1: both copies go to vdev 0.
+        while a.alloc_on(1, MB, 0, 1).is_some() {}
+        while a.alloc_on(1, 4096, 0, 1).is_some() {}
+        for _ in 0..20 {
+            let d = a.alloc(16384, 2, AllocClass::Recorded).unwrap();
+            assert!(d.iter().all(|c| c.vdev.get() == 0));
+        }
+        // Three vdevs, the first full: a first copy that falls through to the second does not
+        // draw the second copy after it while the third has room.
+        let mut a = Allocator::new(&[(0, 8 * MB, 20), (1, 8 * MB, 20), (2, 8 * MB, 20)]);
+        while a.alloc_on(0, MB, 0, 1).is_some() {}
+        while a.alloc_on(0, 4096, 0, 1).is_some() {}
+        for _ in 0..60 {
+            let d = a.alloc(16384, 2, AllocClass::Recorded).unwrap();
+            let vdevs: Vec<u32> = d.iter().map(|c| c.vdev.get()).collect();
+            assert!(vdevs[0] != vdevs[1] && !vdevs.contains(&0), "{vdevs:?}");
+        }
+    }
 
     #[test]
     fn the_log_reserve_is_whole_metaslabs_at_the_end() {

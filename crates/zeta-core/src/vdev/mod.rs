@@ -6,7 +6,9 @@
 
 pub mod device;
 pub mod file;
+pub mod io;
 pub mod layout;
+pub mod leaf;
 pub mod mem;
 pub mod raidz;
 pub mod sector_vec;
@@ -15,11 +17,13 @@ pub mod top;
 
 pub use device::{BlockDevice, VdevError};
 pub use file::FileDevice;
+pub(crate) use io::waiting_in_parallel;
+pub use io::{ReadReport, Unsettled};
 pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
+pub use leaf::{Injection, Leaf, LeafCounters, TxgRanges};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig};
 pub use sector_vec::SectorVec;
-pub(crate) use top::waiting_in_parallel;
-pub use top::{Injection, Leaf, LeafCounters, ReadReport, TopKind, TopVdev, TxgRanges, Unsettled};
+pub use top::{TopKind, TopVdev};
 
 pub type Result<T> = std::result::Result<T, VdevError>;

@@ -29,8 +29,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::device::VdevError;
+use super::io::{waiting_in_parallel, ReadReport, Unsettled};
 use super::layout::SECTOR;
-use super::top::{Leaf, ReadReport, Unsettled};
+use super::leaf::{maybe_fault, Leaf};
 use zeta_math::parity::{Code, Codec};
 
 /// The parity code of a raidz vdev, as its label records it.
@@ -332,7 +333,7 @@ impl Raidz {
     /// other children out of service leave room in the parity.
     fn fail(&self, leaf: &Leaf, e: &VdevError, counter: &std::sync::atomic::AtomicU64) {
         if leaf.count_failure(e, counter) {
-            super::top::maybe_fault(leaf, self.slots.iter().map(Option::as_ref), self.nparity());
+            maybe_fault(leaf, self.slots.iter().map(Option::as_ref), self.nparity());
         }
     }
 
@@ -387,7 +388,7 @@ impl Raidz {
         };
         // A durable column waits for its device: those go in parallel.
         let cols: Vec<(&Column, &&[u8])> = map.cols.iter().zip(&bufs).collect();
-        let results = super::top::waiting_in_parallel(&cols, |&c| write(c));
+        let results = waiting_in_parallel(&cols, |&c| write(c));
         let failed: Vec<(usize, VdevError)> = cols
             .iter()
             .zip(results)

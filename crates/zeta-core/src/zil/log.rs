@@ -1011,8 +1011,8 @@ mod tests {
 
     use super::*;
     use crate::vdev::mem::Faults;
-    use crate::vdev::top::{Leaf, TopKind};
     use crate::vdev::{BlockDevice, MemDevice, TopVdev};
+    use crate::vdev::{Leaf, TopKind};
     use crate::zil::{Payload, Placement, TxgHooks};
 
     /// The pool's txgs as one log sees them: each sync commits everything queued so far

@@ -452,7 +452,7 @@ impl Zil {
     /// than the last is neither written nor held. A raidz lays a block's columns out by its
     /// size, so there a block fills its slot.
     pub(crate) fn written_part(&self, slot: BlockAddr, body: usize) -> BlockAddr {
-        let linear = self.top(slot.vdev).is_some_and(|t| t.raidz.is_none());
+        let linear = self.top(slot.vdev).is_some_and(|t| t.raidz().is_none());
         if !linear {
             return slot;
         }
@@ -634,7 +634,8 @@ impl Zil {
 mod tests {
     use super::*;
     use crate::vdev::raidz::RaidzConfig;
-    use crate::vdev::top::{mem_mirror, Leaf};
+    use crate::vdev::top::mem_mirror;
+    use crate::vdev::Leaf;
     use crate::vdev::{BlockDevice, MemDevice};
 
     const K: u64 = 1024;

@@ -767,7 +767,7 @@ impl Zio {
     pub fn max_inflation(&self) -> u64 {
         self.tops
             .iter()
-            .map(|t| t.raidz.as_ref().map_or(1, |r| r.nparity() as u64 + 1))
+            .map(|t| t.raidz().map_or(1, |r| r.nparity() as u64 + 1))
             .max()
             .unwrap_or(1)
     }

@@ -395,7 +395,7 @@ impl Pool {
         {
             // Counted again with the change, as one step: a sibling may have been faulted
             // during the sync.
-            let _one_at_a_time = crate::vdev::top::service_change();
+            let _one_at_a_time = crate::vdev::leaf::service_change();
             if offline && !leaf.is_offline() {
                 spare()?;
             }

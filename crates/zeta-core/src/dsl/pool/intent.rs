@@ -281,7 +281,7 @@ impl Pool {
                 Err(VdevError::ColumnsUnreadable(why)) => {
                     Err(format!("log block {seq} on vdev {}: {why}", a.vdev))
                 }
-                Err(e) if !read_one.get() && top.raidz.is_none() => Err(format!(
+                Err(e) if !read_one.get() && top.raidz().is_none() => Err(format!(
                     "no copy of log block {seq} on vdev {} could be read ({e})",
                     a.vdev
                 )),

@@ -1155,7 +1155,7 @@ impl Pool {
     pub fn device_writes(&self) -> (u64, Vec<(u64, u64)>) {
         use std::sync::atomic::Ordering::Relaxed;
         let (tops, _) = self.label_tops();
-        let mut sum = [0u64; crate::vdev::top::WRITE_SIZE_BUCKETS];
+        let mut sum = [0u64; crate::vdev::leaf::WRITE_SIZE_BUCKETS];
         let mut bytes = 0;
         for leaf in tops.iter().flat_map(|t| &t.children) {
             for (s, c) in sum.iter_mut().zip(&leaf.counters.write_sizes) {
@@ -1217,7 +1217,7 @@ impl Pool {
                     .any(|l| l.is_offline() || l.is_out_of_room() || l.inject.lock().vanished);
                 TopStatus {
                     id: t.id,
-                    kind: t.kind,
+                    kind: t.kind(),
                     name: tc.kind_name(),
                     log: tc.log,
                     state: if missing == 0 && !offline {

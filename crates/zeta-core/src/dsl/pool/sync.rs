@@ -137,6 +137,13 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
         let idle = matches!(result, Ok(None));
         match result {
             Ok(Some(Committed { txg, .. })) => {
+                // Txgs commit one at a time, in order: the uberblock ring and the frees held
+                // for two txgs count on it.
+                assert!(
+                    txg > st.synced_txg,
+                    "txg {txg} committed after txg {}",
+                    st.synced_txg
+                );
                 st.synced_txg = txg;
                 st.completed_seq = st.completed_seq.max(seq);
                 // Room was made: the txg that waited for it has committed.
@@ -447,6 +454,14 @@ impl Pool {
         // that missed a write of this txg or fails a step takes no further part (its labels
         // keep an older txg); the txg commits if every top-level vdev still has a leaf that
         // took every write and all three steps.
+        // The uberblock reaches only what this txg or an earlier one wrote.
+        assert!(
+            root.birth_txg.get() == txg
+                && datasets
+                    .iter()
+                    .all(|ds| ds.objset_bp.lock().birth_txg.get() <= txg),
+            "txg {txg}: a root born in another txg"
+        );
         let ub = Uberblock::new(txg, self.guid, root);
         let kept_missing = commit.drop_leaves_that_missed(txg)?;
         if kept_missing {
