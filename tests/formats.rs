@@ -126,6 +126,14 @@ fn an_unknown_active_feature_is_refused_by_name() {
     add_feature(&[&devs[0], &devs[1]], "org.example:later", enabled);
     ok(&zeta(&home, d, &["pool", "import", "-d", &dir, "tank"]));
     reads_back(&home, d, "tank", "enabled feature");
+    // Kept as read, and shown.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&zeta(&home, d, &words("pool status --json tank")))).unwrap();
+    assert_eq!(
+        status[0]["features"]["org.example:later"],
+        serde_json::json!({"active": false, "read_compatible": false}),
+        "{status}"
+    );
     ok(&zeta(&home, d, &words("pool export tank")));
     // In use: refused, named, even read-only.
     let active = FeatureState {

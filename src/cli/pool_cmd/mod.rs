@@ -396,7 +396,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
            "readonly": p.is_read_only(), "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
            "fragmentation": p.fragmentation(), "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
-           "volumes": p.datasets().len(), "scan": scan,
+           "volumes": p.datasets().len(), "scan": scan, "features": cfg.features,
            "lost_writes": p.io.zio.stats.lost_writes.load(std::sync::atomic::Ordering::Relaxed)})
 }
 

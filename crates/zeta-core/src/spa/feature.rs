@@ -37,29 +37,40 @@ pub struct FeatureState {
 /// The features of a pool's label, by name.
 pub type Features = BTreeMap<String, FeatureState>;
 
+/// Why a pool's features keep this zeta from opening it as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureError {
+    #[error("it uses feature '{0}', which this zeta does not support (a newer zeta made it)")]
+    Unsupported(String),
+    #[error(
+        "it uses feature '{0}', which this zeta does not support for writing; it can be \
+         imported read-only (-o readonly=on)"
+    )]
+    ReadOnly(String),
+}
+
 /// Why this zeta cannot open a pool with `features` as asked: the first active feature it does
 /// not know, named; if every such feature is read-compatible, a read-only import is allowed.
-pub fn check(features: &Features, readonly: bool) -> Result<(), String> {
+pub fn check(features: &Features, readonly: bool) -> Result<(), FeatureError> {
     check_against(features, readonly, SUPPORTED)
 }
 
-fn check_against(features: &Features, readonly: bool, known: &[Feature]) -> Result<(), String> {
+fn check_against(
+    features: &Features,
+    readonly: bool,
+    known: &[Feature],
+) -> Result<(), FeatureError> {
     let unknown = |name: &str| !known.iter().any(|f| f.name == name);
     let active_unknown: Vec<(&String, &FeatureState)> = features
         .iter()
         .filter(|(name, st)| st.active && unknown(name))
         .collect();
     if let Some((name, _)) = active_unknown.iter().find(|(_, st)| !st.read_compatible) {
-        return Err(format!(
-            "it uses feature '{name}', which this zeta does not support (a newer zeta made it)"
-        ));
+        return Err(FeatureError::Unsupported(name.to_string()));
     }
     if let Some((name, _)) = active_unknown.first() {
         if !readonly {
-            return Err(format!(
-                "it uses feature '{name}', which this zeta does not support for writing; it can \
-                 be imported read-only (-o readonly=on)"
-            ));
+            return Err(FeatureError::ReadOnly(name.to_string()));
         }
     }
     Ok(())
@@ -83,7 +94,8 @@ mod tests {
     fn an_unknown_active_feature_is_refused_by_name() {
         let f = with("org.example:future", true, false);
         let e = check(&f, false).unwrap_err();
-        assert!(e.contains("'org.example:future'"), "{e}");
+        assert_eq!(e, FeatureError::Unsupported("org.example:future".into()));
+        assert!(e.to_string().contains("'org.example:future'"), "{e}");
         assert!(check(&f, true).is_err(), "not even read-only");
     }
 
@@ -91,7 +103,7 @@ mod tests {
     fn an_unknown_read_compatible_feature_allows_read_only() {
         let f = with("org.example:future", true, true);
         let e = check(&f, false).unwrap_err();
-        assert!(e.contains("read-only"), "{e}");
+        assert_eq!(e, FeatureError::ReadOnly("org.example:future".into()));
         assert_eq!(check(&f, true), Ok(()));
     }
 

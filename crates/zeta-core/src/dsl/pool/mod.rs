@@ -821,7 +821,8 @@ impl Pool {
         };
         // A feature this zeta does not know, in use, is a format it cannot read (or must not
         // write): refuse it by name before anything is opened.
-        crate::spa::feature::check(&config.features, opts.readonly).map_err(&cannot)?;
+        crate::spa::feature::check(&config.features, opts.readonly)
+            .map_err(|e| cannot(e.to_string()))?;
         if opts.readonly && opts.rename.is_some() {
             return Err(cannot(
                 "a read-only import cannot rename the pool: its labels are not written".into(),
