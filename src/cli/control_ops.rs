@@ -39,7 +39,7 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
         }
         Some("inject") => {
             let dev = text(req, "device")?;
-            let faults = zeta_core::vdev::Injection {
+            let faults = zeta_core::dsl::Injection {
                 fail_reads: req["fail_reads"].as_f64().unwrap_or(0.0),
                 fail_writes: req["fail_writes"].as_f64().unwrap_or(0.0),
                 full: req["full"] == json!(true),

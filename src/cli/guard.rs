@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use super::{usage, Result};
+use crate::dsl::PoolState;
 use crate::dsl::{examine, Contents};
-use crate::spa::label::PoolState;
 use zeta_server::state::Home;
 
 /// What the command is about to write to the path.
@@ -97,7 +97,7 @@ pub fn check_overwrite(home: &Home, path: &Path, writing: Writing, force: bool) 
 }
 
 /// " (last imported on HOST)" where the label says so.
-fn host_note(cfg: &crate::spa::label::PoolConfig) -> String {
+fn host_note(cfg: &crate::dsl::PoolConfig) -> String {
     match &cfg.hostname {
         Some(h) => format!(" (last imported on {h})"),
         None => String::new(),

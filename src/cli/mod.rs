@@ -1,7 +1,8 @@
 //! The `zeta` command: argument parsing, the state directory, and one module per command group.
 //!
-//! Architecture invariant: the CLI reaches the engine only through `dsl::Pool` and
-//! `zvol::Volume`; it never touches labels, blocks or devices' bytes itself.
+//! Architecture invariant: the CLI reaches the engine only through `dsl` (the pool and the
+//! types it re-exports to build one) and `zvol::Volume`; it never touches labels, blocks or
+//! devices' bytes itself. `tests/layers.rs` checks that no front end names a lower module.
 
 pub mod args;
 pub mod control_ops;

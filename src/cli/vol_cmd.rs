@@ -189,18 +189,11 @@ fn confirm(reporter: Reporter, name: &str, what: &str, step: &str) -> Result<()>
     let mut typed = String::new();
     std::io::stdin()
         .read_line(&mut typed)
-        .map_err(|e| io_err(Path::new("stdin"), e))?;
+        .map_err(|e| CliError::io(Path::new("stdin"), e))?;
     if typed.trim() == name {
         Ok(())
     } else {
         Err(usage(format!("not confirmed: {what}; nothing was changed")))
-    }
-}
-
-fn io_err(path: &Path, e: std::io::Error) -> CliError {
-    CliError::Io {
-        path: path.display().to_string(),
-        source: e,
     }
 }
 
@@ -214,8 +207,8 @@ pub fn put(
     reporter: Reporter,
 ) -> Result<u64> {
     let v = Volume::open(pool, vol)?;
-    let mut f = std::fs::File::open(file).map_err(|e| io_err(file, e))?;
-    let len = f.metadata().map_err(|e| io_err(file, e))?.len();
+    let mut f = std::fs::File::open(file).map_err(|e| CliError::io(file, e))?;
+    let len = f.metadata().map_err(|e| CliError::io(file, e))?.len();
     if offset.checked_add(len).is_none_or(|end| end > v.size()) {
         return Err(usage(format!(
             "{} ({} bytes) does not fit in {} ({} bytes) at offset {offset}",
@@ -229,7 +222,7 @@ pub fn put(
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut at = offset;
     loop {
-        let n = read_full(&mut f, &mut buf).map_err(|e| io_err(file, e))?;
+        let n = read_full(&mut f, &mut buf).map_err(|e| CliError::io(file, e))?;
         if n == 0 {
             break;
         }
@@ -276,10 +269,10 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path, reporter: Reporter) -> Resu
         .create(true)
         .truncate(!is_block_device)
         .open(file)
-        .map_err(|e| io_err(file, e))?;
+        .map_err(|e| CliError::io(file, e))?;
     let size = v.size();
     if !is_block_device {
-        f.set_len(size).map_err(|e| io_err(file, e))?;
+        f.set_len(size).map_err(|e| CliError::io(file, e))?;
     }
     let mut progress = reporter.start(&format!("{} -> {}", v.name(), file.display()), size);
     let stopped = |done: u64| {
@@ -311,7 +304,7 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path, reporter: Reporter) -> Resu
                 v.read(pos, &mut buf[..n])?;
                 if is_block_device || buf[..n].iter().any(|&b| b != 0) {
                     f.write_all_at(&buf[..n], pos)
-                        .map_err(|e| io_err(file, e))?;
+                        .map_err(|e| CliError::io(file, e))?;
                 }
                 pos += n as u64;
                 if !progress.advance(pos) {
@@ -324,7 +317,7 @@ pub fn get(pool: &Arc<Pool>, vol: &str, file: &Path, reporter: Reporter) -> Resu
             return Err(stopped(at));
         }
     }
-    f.sync_all().map_err(|e| io_err(file, e))?;
+    f.sync_all().map_err(|e| CliError::io(file, e))?;
     Ok(size)
 }
 

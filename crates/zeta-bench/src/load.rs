@@ -28,14 +28,16 @@ const MAX_BS_BYTES: usize = 4 << 20;
 /// Random bytes each connection cuts its payloads from (at 4 KiB-aligned starts), or twice the
 /// write size if larger: small enough to stay in the processor's cache. With 4 MiB per
 /// connection, the copy of each payload into the socket missed the cache, and sending took
-/// 15 % of both cores' time under `bench sync`, all of it taken from the server measured.
+/// time from the server measured (figures: docs/perf/README.md, "Why zeta-load cuts
+/// payloads from 256K of data and batches its sends").
 const DATA_POOL_BYTES: usize = 256 << 10;
 /// The slot of a request lives in the low bits of its cookie (see `cookie`).
 const SLOT_BITS: u32 = 8;
 /// Requests whose slots are free together are sent in one write of up to about this many bytes.
-/// One write per request cost the generator 22 us of CPU per request under `bench sync`
-/// (a third of a core of this 2-core machine, taken from the server it measures); a client
-/// that queues requests, as QEMU's or the kernel's does, sends them together too.
+/// One write per request cost the generator CPU taken from the server it measures (figures:
+/// docs/perf/README.md, "Why zeta-load cuts payloads from 256K of data and batches its
+/// sends"); a client that queues requests, as QEMU's or the kernel's does, sends them
+/// together too.
 const SEND_BATCH_BYTES: usize = 64 << 10;
 /// Most requests one connection keeps in flight.
 pub const MAX_DEPTH: u32 = 1 << SLOT_BITS;

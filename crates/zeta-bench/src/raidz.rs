@@ -35,13 +35,6 @@ fn cpu_seconds() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
-}
-
 /// The bytes every layout writes, cycled: incompressible and the same for all.
 fn payload() -> Vec<u8> {
     use rand::{RngCore, SeedableRng};
@@ -67,7 +60,7 @@ fn write_volume(dir: &Path, layout: &str, size: u64, bs: u32, data: &[u8]) -> Re
             p.display().to_string(),
         ));
     }
-    let cfg = RaidzConfig::new(nparity, WIDTH, rdp).map_err(usage)?;
+    let cfg = RaidzConfig::new(nparity, WIDTH, rdp).map_err(|e| usage(e.to_string()))?;
     let opts = PoolOptions {
         force: true,
         ..Default::default()
@@ -96,16 +89,16 @@ fn write_volume(dir: &Path, layout: &str, size: u64, bs: u32, data: &[u8]) -> Re
 fn write_raw(dir: &Path, size: u64, data: &[u8]) -> Result<(f64, f64)> {
     use std::os::unix::fs::FileExt;
     let p = dir.join("raw");
-    let f = std::fs::File::create(&p).map_err(|e| io_err(&p, e))?;
+    let f = std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
     let (t0, c0) = (Instant::now(), cpu_seconds());
     let mut off = 0u64;
     while off < size {
         let at = (off as usize) % data.len();
         f.write_all_at(&data[at..at + WRITE_BYTES], off)
-            .map_err(|e| io_err(&p, e))?;
+            .map_err(|e| Error::io(&p, e))?;
         off += WRITE_BYTES as u64;
     }
-    f.sync_data().map_err(|e| io_err(&p, e))?;
+    f.sync_data().map_err(|e| Error::io(&p, e))?;
     let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     drop(f);
     let _ = std::fs::remove_file(&p);
@@ -129,7 +122,7 @@ pub fn raidz(args: BenchRaidzArgs) -> Result<()> {
     let dir = args
         .dir
         .join(format!("zeta-bench-raidz-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let data = payload();
     let layouts = ["raw", "raidz1", "raidz2-rs", "raidz2-rdp"];
     if !args.json {

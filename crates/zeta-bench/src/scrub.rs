@@ -16,13 +16,6 @@ use zeta_server::{usage, Error, Result};
 
 const FILES: usize = 2;
 
-fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
-}
-
 fn open_leaves(paths: &[PathBuf]) -> Result<Vec<(Arc<dyn BlockDevice>, String)>> {
     paths
         .iter()
@@ -42,7 +35,7 @@ fn cat(paths: &[PathBuf]) -> Result<f64> {
         .map(|p| {
             std::fs::metadata(p)
                 .map(|m| m.len())
-                .map_err(|e| io_err(p, e))
+                .map_err(|e| Error::io(p, e))
         })
         .sum::<Result<u64>>()?;
     let t = Instant::now();
@@ -50,7 +43,7 @@ fn cat(paths: &[PathBuf]) -> Result<f64> {
         .args(paths)
         .stdout(std::process::Stdio::null())
         .status()
-        .map_err(|e| io_err(Path::new("cat"), e))?;
+        .map_err(|e| Error::io(Path::new("cat"), e))?;
     if !st.success() {
         return Err(usage("cat failed"));
     }
@@ -85,7 +78,7 @@ pub fn scrub_bench(args: BenchScrubArgs) -> Result<()> {
     let dir = args
         .dir
         .join(format!("zeta-bench-scrub-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let result = run(&dir, size, &args);
     let _ = std::fs::remove_dir_all(&dir);
     result

@@ -197,12 +197,12 @@ pub fn vol(args: BenchVolArgs) -> Result<()> {
 /// Writes every byte of the file at `path` once (creating it `len` bytes long) and makes it
 /// durable, so both targets start in the steady state of a file in use.
 ///
-/// A file system allocates a block on the first write to it, and on ext4 that first write ran
-/// at a sixth of the speed of rewriting an allocated block (600 MB/s against 4 GB/s for 2 GiB
-/// with `dd conv=fdatasync` here). Unconditioned, the raw file was allocated by its first run
-/// and rewritten by the rest, while the pool, which writes every block somewhere new, kept
-/// meeting unallocated space in its file: the ratio measured the file system's allocator more
-/// than zeta (0.41 to 0.75 from run to run).
+/// A file system allocates a block on the first write to it, and on ext4 that first write is
+/// several times slower than rewriting an allocated block. Unconditioned, the raw file was
+/// allocated by its first run and rewritten by the rest, while the pool, which writes every
+/// block somewhere new, kept meeting unallocated space in its file: the ratio measured the
+/// file system's allocator more than zeta, and moved from run to run (figures:
+/// docs/perf/README.md, "Why the benchmarks write every file in full first").
 pub(super) fn precondition(path: &std::path::Path, len: u64) -> Result<()> {
     let io = |e| Error::Io {
         path: path.display().to_string(),

@@ -1,8 +1,9 @@
 //! zeta's storage engine: the layers of `ARCHITECTURE.md` from devices up to volumes.
 //!
-//! The modules are listed bottom up; each uses only those below it (and `zeta_math`). The
-//! crates above (`zeta-nbd`, `zeta-server`, the CLI) reach the engine through `dsl::Pool` and
-//! `zvol`.
+//! Bottom up, the modules are `vdev`, `spa`, `zio`, `dmu`, `zil`, `dsl` and `zvol`; each uses
+//! only those below it (and `zeta_math`). The crates above (`zeta-nbd`, `zeta-server`, the CLI)
+//! reach the engine through `dsl` (the pool, and what it re-exports to build one) and `zvol`
+//! (`tests/layers.rs` checks it).
 
 pub mod dmu;
 pub mod dsl;

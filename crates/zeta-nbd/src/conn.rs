@@ -316,11 +316,11 @@ pub fn serve<S: Read + AsRawFd>(
         if alone && reader.buffer().is_empty() && !large_writes {
             // Nothing else in flight and no next request waiting: this thread runs it.
             // Handing it to a worker costs the wake-up of a sleeping thread, in a virtual
-            // machine a tenth of a queue-depth-1 client's FUA write (155 against 177 us with
-            // 16K blocks; the raw file's write and fdatasync: 90). Never a large write: its
-            // payload came past the buffer, so the empty buffer says nothing of what waits
-            // in the socket, and a reader running large writes itself starves the
-            // connection (see `READ_BUFFER_BYTES`).
+            // machine a good part of a queue-depth-1 client's FUA write (figures:
+            // docs/perf/nbd.md, "Why a lone request runs on its connection's reader").
+            // Never a large write: its payload came past the buffer, so the empty buffer
+            // says nothing of what waits in the socket, and a reader running large writes
+            // itself starves the connection (see `READ_BUFFER_BYTES`).
             execute(sh, req, payload, held, Some(workers));
         } else if req.kind == CMD_READ && req.length as usize <= READ_HERE_BYTES {
             match read_here(&sh, &req, request_buffered(&reader), held) {
@@ -349,9 +349,10 @@ pub fn serve<S: Read + AsRawFd>(
 
 /// Reads a request's `len` bytes of payload into `p`'s spare capacity: what the reader has
 /// buffered, then the rest straight from the socket. Through the reader, a payload shorter
-/// than its buffer was received into the buffer and copied again (a tenth of the server's
-/// time under 128K writes); after a large write the header came alone, so little or nothing
-/// of the payload is buffered (`DIRECT_PAYLOAD_BYTES`).
+/// than its buffer was received into the buffer and copied again (figures:
+/// docs/perf/nbd.md, "Why write payloads go from the socket straight into their buffer");
+/// after a large write the header came alone, so little or nothing of the payload is
+/// buffered (`DIRECT_PAYLOAD_BYTES`).
 fn read_payload<S: Read + AsRawFd>(
     reader: &mut BufReader<S>,
     len: usize,
@@ -574,24 +575,27 @@ fn execute(
 /// read straight from the socket past that (`read_payload`). A smaller buffer copies less of
 /// the payloads queued behind a request, but then finds itself empty after most large writes,
 /// and the reader runs them itself (`serve`: alone, nothing buffered): at 64K, sequential
-/// 128K writes on one file ran 12 % faster, but on raidz2 of six files random ones fell from
-/// 8.1-8.6k to 6.3-6.5k writes/s, the parity and six writes no longer beside the reading.
+/// 128K writes on one file ran faster, but on raidz2 of six files random ones fell, the
+/// parity and six writes no longer beside the reading (figures: docs/perf/nbd.md, "Why the
+/// read buffer is 256K").
 const READ_BUFFER_BYTES: usize = 256 << 10;
 
 /// Writes at least this long are taken as a sign that the next request is one too: its header
 /// is read on its own, so that its payload goes from the socket straight into the payload's
 /// buffer. Through the reader's buffer, each payload was received there with the header and
 /// then copied out, which under 128K writes cost the connection's thread as much as the
-/// kernel's copy from the socket (5 % of the machine's time, beside 5 %). The price is a
-/// second `recv` per request, which a copy of 32K costs about as much as; from 64K up the
-/// saving is clear, and the sync-write benchmark's 32K points keep their measured path.
+/// kernel's copy from the socket (figures: docs/perf/nbd.md, "Why write payloads go from the
+/// socket straight into their buffer"). The price is a second `recv` per request, which a
+/// copy of 32K costs about as much as; from 64K up the saving is clear, and the sync-write
+/// benchmark's 32K points keep their measured path.
 const DIRECT_PAYLOAD_BYTES: usize = 64 << 10;
 
 /// Reads up to this long are served by the connection's reader itself when the volume has
 /// their blocks at once (`read_here`). Handing a 4K read to a worker cost a thread's wake-up
-/// for a few microseconds of copying: served here, random 4K reads ran about 10 % faster and
-/// 16K ones 8-11 %, with a lower p99. From 32K up one thread copying every reply of the
-/// connection lost to workers copying on both cores (64K: 28k against 43k reads/s).
+/// for a few microseconds of copying: served here, random 4K and 16K reads ran faster, with
+/// a lower p99. From 32K up one thread copying every reply of the connection lost to
+/// workers copying on both cores (figures: docs/perf/nbd.md, "Why the reader serves reads
+/// up to 16K itself").
 const READ_HERE_BYTES: usize = 16 << 10;
 
 /// Whether the reader holds a whole request header, so reading the next request will not wait.

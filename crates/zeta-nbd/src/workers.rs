@@ -25,9 +25,9 @@ pub struct Workers {
 /// The jobs, and whether the pool is closing (then workers run what is left and stop).
 ///
 /// Idle workers sleep on the condvar. (A shared `mpsc::Receiver` behind a mutex made every
-/// idle worker spin on that mutex while one slept in `recv`: 6 % of the server's time under
-/// 128K writes. `crossbeam_channel` spun and called `sched_yield` before it slept: 7 % of
-/// the server's samples under 128K writes were in those yields.)
+/// idle worker spin on that mutex while one slept in `recv`; `crossbeam_channel` spun and
+/// called `sched_yield` before it slept. Figures: docs/perf/nbd.md, "Why idle workers sleep
+/// on a condition variable".)
 struct Queue {
     jobs: Mutex<(VecDeque<Job>, bool)>,
     ready: Condvar,
@@ -89,15 +89,12 @@ impl Workers {
 ///
 /// A connection's reader wakes a worker for each request it hands over. Woken workers took
 /// the reader's core from it at once, so the reader sat preempted, holding the next
-/// requests, while the worker ran (a third of the server's task switches under 128K writes
-/// were the reader's, in `Condvar::notify_one`). With the workers in `SCHED_BATCH` the
-/// reader goes on framing requests and the workers run as it blocks: fio over NBD at
-/// queue depth 32 on one file, 15 s pairs, went from 8.4-11.6k to 11.1-13.8k 128K writes
-/// a second, 43.6-47.1k to 49.7-54.7k 4K random writes, and 15.7-16.8k to 16.2-18.2k 128K
-/// random reads, each at less CPU per request; group commit under `zeta bench load` from
-/// 39.3-58.1k to 62.6-64.5k writes a second. Workers still run at once on an idle core,
-/// so a lone request waits no longer. Best effort: if the kernel refuses, they run as
-/// before.
+/// requests, while the worker ran (in `Condvar::notify_one`). With the workers in
+/// `SCHED_BATCH` the reader goes on framing requests and the workers run as it blocks:
+/// faster under fio over NBD and group commit, at less CPU per request (figures:
+/// docs/perf/nbd.md, "Why the request workers run in `SCHED_BATCH`"). Workers still run at
+/// once on an idle core, so a lone request waits no longer. Best effort: if the kernel
+/// refuses, they run as before.
 fn schedule_as_batch() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler reads `param`, which lives across the call; pid 0 is the

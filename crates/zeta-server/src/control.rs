@@ -63,13 +63,6 @@ pub fn socket_path(home: &Home, pool: &str) -> PathBuf {
     run_dir(home).join(format!("{pool}.sock"))
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
-}
-
 /// A connection to the server of `pool`, if one is running for this state directory.
 pub fn connect(home: &Home, pool: &str) -> Option<UnixStream> {
     let s = UnixStream::connect(socket_path(home, pool)).ok()?;
@@ -194,7 +187,7 @@ pub fn remote_inject(
     s: UnixStream,
     pool: &str,
     device: &str,
-    f: &zeta_core::vdev::Injection,
+    f: &zeta_core::dsl::Injection,
 ) -> Result<()> {
     let req = json!({"op": "inject", "device": device, "fail_reads": f.fail_reads,
                      "fail_writes": f.fail_writes, "full": f.full, "vanished": f.vanished});
@@ -262,7 +255,7 @@ pub fn remote_clear(s: UnixStream, pool: &str) -> Result<()> {
 /// Runs this process's command line in the server of `pool` and prints what it printed.
 pub fn remote_run(s: UnixStream, pool: &str) -> Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let cwd = std::env::current_dir().map_err(|e| io_err(Path::new("."), e))?;
+    let cwd = std::env::current_dir().map_err(|e| Error::io(Path::new("."), e))?;
     let v = call(s, json!({"op": "run", "argv": argv, "cwd": cwd}), pool)?;
     print!("{}", v["stdout"].as_str().unwrap_or(""));
     Ok(())
@@ -324,9 +317,9 @@ impl ControlServer {
 
 fn listen(home: &Home, pool: &str) -> Result<(PathBuf, UnixListener)> {
     let dir = run_dir(home);
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| io_err(&dir, e))?;
+        .map_err(|e| Error::io(&dir, e))?;
     let path = socket_path(home, pool);
     if path.exists() {
         if UnixStream::connect(&path).is_ok() {
@@ -336,11 +329,11 @@ fn listen(home: &Home, pool: &str) -> Result<(PathBuf, UnixListener)> {
             )));
         }
         // Left behind by a server that died: nobody listens.
-        std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+        std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
     }
-    let listener = UnixListener::bind(&path).map_err(|e| io_err(&path, e))?;
+    let listener = UnixListener::bind(&path).map_err(|e| Error::io(&path, e))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| io_err(&path, e))?;
+        .map_err(|e| Error::io(&path, e))?;
     Ok((path, listener))
 }
 
@@ -357,15 +350,11 @@ fn accept_loop(listener: UnixListener, served: Home, stop: Arc<AtomicBool>, answ
         // up a `pool status`.
         let _ = std::thread::Builder::new()
             .name("control-cmd".into())
-            .spawn(move || serve_one(conn, &served, &*answer));
+            .spawn(move || serve_one(conn, &served, &answer));
     }
 }
 
-fn serve_one(
-    conn: UnixStream,
-    home: &Home,
-    answer: &(dyn Fn(&Home, &Value, &UnixStream) -> Result<Value> + Send + Sync),
-) {
+fn serve_one(conn: UnixStream, home: &Home, answer: &Answer) {
     let mut line = String::new();
     let read = BufReader::new(conn.try_clone().expect("clone socket"))
         .take(MAX_REQUEST)

@@ -1,7 +1,7 @@
 //! The errors of the commands and the server runtime: one line for the user, with the engine's
 //! typed errors kept matchable beneath.
 
-use zeta_core::{dsl::PoolError, vdev::VdevError, zvol::VolError};
+use zeta_core::{dsl::PoolError, dsl::VdevError, zvol::VolError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,6 +19,16 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// An I/O error on `path`, named in the message.
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -67,19 +67,13 @@ impl Limits {
 /// with `zfs_dirty_data_max_max`).
 ///
 /// The limit sets the size of a txg, and a small txg costs the sync thread dearly under
-/// random writes: with 16K blocks, each txg of 32M (the old fixed 128M limit) dirtied ~680
-/// blocks per 512M volume and rewrote, twice, most of the volume's 256 indirect blocks
-/// with them. Three volumes at 4K writes, flush every 5 (`zeta bench load`): 35k writes/s
-/// and 100 ms p99 at 128M, 47k and 9 ms at 512M and 1G.
-///
-/// Short writes into large blocks gain most: three 1G volumes of 128K blocks under 4K
-/// writes with a flush every 5th are bound by this limit, since every txg rewrites nearly
+/// random writes: each rewrites most of a volume's indirect blocks for a few data blocks
+/// under each. Short writes into large blocks gain most, since every txg rewrites nearly
 /// every block in full whatever the writes it holds, and writers wait for the limit while
-/// it syncs. Over 20 s, group commit ran 58.0k and 62.4k writes/s at 1G, 77.1k and 89.8k
-/// at 2G, at half the mean latency. (The cap was 1G while streaming writes lost at 2.4G,
-/// 10.3-10.7k 128K writes/s over NBD against 11.7-13.6k; since their blocks are written
-/// by the request workers and the txg's sync only adopts them, they no longer do: 15.2k
-/// and 16.2k at 2G against 14.6k and 13.8k.)
+/// it syncs. (The cap was 1G while streaming writes lost at a larger limit; since their
+/// blocks are written by the request workers and the txg's sync only adopts them, they no
+/// longer do.) Figures: docs/perf/memory.md, "Why the default dirty limit is a tenth of
+/// memory, up to 4G".
 pub fn default_dirty_max(memory: u64) -> u64 {
     (memory / 10).clamp(128 << 20, 4 << 30)
 }
@@ -104,7 +98,8 @@ fn memory_size() -> u64 {
 }
 
 /// How often the governor looks at the process's memory. Under random NBD writes and reads
-/// the resident size moved by ~10 MiB between looks 100 ms apart, and passed the budget.
+/// the resident size passed the budget between looks 100 ms apart (figures:
+/// docs/perf/memory.md, "Why the governor looks every 25 ms, and its margin").
 const INTERVAL: Duration = Duration::from_millis(25);
 
 /// The freed memory at the top of a heap that glibc keeps before handing it back by itself.
@@ -127,49 +122,41 @@ pub enum Allocators {
 /// Sets the allocator up for a command; call before its threads start.
 ///
 /// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
-/// memory in each: with the NBD server's many threads this alone added ~100 MiB of resident
-/// memory over the configured cache and dirty limits. Four arenas keep most of that away.
-/// Fewer cost the server time: payload buffers are allocated by the connections' threads
-/// and freed by the txg sync or a log committer, and each such free takes the lock of the
-/// arena the buffer came from. With two arenas, 4K sync writes into 16K blocks (three
-/// volumes, a flush every 20th, 30 s runs taking turns) ran at 95.6k writes/s against
-/// 100.1k with four, medians of three, at 1.34-1.43 against 1.16-1.23 ms mean latency; with
-/// eight, 103.8k, but the peak RSS of `tests/nbd_memory.rs`'s server rose from 163 MiB
-/// (two) and 188 (four) to 215 of the 224 MiB it is given.
+/// memory in each: with the NBD server's many threads this alone took the process well over
+/// the configured cache and dirty limits. Four arenas keep most of that away. Fewer cost
+/// the server time: payload buffers are allocated by the connections' threads and freed by
+/// the txg sync or a log committer, and each such free takes the lock of the arena the
+/// buffer came from. More took `tests/nbd_memory.rs`'s server near its memory limit.
 ///
 /// Where one thread makes the work (`Allocators::One`), one arena: each arena keeps its
 /// own free memory, and the threads' bursts (the writer's payloads, the sync's new blocks)
-/// come at different times, so four arenas held the sum of their peaks. `zeta bench vol`
-/// with a 32M cache and a 16M dirty limit peaked at 43.8-48.6 MiB with four (over its 48 in
-/// two runs of ten), 38.5-39.9 with one (eleven runs); at its defaults, 173-175M against
-/// 120M, with no loss of speed beyond the noise of its runs.
+/// come at different times, so four arenas held the sum of their peaks and took
+/// `zeta bench vol` over its budget, for no speed. Figures: docs/perf/memory.md, "Why the
+/// server has four malloc arenas and `bench vol` one".
 ///
 /// Freed memory at the top of a heap goes back once `HEAP_TRIM_SLACK` of it piles up, and
 /// allocations from 2 MiB up are mapped apart, so they go back when freed.
 ///
-/// glibc stays, though allocation is a quarter of the server's samples under 4K sync writes
-/// (payload buffers allocated by the connections and freed by the txg sync, log blocks'
-/// buffers, and the page faults of memory trimmed near the budget). mimalloc 3.3 as the
-/// global allocator ran 4K writes into 16K blocks with a flush every 20th at 126.6k and
-/// 126.8k writes/s against 112.5k and 111.6k, and into 128K blocks with a flush every 5th
-/// 15-20 % faster, with 16K and 32K writes unchanged; but it keeps each thread's freed
+/// glibc stays, though allocation is a large share of the server's time under 4K sync
+/// writes (payload buffers allocated by the connections and freed by the txg sync, log
+/// blocks' buffers, and the page faults of memory trimmed near the budget). mimalloc 3.3 as
+/// the global allocator ran short sync writes faster, but it keeps each thread's freed
 /// pages for a second before giving them back, and the governor cannot trim other threads'
-/// heaps: `tests/nbd_memory.rs`'s server peaked at 606 MiB of its 224. Purging after 50 ms
-/// without committing arenas eagerly held 214 MiB, and the gain fell to 6 %, about what
-/// glibc gains when the governor does not trim (below), and for the same reason.
+/// heaps: `tests/nbd_memory.rs`'s server went far past its budget. Purging early kept the
+/// memory near the budget, and most of the gain went, about what glibc gains when the
+/// governor does not trim (below), and for the same reason. Figures: docs/perf/memory.md,
+/// "Why glibc stays the allocator".
 ///
 /// Nor did packing each connection's short payloads side by side into shared 1 MiB chunks
 /// pay (an arena per connection; the chunk freed with its last piece and counted whole by
-/// the pool's throttle). From the heap, it ran 8K writes into 16K blocks with a flush every
-/// 5th at 59.2k and 58.5k writes/s against 69.3k and 68.8k, 16K into 128K blocks at 35.4k
-/// and 38.3k against 42.9k and 43.4k, and 4K into 16K blocks with a flush every 20th level
-/// (112.8k, 111.3k against 112.2k, 113.8k); only 4K into 128K blocks gained (+8 %). Where
-/// pieces soon make a whole block (two 8K writes into a 16K block), the block is a buffer of
-/// its own and the pieces' room stays taken until the rest of their chunk goes: a chunk is
-/// freed whole or not at all, so such writes hold their bytes twice until the sync. Chunks
-/// mapped apart (`mmap` with `MAP_POPULATE`) ran 4K writes 12 % faster but held the
-/// process's memory-map lock for every chunk mapped or unmapped, and 32K writes' p99 rose
-/// from 11 ms to 100 ms behind it.
+/// the pool's throttle). From the heap, it lost at 8K and 16K writes and gained only at 4K
+/// writes into 128K blocks. Where pieces soon make a whole block (two 8K writes into a 16K
+/// block), the block is a buffer of its own and the pieces' room stays taken until the rest
+/// of their chunk goes: a chunk is freed whole or not at all, so such writes hold their
+/// bytes twice until the sync. Chunks mapped apart (`mmap` with `MAP_POPULATE`) ran 4K
+/// writes faster but held the process's memory-map lock for every chunk mapped or
+/// unmapped, and 32K writes' p99 rose behind it. Figures: docs/perf/memory.md, "Why
+/// short payloads are not packed into shared chunks".
 pub fn tune_allocator(allocators: Allocators) {
     let arenas = match allocators {
         Allocators::Many => 4,
@@ -205,7 +192,8 @@ struct Reading {
 /// making the process much smaller.
 ///
 /// The margin covers what grows between two looks: under random NBD writes and reads the
-/// peaks came ~10 MiB above the largest size the governor saw.
+/// peaks came above the largest size the governor saw (figures: docs/perf/memory.md, "Why
+/// the governor looks every 25 ms, and its margin").
 fn caches_room(budget: u64, dirty_max: u64, capacity: u64, rest: u64) -> u64 {
     let margin = (8 << 20) + budget / 16;
     budget
@@ -270,11 +258,10 @@ fn near_budget(budget: u64) -> u64 {
 
 /// glibc returns free memory only from the top of a heap. Block buffers are freed in cache
 /// order, not allocation order, so under random writes the heaps held about as much free
-/// memory as live (489 MiB resident for 294 MiB in use, after fio's random 4K and 128K
-/// writes through `zeta serve`). `malloc_trim(0)` gives back every free page, wherever it
-/// lies in the heap. It is not free: each page given back is faulted in and zeroed again
-/// when reused, and the unmapping interrupts every core. Trimming whenever more than 48 MiB
-/// was free cost 4K random writes over NBD a tenth of the server's time in page faults and
+/// memory as live. `malloc_trim(0)` gives back every free page, wherever it lies in the
+/// heap. It is not free: each page given back is faulted in and zeroed again when reused,
+/// and the unmapping interrupts every core. Trimming whenever more than 48 MiB was free
+/// cost 4K random writes over NBD much of the server's time in page faults and
 /// `madvise` (each txg's sync frees up to the dirty limit at once, and the next txg faults
 /// it all in again); freed memory below the budget is harmless, as the heap reuses it, so
 /// the governor trims only near the budget. Trims only if more than
@@ -282,13 +269,13 @@ fn near_budget(budget: u64) -> u64 {
 ///
 /// Near the budget is where sync writes of short blocks keep the server: three volumes of
 /// 4K writes into 16K blocks, a flush every 20th, hold two txgs of payloads (each about a
-/// gigabyte) against a 2.4G dirty limit. There the trims cost about 7 %: without them the
-/// server ran 110.6k and 117.2k writes/s against 100.8k and 111.9k, and peaked at 2.94 GB
-/// against a 2.76 GB budget, which the trims keep (2.69-2.72 GB). Sparing the memory the
-/// open txg would fill again (freed bytes up to the dirty limit less what writes hold)
-/// kept the same peak and gained nothing, as did keeping each synced txg's payload
-/// buffers (up to 512 MiB) for the next writes: idle buffers are memory too, and the
-/// governor trimmed the rest of the heap all the same (87.7k-110.7k against 104.7k-116.3k).
+/// gigabyte) against a 2.4G dirty limit. There the trims cost some speed, but without them
+/// the server went past its budget, which the trims keep. Sparing the memory the open txg
+/// would fill again (freed bytes up to the dirty limit less what writes hold) kept the same
+/// peak and gained nothing, as did keeping each synced txg's payload buffers (up to
+/// 512 MiB) for the next writes: idle buffers are memory too, and the governor trimmed the
+/// rest of the heap all the same. Figures: docs/perf/memory.md, "Why the governor trims the
+/// heap only near the budget".
 fn trim_heap() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallinfo2 and malloc_trim take the allocator's own locks; mallinfo2 only reads

@@ -68,7 +68,7 @@ pub fn shortfalls(paths: &[PathBuf]) -> Vec<Shortfall> {
         .collect()
 }
 
-pub use zeta_core::vdev::file::free_bytes;
+pub use zeta_core::dsl::free_bytes;
 
 /// Prints a warning on stderr for each shortfall of `pool`'s files.
 /// Whether the files among `paths` (regular files; others are skipped) have all their blocks

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::{usage, Error, Result};
+use zeta_core::dsl::{BlockDevice, FileDevice};
 use zeta_core::dsl::{Pool, PoolOptions};
-use zeta_core::vdev::{BlockDevice, FileDevice};
 
 pub struct Home {
     pub dir: PathBuf,
@@ -190,7 +190,7 @@ impl Home {
             .cloned()
             .collect();
         let devs = match open_devices(&present, entry.readonly) {
-            Err(Error::Vdev(zeta_core::vdev::VdevError::Locked { .. }))
+            Err(Error::Vdev(zeta_core::dsl::VdevError::Locked { .. }))
                 if crate::control::connect(self, name).is_some() =>
             {
                 return Err(usage(format!(

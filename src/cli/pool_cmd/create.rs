@@ -7,10 +7,9 @@ use std::sync::Arc;
 
 use crate::cli::guard::{check_overwrite, Writing};
 use crate::cli::{usage, Result};
+use crate::dsl::{BlockDevice, CommitPolicy, FileDevice, Placement, RaidzConfig, TopKind};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
-use crate::spa::props::{CommitPolicy, Placement};
-use crate::vdev::{BlockDevice, FileDevice, RaidzConfig, TopKind};
 use zeta_server::control;
 use zeta_server::fmt::{human, parse_size};
 use zeta_server::state::{device_paths, Home};
@@ -158,7 +157,8 @@ pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
                 ))
             }
             TopKind::Raidz => {
-                RaidzConfig::new(g.nparity, g.paths.len(), false).map_err(usage)?;
+                RaidzConfig::new(g.nparity, g.paths.len(), false)
+                    .map_err(|e| usage(e.to_string()))?;
             }
             _ => {}
         }
@@ -294,7 +294,8 @@ fn open_groups(
         }
         let top = match g.kind {
             TopKind::Raidz => TopSpec::raidz(
-                RaidzConfig::new(g.nparity, leaves.len(), raidz2_rdp).map_err(usage)?,
+                RaidzConfig::new(g.nparity, leaves.len(), raidz2_rdp)
+                    .map_err(|e| usage(e.to_string()))?,
                 leaves,
             ),
             TopKind::Mirror => TopSpec::mirror(leaves),

@@ -8,7 +8,7 @@ use super::scan::{follow, Progress};
 use crate::cli::args::InjectArgs;
 use crate::cli::{usage, Result};
 use crate::dsl::Pool;
-use crate::vdev::{BlockDevice, FileDevice};
+use crate::dsl::{BlockDevice, FileDevice};
 use zeta_server::control;
 use zeta_server::state::{device_paths, Home};
 
@@ -29,7 +29,7 @@ pub fn inject(home: &Home, a: InjectArgs) -> Result<()> {
         println!("corrupted {done} allocated sectors of {dev} in '{pool}'");
         return Ok(());
     }
-    let faults = crate::vdev::Injection {
+    let faults = crate::dsl::Injection {
         fail_reads: a.fail_reads.unwrap_or(0.0),
         fail_writes: a.fail_writes.unwrap_or(0.0),
         full: a.full,
@@ -51,7 +51,7 @@ pub fn inject(home: &Home, a: InjectArgs) -> Result<()> {
 }
 
 /// The injected faults in words, for the command's answer.
-fn describe(f: &crate::vdev::Injection) -> String {
+fn describe(f: &crate::dsl::Injection) -> String {
     let mut what = Vec::new();
     if f.vanished {
         what.push("every I/O fails, as if the device were pulled".to_string());

@@ -89,7 +89,7 @@ pub(super) fn import(
         let Ok((Some(cfg), in_use)) = examine_labels(p) else {
             continue;
         };
-        if cfg.state != crate::spa::label::PoolState::Destroyed {
+        if cfg.state != crate::dsl::PoolState::Destroyed {
             if in_use {
                 held.push((p.clone(), cfg.pool_guid));
             }

@@ -31,7 +31,7 @@ pub(super) fn scrub(home: &Home, name: &str, wait: bool, stop: bool) -> Result<(
         return Ok(());
     }
     // Import resumed a paused scrub already; otherwise start one.
-    if p.scan_status().state != crate::spa::scan_state::ScanPhase::Scanning {
+    if p.scan_status().state != crate::dsl::ScanPhase::Scanning {
         p.start_scrub()?;
     }
     let last = follow(&p)?;

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::args::BenchFragArgs;
-use crate::sync::{check_stop, io_err};
+use crate::sync::check_stop;
 use zeta_core::dsl::PoolMap;
 use zeta_plot::{self as plot, Line};
 use zeta_server::fmt::parse_size;
@@ -184,8 +184,8 @@ fn plan(a: &BenchFragArgs) -> Result<Plan> {
 pub fn frag_bench(a: BenchFragArgs) -> Result<()> {
     let plan = plan(&a)?;
     let stop = crate::sync::stop_on_signals()?;
-    std::fs::create_dir_all(&plan.out).map_err(|e| io_err(&plan.out, e))?;
-    std::fs::create_dir_all(&plan.dir).map_err(|e| io_err(&plan.dir, e))?;
+    std::fs::create_dir_all(&plan.out).map_err(|e| zeta_server::Error::io(&plan.out, e))?;
+    std::fs::create_dir_all(&plan.dir).map_err(|e| zeta_server::Error::io(&plan.dir, e))?;
     let work = crate::sync::procs::WorkDir::create(
         &plan
             .dir
@@ -219,7 +219,7 @@ pub fn frag_bench(a: BenchFragArgs) -> Result<()> {
     });
     let path = plan.out.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&result).unwrap())
-        .map_err(|e| io_err(&path, e))?;
+        .map_err(|e| zeta_server::Error::io(&path, e))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result).unwrap());
     } else {

@@ -9,8 +9,8 @@ use rand::{RngCore, SeedableRng};
 
 use super::{Level, Plan, BLOCK};
 use crate::load::{self, LoadSpec};
+use crate::sync::check_stop;
 use crate::sync::zeta::{run_zeta, serve};
-use crate::sync::{check_stop, io_err};
 use zeta_core::dsl::PoolError;
 use zeta_core::zvol::{VolError, Volume};
 use zeta_server::state::Home;
@@ -21,7 +21,7 @@ const FILL_CHUNK: usize = 1 << 20;
 
 pub(super) fn level(work: &Path, plan: &Plan, fill: u32, stop: &AtomicBool) -> Result<Level> {
     let dir = work.join(format!("z{fill}"));
-    std::fs::create_dir(&dir).map_err(|e| io_err(&dir, e))?;
+    std::fs::create_dir(&dir).map_err(|e| zeta_server::Error::io(&dir, e))?;
     let home = dir.join("h");
     let device = dir.join("d0");
     let create = [
@@ -65,6 +65,9 @@ pub(super) fn level(work: &Path, plan: &Plan, fill: u32, stop: &AtomicBool) -> R
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
     check_stop(stop)?;
+    // The run's last writes reach the devices (and their sizes the counters) with a sync: a
+    // short run at a low fill may end before any txg of it commits.
+    control::remote_sync(ask("sync")?, POOL)?;
     let (bytes_after, sizes_after) = device_writes(&control::remote_iostat(ask("iostat")?, POOL)?);
     let after = control::remote_map(ask("map")?, POOL)?;
     let status = control::remote_status(ask("status")?, POOL)?;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, RngCore, SeedableRng};
 
 use super::{Level, Plan, BLOCK};
+use crate::sync::check_stop;
 use crate::sync::procs::{last_line, ChildGuard};
-use crate::sync::{check_stop, io_err};
 use zeta_server::{usage, Result};
 
 const POOL: &str = "zetafrag";
@@ -92,11 +92,11 @@ impl ZfsFuse {
         stop: &AtomicBool,
     ) -> Result<Level> {
         let dir = work.join(format!("f{fill}"));
-        std::fs::create_dir(&dir).map_err(|e| io_err(&dir, e))?;
+        std::fs::create_dir(&dir).map_err(|e| zeta_server::Error::io(&dir, e))?;
         let vdev = dir.join("vdev");
         File::create(&vdev)
             .and_then(|f| f.set_len(plan.size))
-            .map_err(|e| io_err(&vdev, e))?;
+            .map_err(|e| zeta_server::Error::io(&vdev, e))?;
         let loopdev = run("losetup", &["-f", "--show", &vdev.display().to_string()])?;
         let mut cleanup = Cleanup {
             loopdev: loopdev.clone(),
@@ -208,7 +208,7 @@ fn fill_files(files: &[PathBuf], per_file: u64, stop: &AtomicBool) -> Result<Vec
     let mut lens = Vec::new();
     let mut full = false;
     for path in files {
-        let f = File::create(path).map_err(|e| io_err(path, e))?;
+        let f = File::create(path).map_err(|e| zeta_server::Error::io(path, e))?;
         let mut len = 0u64;
         while !full && len < per_file {
             check_stop(stop)?;
@@ -216,10 +216,10 @@ fn fill_files(files: &[PathBuf], per_file: u64, stop: &AtomicBool) -> Result<Vec
             match f.write_all_at(&chunk, len) {
                 Ok(()) => len += FILL_CHUNK as u64,
                 Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => full = true,
-                Err(e) => return Err(io_err(path, e)),
+                Err(e) => return Err(zeta_server::Error::io(path, e)),
             }
         }
-        f.sync_all().map_err(|e| io_err(path, e))?;
+        f.sync_all().map_err(|e| zeta_server::Error::io(path, e))?;
         lens.push(len);
     }
     if lens.iter().all(|&l| l < BLOCK) {
@@ -282,7 +282,7 @@ fn overwrite(
             OpenOptions::new()
                 .write(true)
                 .open(p)
-                .map_err(|e| io_err(p, e))
+                .map_err(|e| zeta_server::Error::io(p, e))
         })
         .collect::<Result<_>>()?;
     let t0 = Instant::now();

@@ -222,13 +222,6 @@ impl Row {
     }
 }
 
-pub(crate) fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
-}
-
 fn interrupted() -> Error {
     usage("interrupted; child processes stopped and temporary files removed")
 }
@@ -248,7 +241,7 @@ pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let reg = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
-        reg.map_err(|e| io_err(Path::new("signal handler"), e))?;
+        reg.map_err(|e| Error::io(Path::new("signal handler"), e))?;
     }
     Ok(stop)
 }
@@ -256,7 +249,7 @@ pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>> {
 pub fn sync_bench(args: BenchSyncArgs) -> Result<()> {
     let mut plan = plan(&args)?;
     check_tools()?;
-    std::fs::create_dir_all(&args.dir).map_err(|e| io_err(&args.dir, e))?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| Error::io(&args.dir, e))?;
     let stop = stop_on_signals()?;
     let work = WorkDir::create(
         &args

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::cpustat::CpuUse;
 use super::devstat::{mb_per_s, DeviceWrites};
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
-use super::{io_err, Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
+use super::{Gen, Measured, Plan, Point, DEPTH, FIO_OVERRUN, VOLUMES};
 use crate::load::{self, LoadSpec};
 use zeta_server::{usage, Error, Result};
 
@@ -20,9 +20,10 @@ use zeta_server::{usage, Error, Result};
 /// run (pool files too) starts as a file in use does, with its blocks allocated. On a sparse
 /// file each first write allocates, and a flush then commits the file system's journal too;
 /// the copy-on-write pool keeps writing into fresh space, so sparse files measured ext4's
-/// allocator (zeta's group commit: 11.6k against 13.0k IOPS written first).
+/// allocator (figures: docs/perf/README.md, "Why the benchmarks write every file in full
+/// first").
 fn make_files(dir: &Path, size: u64) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     (0..VOLUMES)
         .map(|i| {
             let p = dir.join(format!("f{i}"));
@@ -39,9 +40,9 @@ fn make_files(dir: &Path, size: u64) -> Result<Vec<PathBuf>> {
 /// deleted them after. On this virtual machine the guest hands freed memory back to its host
 /// (free page reporting), and a page touched again after that faults on the host: the page
 /// cache of the next point's files cost its txg syncs most of their time in the kernel's
-/// copy (47 % of the server's samples right after dropping the caches), and 4K writes with a
-/// flush every 5th ran 36-44k against 66-68k writes/s on files kept from run to run. Which
-/// point paid that, and how much, varied with what ran before it.
+/// copy, and short sync writes ran far slower than on files kept from run to run. Which
+/// point paid that, and how much, varied with what ran before it (figures:
+/// docs/perf/README.md, "Why `bench sync` makes its files once per run").
 pub(super) struct Files {
     dir: PathBuf,
     pool: Option<Vec<PathBuf>>,
@@ -176,9 +177,10 @@ pub(super) fn start_nbdkit(
     let data = files.plain_dir();
     // nbdkit prints no port it picked, so take a free one from the kernel and hand it over.
     let port = {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io_err(Path::new("127.0.0.1"), e))?;
+        let l =
+            TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1"), e))?;
         l.local_addr()
-            .map_err(|e| io_err(Path::new("127.0.0.1"), e))?
+            .map_err(|e| Error::io(Path::new("127.0.0.1"), e))?
             .port()
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -325,7 +327,7 @@ pub(super) fn run_fio(
     if !status.success() {
         return Err(usage(format!("fio exited with {status}: {last}")));
     }
-    let text = std::fs::read_to_string(&log).map_err(|e| io_err(&log, e))?;
+    let text = std::fs::read_to_string(&log).map_err(|e| Error::io(&log, e))?;
     parse_fio(&text)
 }
 

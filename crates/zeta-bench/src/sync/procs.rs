@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use super::{check_stop, io_err, START_TIMEOUT, STOP_GRACE};
+use super::{check_stop, START_TIMEOUT, STOP_GRACE};
 use zeta_server::{usage, Result};
 
 /// The temporary directory of the run; removed when dropped.
@@ -16,7 +16,7 @@ pub(crate) struct WorkDir(pub(crate) PathBuf);
 
 impl WorkDir {
     pub(crate) fn create(path: &Path) -> Result<WorkDir> {
-        std::fs::create_dir(path).map_err(|e| io_err(path, e))?;
+        std::fs::create_dir(path).map_err(|e| zeta_server::Error::io(path, e))?;
         Ok(WorkDir(path.to_path_buf()))
     }
 
@@ -38,14 +38,16 @@ pub(crate) struct ChildGuard {
 impl ChildGuard {
     /// Starts `cmd` with stdout and stderr going to `log`.
     pub(crate) fn spawn(cmd: &mut Command, name: &'static str, log: PathBuf) -> Result<ChildGuard> {
-        let out = File::create(&log).map_err(|e| io_err(&log, e))?;
-        let err = out.try_clone().map_err(|e| io_err(&log, e))?;
+        let out = File::create(&log).map_err(|e| zeta_server::Error::io(&log, e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| zeta_server::Error::io(&log, e))?;
         let child = cmd
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| io_err(Path::new(name), e))?;
+            .map_err(|e| zeta_server::Error::io(Path::new(name), e))?;
         Ok(ChildGuard {
             child: Some(child),
             name,
@@ -60,7 +62,8 @@ impl ChildGuard {
 
     pub(crate) fn exited(&mut self) -> Result<Option<ExitStatus>> {
         let c = self.child.as_mut().expect("child present until stopped");
-        c.try_wait().map_err(|e| io_err(Path::new(self.name), e))
+        c.try_wait()
+            .map_err(|e| zeta_server::Error::io(Path::new(self.name), e))
     }
 
     /// The last line the child wrote, for error messages.
@@ -70,7 +73,7 @@ impl ChildGuard {
 
     pub(super) fn stop(mut self) -> Result<ExitStatus> {
         let mut c = self.child.take().expect("child present until stopped");
-        terminate(&mut c).map_err(|e| io_err(Path::new(self.name), e))
+        terminate(&mut c).map_err(|e| zeta_server::Error::io(Path::new(self.name), e))
     }
 
     /// Waits for the child to exit by itself, up to `limit`; then stops it and fails.

@@ -13,12 +13,13 @@ use super::cpustat::CpuUse;
 use super::devstat::DeviceWrites;
 use super::peers::{drive, Files};
 use super::procs::{last_line, wait_accepting, ChildGuard, WorkDir};
-use super::{check_stop, io_err, Gen, Measured, Plan, Point, Zil, POOL, START_TIMEOUT, VOLUMES};
+use super::{check_stop, Gen, Measured, Plan, Point, Zil, POOL, START_TIMEOUT, VOLUMES};
 use zeta_server::{usage, Result};
 
 /// `zeta` itself (this executable), with its state in `home`.
 pub(crate) fn zeta(home: &Path) -> Result<Command> {
-    let exe = std::env::current_exe().map_err(|e| io_err(Path::new("current executable"), e))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| zeta_server::Error::io(Path::new("current executable"), e))?;
     let mut c = Command::new(exe);
     c.env("ZETA_HOME", home);
     Ok(c)
@@ -30,7 +31,7 @@ pub(crate) fn run_zeta(home: &Path, args: &[String], what: &str) -> Result<Strin
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| io_err(Path::new("zeta"), e))?;
+        .map_err(|e| zeta_server::Error::io(Path::new("zeta"), e))?;
     if !out.status.success() {
         let err = last_line(&String::from_utf8_lossy(&out.stderr));
         return Err(usage(format!(
@@ -71,10 +72,10 @@ pub(super) fn start_zeta(
     // The three files hold the three volumes in `pool_scale` times their room, plus room for
     // metadata and the log. A copy-on-write pool places a txg's new copies while the frees of
     // the two txgs before are still held, so random overwrites need free room for about five
-    // txgs of rewritten blocks. With 128K blocks every txg rewrites most of the volumes:
-    // 4K writes with a flush every 20th (`zeta bench load`, 512M volumes) ran 41k writes/s
-    // on a pool three times the volumes, 66k at five times and 92k at eight. (The seed's
-    // three 10 GiB volumes sat on three 500 GB disks.)
+    // txgs of rewritten blocks. With 128K blocks every txg rewrites most of the volumes, and
+    // short writes ran faster the more room the pool had (figures: docs/perf/volume.md,
+    // "Free room and random overwrites"). (The seed's three 10 GiB volumes sat on three
+    // 500 GB disks.)
     let leaf_bytes = plan.leaf_bytes();
     // -f: the leaves held the pool of the measurement before (see `Files`).
     let mut create = vec!["pool".into(), "create".into(), "-f".into(), "-o".into()];

@@ -182,9 +182,9 @@ impl BlockCache {
 
     /// The most bytes of spare buffers kept: four of the sync's batches of patched blocks
     /// (`dmu::object::patch_batch_bytes`, a 32nd of the cache), at most `SPARE_MAX_BYTES`.
-    /// A small cache keeps fewer: spares are memory outside the cache. `zeta bench vol` with
-    /// a 32M cache and a 16M dirty limit peaked at 44.8-47.5 MiB of its 48 with 8M of them
-    /// (and went over once), at 43.9-45.3 with 4M.
+    /// A small cache keeps fewer: spares are memory outside the cache, and a fixed 8M of them
+    /// took `zeta bench vol` (a 32M cache) to its budget and once past it (figures:
+    /// docs/perf/memory.md, "Why spare buffers are at most an eighth of the cache").
     fn spare_max(&self) -> usize {
         (self.capacity_bytes.load(Ordering::Relaxed) / 8).min(SPARE_MAX_BYTES as u64) as usize
     }

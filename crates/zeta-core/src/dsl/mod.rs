@@ -7,12 +7,20 @@
 
 pub mod dir;
 pub mod pool;
-pub mod scan;
 
-/// `Pool::metaslab_map`'s answer, for the layers above that do not reach into `spa`.
+/// What the layers above name when they build, import and inspect a pool, so that they reach
+/// the engine through `dsl` and `zvol` alone: the devices a pool is made of, the shape of a
+/// vdev, a leaf's injected faults, the label's view of a pool, the scan's phase, the intent
+/// log's policies, `Pool::metaslab_map`'s answer, and the free space of the file system under
+/// a file device.
+pub use crate::spa::label::{PoolConfig, PoolState};
+pub use crate::spa::props::{CommitPolicy, Placement};
+pub use crate::spa::scan_state::ScanPhase;
 pub use crate::spa::PoolMap;
+pub use crate::vdev::file::free_bytes;
+pub use crate::vdev::{BlockDevice, FileDevice, Injection, RaidzConfig, TopKind, VdevError};
 pub use pool::{
-    examine, examine_labels, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, Pool,
-    PoolError, PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace, DEFAULT_VOLBLOCKSIZE,
-    IN_PLACE_MIN_BYTES,
+    examine, examine_labels, labelclear, panic_text, probe, Contents, Dataset, LeafStatus, OpenTxg,
+    Pool, PoolError, PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace,
+    DEFAULT_VOLBLOCKSIZE, IN_PLACE_MIN_BYTES,
 };

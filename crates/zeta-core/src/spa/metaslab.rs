@@ -37,33 +37,27 @@ pub fn ms_shift_for(asize: u64) -> u32 {
 /// sync-written data can wait for a txg; a commit that finds it full waits for a txg to free
 /// some. Under steady sync writes the txg sync runs back to back and each txg takes about as
 /// long to sync as it took to fill, so the reserve must hold two txgs' log, and a txg may
-/// take up to the dirty limit (1G when this was sized). A thirty-second of a small vdev did not:
-/// three 1.75G files, three volumes of 4K writes with a flush every 5th (`zeta bench load`)
-/// waited about 50 times in 10 s with flushes at 17-20 ms mean; with an eighth (224M each),
-/// 15 times and 10-13 ms. On three 4.25G files, 256M each still filled: 16K writes into
-/// 128K blocks ran at 34k writes/s with flush p99 at 435-453 ms, and 4K writes into 16K
-/// blocks at 71-78k with 170-194 ms; with an eighth (544M each), 36-38k and 49-59 ms, and
-/// 78-80k and 17 ms.
+/// take up to the dirty limit (1G when this was sized). A thirty-second of a small vdev did
+/// not, nor did a floor of 256M on mid-size vdevs: commits waited for txgs, and flushes with
+/// them.
 ///
 /// `zeta serve`'s dirty limit is now a tenth of memory, up to 4G: at 2.4G, three ~870M
 /// reserves (then at least 768M a vdev) filled every txg under sustained 4K sync writes into
 /// 16K blocks, and writers waited on the log before the dirty limit, flushes with them. At
-/// 1G each (three 8.25G files, 4K writes with a flush every 20th, `zeta bench load`, five
-/// pairs taking turns) no commit waited, and flush p99 fell from 0.30-0.51 s to 26-58 ms;
-/// writes then wait at the dirty limit instead (mean 2.0-2.3 ms against 1.2-1.4), and ran at
-/// 98.9-114.3k writes/s (median 101.4k) against 105.3-111.6k (105.9k). A short flush tail
-/// was worth that: a database waits on its flushes, not on each write.
+/// 1G each no commit waited and the flush tail was much shorter; writes then wait at the
+/// dirty limit instead, a little longer each. A short flush tail was worth that: a database
+/// waits on its flushes, not on each write.
 ///
-/// At 1G it is again close to full there: at 115k writes/s, 3.30G of the three reserves'
-/// 3.42G were in use after 20 s (two to three txgs' records, a txg syncing in about 2.5 s).
-/// The payload arena tried for that path (`cli::memory::tune_allocator`) waited for log
-/// space 6-18 times a run under the same load, none without it, and its flush p99 was
-/// 82-274 ms against 30-53. So a change there has to be checked for these waits too
-/// (`space_waits` in `zeta pool iostat --json`); writes faster at this point need txgs
-/// that sync faster, or a larger reserve.
+/// At 1G it is again close to full there. The payload arena tried for that path
+/// (`zeta_server::memory::tune_allocator`) waited for log space where the build without it
+/// did not, and its flush tail was longer. So a change there has to be checked for these
+/// waits too (`space_waits` in `zeta pool iostat --json`); writes faster at this point need
+/// txgs that sync faster, or a larger reserve. Figures: docs/perf/allocator.md, "Why the log
+/// reserve is an eighth of a vdev, at most 1G".
 ///
 /// The reserve is an on-disk choice made at create, so it does not grow with a process's
-/// limit; a log device holds more (the README's intent-log section has the figures).
+/// limit; a log device holds more (figures: docs/perf/intent-log.md, "The log reserves and
+/// log devices").
 pub fn log_reserve_for(asize: u64, shift: u32) -> u64 {
     let ms_size = 1u64 << shift;
     let count = asize / ms_size;
@@ -153,8 +147,9 @@ impl TopSpace {
     ///
     /// `take` is the allocator's policy (a run, or best fit); either takes from a metaslab
     /// only what its largest segment holds, so if the largest cannot, none can, and no
-    /// ranking of the rest is needed (sorting them all cost 3 % of the sync thread on a
-    /// nearly full pool, where the preferred one misses often).
+    /// ranking of the rest is needed (sorting them all cost the sync thread time on a nearly
+    /// full pool, where the preferred one misses often; figures: docs/perf/allocator.md, "Why
+    /// the allocator does not rank every metaslab on a miss").
     fn take_somewhere(
         &mut self,
         hint: usize,
@@ -265,9 +260,10 @@ pub struct Allocator {
 /// They are atomics so that they can be read without the allocator's lock. Every write to a
 /// volume checks the free space (`Pool::reserve_space`), and the txg sync holds the lock for
 /// as long as it allocates a txg's blocks: under random 4K writes with a large dirty limit,
-/// writers queued behind it by the thousand (a third of the server's samples in task
-/// switches). Only the lock's holder changes them; a reader without the lock may see `free`
-/// and `freeing` from a moment apart, a gauge rather than an account.
+/// writers queued behind it by the thousand (figures: docs/perf/allocator.md, "Why writers
+/// read the space counters without the allocator's lock"). Only the lock's holder changes
+/// them; a reader without the lock may see `free` and `freeing` from a moment apart, a gauge
+/// rather than an account.
 #[derive(Debug)]
 pub struct SpaceGauge {
     size: u64,
@@ -516,11 +512,12 @@ impl Allocator {
             let mut placed = None;
             // Vdevs no earlier copy took come first; one that did is the last resort, and then
             // the copy keeps its distance from the others there (`alloc_on`'s hint).
-            let mut order: Vec<usize> = (0..n).map(|k| (first + copy + k) % n).collect();
-            order.sort_by_key(|&v| dvas.iter().any(|d| d.vdev.get() as usize == v));
-            for v in order {
-                let shared = dvas.iter().any(|d| d.vdev.get() as usize == v);
-                let hint = if copies > 1 && (n == 1 || shared) {
+            // (Two passes over the rotation, no vector: this runs for every block.)
+            let taken = |v: usize| dvas.iter().any(|d| d.vdev.get() as usize == v);
+            let rotation = (0..n).map(|k| (first + copy + k) % n);
+            let untaken_first = rotation.clone().filter(|&v| !taken(v));
+            for v in untaken_first.chain(rotation.filter(|&v| taken(v))) {
+                let hint = if copies > 1 && (n == 1 || taken(v)) {
                     copy
                 } else {
                     0
@@ -544,7 +541,9 @@ impl Allocator {
                 }
             }
         }
-        assert_copies_apart(&dvas);
+        if let Some((a, b)) = overlapping_copies(&dvas) {
+            panic!("copies of one block overlap: {a:?} and {b:?}");
+        }
         for d in dvas.iter() {
             self.note_taken(d.vdev.get(), d.offset.get(), d.asize.get() as u64, class);
         }
@@ -968,8 +967,9 @@ impl Allocator {
         let appended = ms.sm_records + ms.pending.len() as u64;
         // The image has at most one allocated range per gap between holes (free space,
         // deferred frees, MOS blocks): while the space map is short even against that bound,
-        // append without building the image, which cost a fifth of a txg's sync under random
-        // writes (a copy of the free tree per dirty metaslab, every txg).
+        // append without building the image, which cost much of a txg's sync under random
+        // writes (a copy of the free tree per dirty metaslab, every txg; figures:
+        // docs/perf/allocator.md, "Why a space map is appended to without building its image").
         let bound = (ms.free.segments() + ms.deferred.segments() + ms.mos.segments() + 1) as u64;
         if appended <= 4 * bound + 64 {
             ms.sm_records = appended;
@@ -1019,18 +1019,19 @@ fn condensed_image(ms: &Metaslab) -> Vec<SmRecord> {
     out
 }
 
-/// The copies of one block never share a byte: overlapping copies would be one copy that
-/// looks like two, and the first damage would lose the block. Checked on every allocation.
-pub fn assert_copies_apart(dvas: &[Dva]) {
-    for (i, a) in dvas.iter().enumerate() {
-        for b in &dvas[i + 1..] {
+/// Two copies of one block that share a byte, if any. The copies of a block must never
+/// overlap: that would be one copy that looks like two, and the first damage would lose the
+/// block. `alloc_sized` checks every allocation with it.
+pub fn overlapping_copies(dvas: &[Dva]) -> Option<(Dva, Dva)> {
+    dvas.iter().enumerate().find_map(|(i, a)| {
+        dvas[i + 1..].iter().find_map(|b| {
             let (ao, bo) = (a.offset.get(), b.offset.get());
             let overlap = a.vdev.get() == b.vdev.get()
                 && ao < bo + b.asize.get() as u64
                 && bo < ao + a.asize.get() as u64;
-            assert!(!overlap, "copies of one block overlap: {a:?} and {b:?}");
-        }
-    }
+            overlap.then_some((*a, *b))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -1039,17 +1040,15 @@ mod tests {
 
     const MB: u64 = 1 << 20;
 
-    /// The post-condition of every allocation fires on copies that share bytes.
+    /// The post-condition of every allocation finds copies that share bytes, and only those.
     #[test]
-    #[should_panic(expected = "copies of one block overlap")]
-    fn overlapping_copies_are_caught() {
-        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(0, 4096, 8192)]);
-    }
-
-    #[test]
-    fn copies_side_by_side_or_on_other_vdevs_pass() {
-        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(0, 8192, 8192)]);
-        assert_copies_apart(&[Dva::new(0, 0, 8192), Dva::new(1, 0, 8192)]);
+    fn overlapping_copies_are_found() {
+        let (a, b) = (Dva::new(0, 0, 8192), Dva::new(0, 4096, 8192));
+        let c = Dva::new(1, 0, 8192);
+        assert_eq!(overlapping_copies(&[c, a, b]), Some((a, b)));
+        assert_eq!(overlapping_copies(&[b, a]), Some((b, a)));
+        assert_eq!(overlapping_copies(&[a, Dva::new(0, 8192, 8192)]), None);
+        assert_eq!(overlapping_copies(&[a, c]), None);
     }
 
     /// Where one vdev is full, both copies go to the other, kept apart; while both have

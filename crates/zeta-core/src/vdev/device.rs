@@ -21,18 +21,31 @@ pub enum VdevError {
         len: u64,
         size: u64,
     },
-    #[error("no healthy copy: every child failed ({0})")]
-    AllCopiesFailed(String),
+    /// No child held a copy that verifies; what each one did.
+    #[error("no healthy copy: every child failed ({})", failures.join("; "))]
+    AllCopiesFailed { failures: Vec<String> },
+    /// Every child of the vdev is offline or faulted.
+    #[error("no healthy copy: every device is out of service")]
+    NoneInService,
     /// The leaf is out of service (offline or faulted); `path` says which.
     #[error("{path}: out of service")]
     Offline { path: String },
     /// More columns of a raidz stripe are lost than its parity can rebuild: none verifies.
-    #[error("{0}")]
-    Damaged(String),
+    #[error(
+        "raidz{nparity}: no combination of up to {nparity} columns rebuilds a block that \
+         verifies{}",
+        in_parens(errors)
+    )]
+    Damaged { nparity: usize, errors: Vec<String> },
     /// More columns of a raidz stripe failed to read (I/O errors) than its parity covers:
     /// what the block holds is unknown, as on a missing device.
-    #[error("{0}")]
-    ColumnsUnreadable(String),
+    #[error("raidz{nparity}: {} of {of} columns unreadable: {}", errors.len(), errors.join("; "))]
+    ColumnsUnreadable {
+        nparity: usize,
+        of: usize,
+        /// What each unreadable column's read failed with.
+        errors: Vec<String>,
+    },
     /// A raidz write lost more columns than its parity covers; `out_of_space` if every
     /// column that failed did so because its device had no room (`VdevError::out_of_space`).
     #[error("raidz{nparity} write lost {lost} of {of} {parts}: {detail}")]
@@ -224,5 +237,14 @@ impl BlockDevice for MissingDevice {
     }
     fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// " (a; b)" after a message, or nothing if there is nothing to add.
+fn in_parens(errors: &[String]) -> String {
+    if errors.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", errors.join("; "))
     }
 }

@@ -22,7 +22,7 @@ pub use io::{ReadReport, Unsettled};
 pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use leaf::{Injection, Leaf, LeafCounters, TxgRanges};
 pub use mem::MemDevice;
-pub use raidz::{RaidzCode, RaidzConfig};
+pub use raidz::{RaidzCode, RaidzConfig, ShapeError};
 pub use sector_vec::SectorVec;
 pub use top::{TopKind, TopVdev};
 

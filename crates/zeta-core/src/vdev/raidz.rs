@@ -57,39 +57,63 @@ pub struct RaidzConfig {
 /// Widest raidz vdev zeta builds.
 pub const MAX_WIDTH: usize = 24;
 
+/// Why a raidz vdev of a given shape cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("raidz{0}: parity must be 1, 2 or 3")]
+    Parity(u32),
+    #[error("raidz{nparity} needs {min} to {MAX_WIDTH} devices, got {got}")]
+    Width {
+        nparity: u32,
+        min: usize,
+        got: usize,
+    },
+    #[error("no RDP prime for {0} devices")]
+    NoRdpPrime(usize),
+    #[error("RDP is a double-parity code; raidz3 uses RS")]
+    RdpIsDoubleParity,
+    #[error("{devices} devices are too many for this code (at most {max_data} data columns)")]
+    TooWide { devices: usize, max_data: usize },
+    #[error(transparent)]
+    Code(#[from] zeta_math::parity::ParityError),
+    #[error("a raidz vdev with no devices present")]
+    NoDevices,
+}
+
 impl RaidzConfig {
     /// The config for a new raidz vdev of `width` children: raidz1 uses XOR, raidz3 RS, and
     /// raidz2 the code asked for (RDP with the smallest prime that fits the widest stripe).
-    pub fn new(nparity: u32, width: usize, rdp: bool) -> Result<RaidzConfig, String> {
+    pub fn new(nparity: u32, width: usize, rdp: bool) -> Result<RaidzConfig, ShapeError> {
         if !(1..=3).contains(&nparity) {
-            return Err(format!("raidz{nparity}: parity must be 1, 2 or 3"));
+            return Err(ShapeError::Parity(nparity));
         }
         if !(3..=MAX_WIDTH).contains(&width) || width <= nparity as usize + 1 {
-            return Err(format!(
-                "raidz{nparity} needs {} to {MAX_WIDTH} devices, got {width}",
-                (nparity as usize + 2).max(3)
-            ));
+            return Err(ShapeError::Width {
+                nparity,
+                min: (nparity as usize + 2).max(3),
+                got: width,
+            });
         }
         let code = match (nparity, rdp) {
             (1, _) => RaidzCode::Xor,
             (2, true) => {
                 let p = zeta_math::parity::rdp_prime_for(width - 2)
-                    .ok_or_else(|| format!("no RDP prime for {width} devices"))?;
+                    .ok_or(ShapeError::NoRdpPrime(width))?;
                 RaidzCode::Rdp { p }
             }
-            (3, true) => return Err("RDP is a double-parity code; raidz3 uses RS".into()),
+            (3, true) => return Err(ShapeError::RdpIsDoubleParity),
             _ => RaidzCode::Rs,
         };
         Ok(RaidzConfig { nparity, code })
     }
 
-    pub fn codec(&self) -> Result<Codec, String> {
+    pub fn codec(&self) -> Result<Codec, ShapeError> {
         let code = match self.code {
             RaidzCode::Xor => Code::Xor,
             RaidzCode::Rs => Code::Rs,
             RaidzCode::Rdp { p } => Code::Rdp { p },
         };
-        Codec::new(code, self.nparity as usize).map_err(|e| e.to_string())
+        Ok(Codec::new(code, self.nparity as usize)?)
     }
 }
 
@@ -308,14 +332,13 @@ enum How {
 }
 
 impl Raidz {
-    pub fn new(config: RaidzConfig, slots: Vec<Option<Arc<Leaf>>>) -> Result<Raidz, String> {
+    pub fn new(config: RaidzConfig, slots: Vec<Option<Arc<Leaf>>>) -> Result<Raidz, ShapeError> {
         let codec = config.codec()?;
         if slots.len() - config.nparity as usize > codec.max_data() {
-            return Err(format!(
-                "{} devices are too many for this code (at most {} data columns)",
-                slots.len(),
-                codec.max_data()
-            ));
+            return Err(ShapeError::TooWide {
+                devices: slots.len(),
+                max_data: codec.max_data(),
+            });
         }
         Ok(Raidz {
             geom: RaidzGeom::new(slots.len(), config.nparity),
@@ -443,8 +466,7 @@ impl Raidz {
             });
         let stretches = Stretch::gather(columns, self.slots.len());
         // Buffered: copies into page caches, cheaper on this thread than handed to the pool
-        // (random 128K writes on a raidz2 of six files: 3.9k IOPS through the pool, 6.0k
-        // here, one stripe at a time).
+        // (figures: docs/perf/raidz.md, "Why RAID-Z columns stay on the calling thread").
         // Every error, and the children they came from (a child may fail several stretches).
         let mut failures: Vec<(usize, VdevError)> = Vec::new();
         for s in &stretches {
@@ -491,9 +513,9 @@ impl Raidz {
     /// Reads columns `which` of `map` into `bufs` (indexed like `map.cols`): those a leaf
     /// can serve at once (from the page cache) on this thread, the rest in parallel. Handing
     /// every column to the thread pool cost more in task switches than the reads themselves
-    /// when they were page-cache copies: random 128K reads on a raidz2 of six files ran at
-    /// 10k IOPS that way, 15k on one thread; a column that waits for a device still waits
-    /// alongside the others.
+    /// when they were page-cache copies (figures: docs/perf/raidz.md, "Why RAID-Z columns
+    /// stay on the calling thread"); a column that waits for a device still waits alongside
+    /// the others.
     fn read_columns(
         &self,
         map: &StripeMap,
@@ -534,11 +556,11 @@ impl Raidz {
     /// (each of `bufs` one block; the next begins `geom.asize` of its length later),
     /// unverified, with one request per stretch of adjacent columns on a child. Blocks of a
     /// run take the same rows of the children one after another, so a run of eight 16K
-    /// blocks on a raidz2 of six is four reads of 32K rather than thirty-two of 4K (sequential
-    /// 128K reads through NBD spent 28 % of the server's time in those calls). Stretches a
-    /// leaf has at once are read on this thread; the rest in parallel. An error is returned
-    /// as is, not counted: the caller reads the run's blocks one by one (`read_verified`),
-    /// which rebuilds from parity, counts and repairs.
+    /// blocks on a raidz2 of six is four reads of 32K rather than thirty-two of 4K (figures:
+    /// docs/perf/raidz.md, "Why a run of adjacent blocks is one request per child").
+    /// Stretches a leaf has at once are read on this thread; the rest in parallel. An error
+    /// is returned as is, not counted: the caller reads the run's blocks one by one
+    /// (`read_verified`), which rebuilds from parity, counts and repairs.
     pub fn read_run(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), VdevError> {
         let maps = self.run_maps(offset, bufs.iter().map(|b| b.len()));
         let columns = bufs.iter_mut().zip(&maps).flat_map(|(buf, map)| {
@@ -681,12 +703,16 @@ impl Raidz {
             ..ReadReport::default()
         };
         if reads.failed.len() > np {
-            return Err(VdevError::ColumnsUnreadable(format!(
-                "raidz{np}: {} of {} columns unreadable: {}",
+            assert_eq!(
+                reads.errors.len(),
                 reads.failed.len(),
-                map.cols.len(),
-                reads.errors.join("; ")
-            )));
+                "an error per failed column"
+            );
+            return Err(VdevError::ColumnsUnreadable {
+                nparity: np,
+                of: map.cols.len(),
+                errors: reads.errors,
+            });
         }
         // What the columns held as read, to restore between attempts and to find which ones
         // were wrong once the block verifies.
@@ -740,15 +766,10 @@ impl Raidz {
             });
         }
         if !found {
-            return Err(VdevError::Damaged(format!(
-                "raidz{np}: no combination of up to {np} columns rebuilds a block that \
-                 verifies{}",
-                if reads.errors.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", reads.errors.join("; "))
-                }
-            )));
+            return Err(VdevError::Damaged {
+                nparity: np,
+                errors: reads.errors,
+            });
         }
         if how == How::Speculative {
             let parity = self.parity(&map, buf);
@@ -917,10 +938,23 @@ mod tests {
 
     #[test]
     fn configs_check_their_shape() {
-        assert!(RaidzConfig::new(2, 3, false).is_err());
-        assert!(RaidzConfig::new(1, 2, false).is_err());
-        assert!(RaidzConfig::new(3, 25, false).is_err());
-        assert!(RaidzConfig::new(3, 6, true).is_err());
+        assert!(matches!(
+            RaidzConfig::new(2, 3, false),
+            Err(ShapeError::Width { min: 4, got: 3, .. })
+        ));
+        assert!(matches!(
+            RaidzConfig::new(1, 2, false),
+            Err(ShapeError::Width { .. })
+        ));
+        assert!(matches!(
+            RaidzConfig::new(3, 25, false),
+            Err(ShapeError::Width { .. })
+        ));
+        assert_eq!(
+            RaidzConfig::new(3, 6, true),
+            Err(ShapeError::RdpIsDoubleParity)
+        );
+        assert_eq!(RaidzConfig::new(4, 6, false), Err(ShapeError::Parity(4)));
         assert_eq!(RaidzConfig::new(1, 3, true).unwrap().code, RaidzCode::Xor);
         assert_eq!(RaidzConfig::new(2, 6, false).unwrap().code, RaidzCode::Rs);
         let rdp = RaidzConfig::new(2, 6, true).unwrap();

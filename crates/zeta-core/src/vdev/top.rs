@@ -9,7 +9,7 @@ use super::device::VdevError;
 use super::io::{waiting_in_parallel, ReadReport, Unsettled};
 use super::layout::SECTOR;
 use super::leaf::{maybe_fault, Leaf};
-use super::raidz::{Raidz, RaidzConfig};
+use super::raidz::{Raidz, RaidzConfig, ShapeError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -103,14 +103,14 @@ impl TopVdev {
         guid: u64,
         config: RaidzConfig,
         slots: Vec<Option<Arc<Leaf>>>,
-    ) -> Result<TopVdev, String> {
+    ) -> Result<TopVdev, ShapeError> {
         let children: Vec<Arc<Leaf>> = slots.iter().flatten().cloned().collect();
         let per_child = children
             .iter()
             .filter(|c| !c.is_missing())
             .map(|c| c.usable_bytes().expect("leaf too small for its labels"))
             .min()
-            .ok_or("a raidz vdev with no devices present")?;
+            .ok_or(ShapeError::NoDevices)?;
         let width = slots.len() as u64;
         Ok(TopVdev {
             id,
@@ -272,9 +272,7 @@ impl TopVdev {
             return rz.read_run(offset, bufs).map(|()| 0);
         }
         let Some(i) = self.read_order().find(|&i| !self.children[i].is_offline()) else {
-            return Err(VdevError::AllCopiesFailed(
-                "every device is out of service".into(),
-            ));
+            return Err(VdevError::NoneInService);
         };
         self.children[i].read_data_vectored(bufs, offset)?;
         Ok(i)
@@ -489,7 +487,7 @@ impl TopVdev {
         }
         if how == MirrorRead::Speculative {
             if !good {
-                return Err(VdevError::AllCopiesFailed(failures.join("; ")));
+                return Err(VdevError::AllCopiesFailed { failures });
             }
             return Ok((report, wrong));
         }
@@ -498,7 +496,7 @@ impl TopVdev {
             for &i in &wrong.mismatched {
                 self.children[i].count_mismatch(birth);
             }
-            return Err(VdevError::AllCopiesFailed(failures.join("; ")));
+            return Err(VdevError::AllCopiesFailed { failures });
         }
         let mended = self.mend_children(offset, buf, &wrong, birth);
         report.cksum_errors += mended.cksum_errors;
@@ -786,7 +784,7 @@ mod tests {
         top.read_verified(0, &mut buf, &|b| b[0] == 1).unwrap();
         assert!(matches!(
             top.read_verified(0, &mut buf, &|_| false),
-            Err(VdevError::AllCopiesFailed(_))
+            Err(VdevError::AllCopiesFailed { .. })
         ));
     }
 

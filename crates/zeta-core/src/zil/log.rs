@@ -25,17 +25,14 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::block::{records_that_fit, BlockAddr, LogBlock, Record, HEADER_BYTES};
-use super::wake::wake_all;
-use super::{CommitPolicy, Zil};
+use super::wake::{wake_all, Done};
+use super::{CommitPolicy, LogError, LogIoError, Zil};
 
 /// The largest log block. Records are at most a volume block (128 KiB) plus their header, so
 /// every record fits in one. Each block is a durable write of its own, written one after
-/// another (`Zil::write_blocks`), so a large batch wants few of them: three volumes of 32K
-/// writes into 128K blocks with a flush every 5th (`zeta bench load`) made batches of ~210
-/// records, 31 blocks of 256K that took 19-22 ms a batch and 21.6-22.5k writes/s; in blocks of
-/// 1M, 6-7 ms a batch and 26.8-28.7k writes/s (16K writes: 43k to 46k; 4K ones, whose
-/// batches fit in 256K, the same). In blocks of 4M, one block's write took long enough to
-/// hold up the next batch: 22k.
+/// another (`Zil::write_blocks`), so a large batch wants few of them; in much larger blocks,
+/// one block's write took long enough to hold up the next batch (figures:
+/// docs/perf/intent-log.md, "Why log blocks are at most 1M").
 pub const MAX_BLOCK: u32 = 1 << 20;
 const MIN_BLOCK: u32 = 4096;
 
@@ -48,14 +45,9 @@ const MIN_BLOCK: u32 = 4096;
 /// A steady stream of sync writes makes large batches too, when a commit takes a while:
 /// every write queues its record, not only those a flush waits for. There a txg sync is the
 /// worse choice, as it rewrites whole blocks where the records are parts of them, and the
-/// next batch, queued while it ran, is larger still. At 8M, three volumes of 32K writes into
-/// 128K blocks with a flush every 5th (`zeta bench load`, 4.25G files) committed most
-/// batches by txg syncs, flushes taking 73-76 ms on average: 17.7-18.9k writes/s. At 64M the
-/// log took every batch, 215 records each: 22.4-25.2k writes/s, flushes at 41-47 ms.
+/// next batch, queued while it ran, is larger still. At 64M the log takes the batches of such
+/// a stream (figures: docs/perf/intent-log.md, "Why the bulk-sync threshold is 64M").
 pub const BULK_SYNC_BYTES: usize = 64 << 20;
-
-/// Called once a sync request's records are durable (or cannot be made so).
-pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
 /// What the committer may do with a batch's records before logging them: write whole-block
 /// writes' blocks in place and log their block pointers instead of their data (the pool knows
@@ -74,16 +66,6 @@ impl Prewrite for ByValue {
     fn prewrite(&self, _: &mut [(u64, Record)]) -> Vec<u32> {
         Vec::new()
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LogError {
-    #[error("could not make the write durable: {0}")]
-    Failed(String),
-    /// The pool waits for room on its devices' file systems (`Log::refuse`): not durable
-    /// now, though nothing is lost; a request once room is made succeeds.
-    #[error("could not make the write durable now: {0}")]
-    OutOfRoom(String),
 }
 
 /// Where a volume's log starts on disk; kept in its directory entry. `chain == 0`: no log.
@@ -668,7 +650,7 @@ impl Log {
         settle(zil, &mut st, plan.as_ref(), written.is_ok());
         // Requests that queued meanwhile found a committer at work: serve them.
         self.drive(zil, &ByValue, st, None);
-        written.map_err(LogError::Failed)
+        written.map_err(|e| LogError::Failed(e.to_string()))
     }
 
     /// What of this log lies on vdev `v`, in words (empty if nothing): why a removal waits.
@@ -776,6 +758,10 @@ impl Log {
         }
         st.rotor = rotor;
         for (a, b) in &blocks {
+            assert!(
+                st.blocks.back().is_none_or(|last| last.seq < b.seq),
+                "a chain's blocks join it in sequence order"
+            );
             st.blocks.push_back(ChainBlock {
                 addr: *a,
                 seq: b.seq,
@@ -822,6 +808,14 @@ impl Log {
             head,
             head_seq,
         };
+        // A replay starts at the header's block: one that went back on its chain would apply
+        // records a committed txg already covers over newer writes.
+        assert!(
+            header.chain != st.header.chain || header.head_seq >= st.header.head_seq,
+            "a chain's header moves only forward ({} after {})",
+            header.head_seq,
+            st.header.head_seq
+        );
         let changed = header != st.header;
         st.header = header;
         st.syncing.push((txg, header, gone));
@@ -947,9 +941,9 @@ fn write_plan(
     plan: Option<&Plan>,
     records: u64,
     data_vdevs: &[u32],
-) -> Result<(), String> {
+) -> Result<(), LogIoError> {
     let Some(p) = plan else {
-        return Err("no log space".into());
+        return Err(LogIoError::NoSpace);
     };
     zil.write_blocks(&p.blocks, records, data_vdevs)
 }

@@ -35,9 +35,45 @@ use crate::vdev::{TopVdev, SECTOR};
 use block::HEADER_BYTES;
 pub use block::{BlockAddr, Payload, Record};
 use log::size_for;
-pub use log::{ByValue, Done, Log, LogError, Prewrite, ZilHeader};
+pub use log::{ByValue, Log, Prewrite, ZilHeader};
 use space::LogSpace;
 pub use wake::after_wakeups;
+pub use wake::Done;
+
+/// Why a sync request's records could not be made durable, as every waiter of the batch is
+/// answered (hence a copyable message).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    #[error("could not make the write durable: {0}")]
+    Failed(String),
+    /// The pool waits for room on its devices' file systems (`Log::refuse`): not durable
+    /// now, though nothing is lost; a request once room is made succeeds.
+    #[error("could not make the write durable now: {0}")]
+    OutOfRoom(String),
+}
+
+/// Why a log block could not be written, flushed or claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogIoError {
+    #[error("no log space")]
+    NoSpace,
+    #[error("log block on unknown vdev {0}")]
+    UnknownVdev(u32),
+    #[error("log block write to vdev {vdev}: {source}")]
+    Write {
+        vdev: u32,
+        source: crate::vdev::VdevError,
+    },
+    /// More leaves of the vdev failed their flush than it can lose.
+    #[error("log flush of vdev {vdev}: {}", failed.join("; "))]
+    Flush { vdev: u32, failed: Vec<String> },
+    #[error("log block on vdev {0}, which has no log space")]
+    NoRegion(u32),
+    #[error("log block at {off}+{asize} lies outside vdev {vdev}'s log region")]
+    OutsideRegion { vdev: u32, off: u64, asize: u64 },
+    #[error("log block at {off}+{asize} on vdev {vdev} is claimed twice")]
+    ClaimedTwice { vdev: u32, off: u64, asize: u64 },
+}
 
 /// The most log blocks of a batch written at once (`Zil::write_blocks`), each with up to
 /// `log::MAX_BLOCK` bytes encoded in memory.
@@ -339,9 +375,9 @@ impl Zil {
     /// bytes will do, in the same order: a slot's size is only a guess at the next batch,
     /// and a batch larger than its slot goes on in more blocks. A log whose blocks free
     /// their unwritten ends (`free_tail`) is left, a txg after the ring last wrapped, in
-    /// pieces a little smaller than the largest block: three volumes of 4K writes with a
-    /// flush every 5th waited about 400 ms per txg for 256K slots while a fifth of the log
-    /// was free in pieces of 4-248K.
+    /// pieces a little smaller than the largest block: commits that asked for a whole one
+    /// waited for a txg while much of the log was free (figures: docs/perf/intent-log.md,
+    /// "Why a log slot takes the largest free piece when none is as large as asked").
     ///
     /// Vdevs whose last log block write failed a moment ago (`shun`) come last: tried only
     /// when no other has the space.
@@ -414,9 +450,9 @@ impl Zil {
     /// This is for file vdevs: a file system updates a file's modification time once per
     /// clock tick in which it is written, and ext4 without a journal (this machine's) then
     /// writes the file's inode at the next `fdatasync`, a device round trip of its own. A
-    /// lone writer's blocks spread over three files met a new tick at most writes: at queue
-    /// depth 1 with FUA, 1950 of 5244 log writes carried an inode write; keeping to one
-    /// file for 16 blocks, 976 of 5766.
+    /// lone writer's blocks spread over three files met a new tick at most writes, and far
+    /// fewer kept to one file for a run of blocks (figures: docs/perf/intent-log.md, "Why a
+    /// lone writer keeps its log blocks on one device, 16 at a time").
     ///
     /// Only for the slot of a batch's first block (`keep`): the further blocks of a large
     /// batch go to the next devices, to be written at once.
@@ -473,10 +509,8 @@ impl Zil {
         }
     }
 
-    pub(crate) fn claim_slot(&self, a: BlockAddr) -> Result<(), String> {
-        let top = self
-            .top(a.vdev)
-            .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?;
+    pub(crate) fn claim_slot(&self, a: BlockAddr) -> Result<(), LogIoError> {
+        let top = self.top(a.vdev).ok_or(LogIoError::UnknownVdev(a.vdev))?;
         self.space
             .claim(a.vdev, a.offset, top.asize_of(a.len as u64))
     }
@@ -544,24 +578,28 @@ impl Zil {
     /// at the earlier one, and no waiter of the batch has been answered. (A write that fails
     /// while later blocks land ends the chain for good: `log::settle`.) Encoded only there,
     /// and dropped once written: a batch of up to `bulk_sync_bytes` encoded all at once is
-    /// memory no limit counts (with a 16M dirty limit, `zeta bench vol` peaked 5-6 MiB higher,
-    /// all of it in encoded log blocks).
+    /// memory no limit counts (it raised `zeta bench vol`'s peak, all of it in encoded log
+    /// blocks; figures: docs/perf/memory.md, "Why log blocks are encoded one at a time, as
+    /// they are written").
     fn write_blocks(
         &self,
         blocks: &[(BlockAddr, block::LogBlock)],
         records: u64,
         data_vdevs: &[u32],
-    ) -> Result<(), String> {
-        let write = |(a, b): &(BlockAddr, block::LogBlock)| -> Result<(u32, u64), String> {
+    ) -> Result<(), LogIoError> {
+        let write = |(a, b): &(BlockAddr, block::LogBlock)| -> Result<(u32, u64), LogIoError> {
             let bytes = b.encode(a.len as usize);
             self.top(a.vdev)
-                .ok_or_else(|| format!("log block on unknown vdev {}", a.vdev))?
+                .ok_or(LogIoError::UnknownVdev(a.vdev))?
                 // No txg's block: a copy some child missed is wanted only until the txg
                 // covering its records commits, and no resilver could give it back.
                 .write_durable(a.offset, &bytes, None)
-                .map_err(|e| {
+                .map_err(|source| {
                     self.shun(a.vdev);
-                    format!("log block write to vdev {}: {e}", a.vdev)
+                    LogIoError::Write {
+                        vdev: a.vdev,
+                        source,
+                    }
                 })?;
             Ok((a.vdev, bytes.len() as u64))
         };
@@ -595,10 +633,8 @@ impl Zil {
 
     /// Flushes every leaf of a vdev; it counts as flushed if no more leaves failed than
     /// the vdev can lose.
-    fn flush_vdev(&self, v: u32) -> Result<(), String> {
-        let top = self
-            .top(v)
-            .ok_or_else(|| format!("log flush of unknown vdev {v}"))?;
+    fn flush_vdev(&self, v: u32) -> Result<(), LogIoError> {
+        let top = self.top(v).ok_or(LogIoError::UnknownVdev(v))?;
         let mut failed = Vec::new();
         for leaf in &top.children {
             if leaf.is_offline() {
@@ -608,7 +644,7 @@ impl Zil {
             }
         }
         if failed.len() > top.redundancy() {
-            return Err(format!("log flush of vdev {v}: {}", failed.join("; ")));
+            return Err(LogIoError::Flush { vdev: v, failed });
         }
         Ok(())
     }

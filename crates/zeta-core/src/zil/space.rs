@@ -9,6 +9,7 @@
 
 use parking_lot::{Mutex, RwLock};
 
+use super::LogIoError;
 use crate::spa::range_tree::RangeTree;
 
 /// One vdev's log region: `[start, end)` in the vdev's address space.
@@ -114,20 +115,26 @@ impl LogSpace {
 
     /// Marks a block found in a chain at import as in use. Fails if it lies outside the
     /// region or overlaps another claimed block (a corrupt or hostile header).
-    pub fn claim(&self, v: u32, off: u64, asize: u64) -> Result<(), String> {
+    pub fn claim(&self, v: u32, off: u64, asize: u64) -> Result<(), LogIoError> {
         let regions = self.regions.read();
         let Some(Some(r)) = regions.get(v as usize) else {
-            return Err(format!("log block on vdev {v}, which has no log space"));
+            return Err(LogIoError::NoRegion(v));
         };
         let mut r = r.lock();
         if off < r.start || off.checked_add(asize).is_none_or(|e| e > r.end) {
-            return Err(format!(
-                "log block at {off}+{asize} lies outside vdev {v}'s log region"
-            ));
+            return Err(LogIoError::OutsideRegion {
+                vdev: v,
+                off,
+                asize,
+            });
         }
         r.free
             .try_remove(off, asize)
-            .map_err(|_| format!("log block at {off}+{asize} on vdev {v} is claimed twice"))
+            .map_err(|_| LogIoError::ClaimedTwice {
+                vdev: v,
+                off,
+                asize,
+            })
     }
 
     /// Bytes in use on vdev `v`'s region (0 if it has none).
@@ -168,10 +175,19 @@ mod tests {
         assert_eq!(s.usage().0, 8192);
         // Claims: inside and free is fine, twice or outside is refused.
         assert!(s.claim(0, (1 << 20) + 32768, 4096).is_ok());
-        assert!(s.claim(0, (1 << 20) + 32768, 4096).is_err());
-        assert!(s.claim(0, 0, 4096).is_err());
-        assert!(s.claim(1, 0, 4096).is_err());
-        assert!(s.claim(0, u64::MAX - 10, 4096).is_err());
+        assert!(matches!(
+            s.claim(0, (1 << 20) + 32768, 4096),
+            Err(LogIoError::ClaimedTwice { .. })
+        ));
+        assert!(matches!(
+            s.claim(0, 0, 4096),
+            Err(LogIoError::OutsideRegion { .. })
+        ));
+        assert!(matches!(s.claim(1, 0, 4096), Err(LogIoError::NoRegion(1))));
+        assert!(matches!(
+            s.claim(0, u64::MAX - 10, 4096),
+            Err(LogIoError::OutsideRegion { .. })
+        ));
         // A region is dropped only once nothing in it is used; a new one can be added.
         assert_eq!(s.remove(0), Err(8192 + 4096));
         s.free(0, (1 << 20) + 8192, 8192);

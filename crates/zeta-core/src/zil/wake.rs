@@ -8,7 +8,10 @@
 
 use std::cell::RefCell;
 
-use super::log::{Done, LogError};
+use super::LogError;
+
+/// Called once a sync request's records are durable (or cannot be made so).
+pub type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
 /// What to run once the batch being answered is answered.
 type Hooks = Vec<fn()>;

@@ -38,6 +38,27 @@ impl ZioError {
     }
 }
 
+/// Why a copy's address (DVA) is not one a writer could have made: damage, or a crafted
+/// pool image.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadDva {
+    #[error("copy on unknown vdev {0}")]
+    UnknownVdev(u32),
+    #[error(
+        "copy at vdev {vdev} offset {off} takes {asize} bytes, not the {expected} a block of \
+         {psize} bytes takes there"
+    )]
+    WrongSize {
+        vdev: u32,
+        off: u64,
+        asize: u64,
+        expected: u64,
+        psize: usize,
+    },
+    #[error("copy at vdev {vdev} offset {off} is out of range (data area of {end} bytes)")]
+    OutOfRange { vdev: u32, off: u64, end: u64 },
+}
+
 /// Properties of a block to write.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteProps {
@@ -111,24 +132,26 @@ impl Zio {
     /// come from disk, checksummed only by their parents, and a pool image can be crafted
     /// whole: every read, repair and free asks this before it lets a DVA near a device or
     /// the allocator, so an impossible one is damage, never an index out of bounds.
-    fn vdev_of(&self, d: &Dva, psize: usize) -> Result<&TopVdev, String> {
-        let (v, off) = (d.vdev.get(), d.offset.get());
-        let (Some(top), Some(&end)) = (self.tops.get(v as usize), self.data_end.get(v as usize))
-        else {
-            return Err(format!("copy on unknown vdev {v}"));
+    fn vdev_of(&self, d: &Dva, psize: usize) -> Result<&TopVdev, BadDva> {
+        let (vdev, off) = (d.vdev.get(), d.offset.get());
+        let (Some(top), Some(&end)) = (
+            self.tops.get(vdev as usize),
+            self.data_end.get(vdev as usize),
+        ) else {
+            return Err(BadDva::UnknownVdev(vdev));
         };
-        let asize = top.asize_of(psize as u64);
-        if d.asize.get() as u64 != asize {
-            return Err(format!(
-                "copy at vdev {v} offset {off} takes {} bytes, not the {asize} a block of \
-                 {psize} bytes takes there",
-                d.asize.get()
-            ));
+        let expected = top.asize_of(psize as u64);
+        if d.asize.get() as u64 != expected {
+            return Err(BadDva::WrongSize {
+                vdev,
+                off,
+                asize: d.asize.get() as u64,
+                expected,
+                psize,
+            });
         }
-        if !off.is_multiple_of(SECTOR) || off.checked_add(asize).is_none_or(|e| e > end) {
-            return Err(format!(
-                "copy at vdev {v} offset {off} is out of range (data area of {end} bytes)"
-            ));
+        if !off.is_multiple_of(SECTOR) || off.checked_add(expected).is_none_or(|e| e > end) {
+            return Err(BadDva::OutOfRange { vdev, off, end });
         }
         Ok(top)
     }
@@ -146,7 +169,7 @@ impl Zio {
         for (slot, d) in good.iter_mut().zip(bp.dvas()) {
             match self.vdev_of(d, psize) {
                 Ok(_) => *slot = Some(d),
-                Err(e) => bad.push(e),
+                Err(e) => bad.push(e.to_string()),
             }
         }
         (good, bad)
@@ -186,8 +209,8 @@ impl Zio {
 const MAX_REFUSED: usize = 16;
 
 /// The most bytes of adjacent blocks `write_batch` and `read_batch_into` send to a device as one
-/// request: large enough that a 1 MiB stream costs one system call (at 256 KiB, bench vol's
-/// sequential reads and writes were a few hundredths slower), small enough that a longer
+/// request: large enough that a 1 MiB stream costs one system call (figures:
+/// docs/perf/volume.md, "Why a device request is at most 1 MiB"), small enough that a longer
 /// read splits into pieces that proceed in parallel.
 pub const MAX_RUN_BYTES: usize = 1 << 20;
 
@@ -195,9 +218,9 @@ pub const MAX_RUN_BYTES: usize = 1 << 20;
 /// the caller and the zio helper thread claim in turn (`helper::share`), and reads a smaller
 /// one on the calling thread alone. A 1 MiB streaming read then costs about a copy and a
 /// checksum of half a megabyte on each core. Handed to a rayon worker instead, half of it
-/// waited for the worker's core to wake: bench vol's sequential read measured 0.53-0.62 of
-/// the raw file that way, 0.56-0.58 on one thread, and 0.65-0.75 shared with the helper.
-/// (Cut into four runs rather than two, 0.57-0.63: twice the system calls.)
+/// waited for the worker's core to wake, and cut into four runs rather than two it cost
+/// twice the system calls (figures: docs/perf/volume.md, "Why a streaming read shares its
+/// runs with the zio helper thread").
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
 /// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
@@ -443,11 +466,9 @@ impl Zio {
         // may hold garbage. Every run is written by the calling thread, in turn. Within a txg sync,
         // handing the checksums and the vdevs' runs to rayon gained nothing measurable on an idle
         // machine (`zeta bench vol`, `zeta bench raidz`: within noise) and cost a loaded one
-        // dearly: each hand-over woke the pool's workers, which then yielded their cores some
-        // thirty times each before sleeping. With the sync thread writing 2 MiB batches of patched
-        // 128K blocks under `zeta bench load` (4K writes, a flush every 5th, three volumes), those
-        // yields were 8 % of the server's samples, and group commit ran 36.7-66.0k writes/s (median
-        // 60.5k over six runs) against 57.8-66.1k (65.8k) without.
+        // dearly: each hand-over woke the pool's workers, which then yielded their cores many
+        // times each before sleeping (figures: docs/perf/intent-log.md, "Why a txg sync writes its
+        // runs on its own thread, not through rayon").
         let write_all = || {
             runs.iter().try_for_each(|(v, (off, bufs))| {
                 if durable {
@@ -613,10 +634,13 @@ impl Zio {
         let mut buf = vec![0u8; psize];
         let mut errors = Vec::new();
         for d in bp.dvas() {
-            let read = self.vdev_of(d, psize).and_then(|top| {
-                top.read_speculative(d.offset.get(), &mut buf, &verify)
-                    .map_err(|e| e.to_string())
-            });
+            let read = self
+                .vdev_of(d, psize)
+                .map_err(|e| e.to_string())
+                .and_then(|top| {
+                    top.read_speculative(d.offset.get(), &mut buf, &verify)
+                        .map_err(|e| e.to_string())
+                });
             match read {
                 Ok(_) => {
                     self.stats.blocks_read.fetch_add(1, Ordering::Relaxed);
@@ -643,7 +667,7 @@ impl Zio {
             let top = match self.vdev_of(d, psize) {
                 Ok(t) => t,
                 Err(e) => {
-                    errors.push(e);
+                    errors.push(e.to_string());
                     continue;
                 }
             };
@@ -691,7 +715,7 @@ impl Zio {
             let top = match self.vdev_of(d, psize) {
                 Ok(t) => t,
                 Err(e) => {
-                    errors.push(e);
+                    errors.push(e.to_string());
                     continue;
                 }
             };

@@ -1,7 +1,6 @@
-//! Volumes: byte ranges over a dataset's blocks. Partial blocks are laid over their block
-//! as patches, or merged in memory (read-modify-write), under a range lock: a merge holds its
-//! whole block, a patch only its bytes, so concurrent requests touching the same block
-//! cannot lose each other's bytes.
+//! Volumes: byte ranges over a dataset's blocks, written through the object's one range
+//! write (`dmu::write::Writer`: patches, merges, streaming placement and holes, under range
+//! locks over the volume's bytes).
 //!
 //! Every change is also queued as a record in the volume's intent log (under the same range
 //! lock, so records of overlapping writes queue in the order they were applied); `flush`
@@ -11,20 +10,18 @@
 //! Architecture invariant: `zvol` sees blocks only through `dsl`/`dmu`; it never learns where
 //! a block lives on disk.
 
-mod range_lock;
-
 use std::sync::Arc;
 
 use crate::dmu::object::{spans, Fetched};
-use crate::dmu::Dirty;
-use crate::dsl::{Dataset, Pool, PoolError};
+use crate::dmu::write::{Bytes, Landed, WriteError, Writer};
+pub use crate::dmu::RangeLocks;
+use crate::dsl::{Dataset, OpenTxg, Pool, PoolError};
 use crate::spa::range_tree::RangeSet;
 /// What `flush_then` calls, and how such a callback defers work to the end of the batch of
 /// requests being answered with it (`zil::wake`).
 pub use crate::zil::{after_wakeups, Done};
 use crate::zil::{Payload, Record};
 use crate::zio::ZioError;
-pub use range_lock::RangeLocks;
 
 /// Replays every volume's intent log (what `Volume::open` does for one): run after an
 /// import by whoever will write to the pool, so no volume is served or copied before its
@@ -38,6 +35,25 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
         }
     }
     Ok(n)
+}
+
+/// The intent-log record of a change the volume's writer made.
+fn record_of(landed: Landed) -> Record {
+    match landed {
+        Landed::Bytes {
+            txg,
+            offset,
+            buf,
+            at,
+            len,
+        } => Record::Write {
+            txg,
+            offset,
+            data: Payload::shared(buf, at, len),
+        },
+        Landed::Block { txg, offset, bp } => Record::Indirect { txg, offset, bp },
+        Landed::Zeros { txg, offset, len } => Record::Zero { txg, offset, len },
+    }
 }
 
 /// Which records of a log to apply, on a volume of `size` bytes: those within the volume
@@ -60,25 +76,14 @@ fn surviving(records: &[Record], size: u64) -> Vec<bool> {
 }
 
 /// Reads of at least this many bytes are streaming reads: whole blocks not in memory go
-/// straight into the caller's buffer and are not cached. (At 256 KiB, an NBD client's 128K
-/// reads each allocated, zeroed, cached and copied eight blocks: three times the user time
-/// of reading them straight in. At 128 KiB, fio's 64K reads over NBD ran at 0.42-0.50 of
-/// nbdkit's, against 0.70-0.76 straight in; 32K reads did better cached, 0.69-0.78 against
-/// 0.58-0.71.)
+/// straight into the caller's buffer and are not cached: through the cache, each read
+/// allocated, zeroed, cached and copied its blocks, and 64K reads lost to reading them
+/// straight in, while 32K reads did better cached (figures: docs/perf/volume.md, "Why
+/// streaming reads start at 64K").
 pub const STREAMING_READ_BYTES: usize = 64 << 10;
 
-/// Writes of at least this many bytes are streaming writes: their whole blocks are written to
-/// their place at once, by the writer's thread, while the data is still in the processor's
-/// cache (`Pool::place_blocks`); the txg's sync adopts them. Left to the sync, a stream's data
-/// was copied into the kernel cold, long after it came, by one thread for the whole pool.
-///
-/// Their records point at blocks written as buffered writes, so a commit that covers them
-/// flushes their devices, writeback of the txg in flight included; below this size a write
-/// rather waits for its commit, which writes its block durably (`dsl::IN_PLACE_MIN_BYTES`),
-/// or for its txg. (At 128K: fio over NBD with 16K blocks did 16.3-17.1k random 64K writes/s
-/// against 20.4-20.8k at 32K, and `zeta bench load` with 32K writes and a flush every 5 did
-/// 23k against 34k, though its p99 rose from 5 to 72 ms.)
-pub const STREAMING_WRITE_BYTES: usize = 32 << 10;
+/// Writes of at least this many bytes write their whole blocks to their place at once.
+pub use crate::dmu::write::STREAMING_WRITE_BYTES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolError {
@@ -125,29 +130,6 @@ pub struct Extent {
 /// Room past its bytes that a buffer given to `Volume::write_nowait_owned` may have and still
 /// be kept as it is: the slack of an allocator's size classes, not a larger buffer reused.
 const OWNED_SLACK_BYTES: usize = 512;
-
-/// A write's bytes: borrowed (copied into a buffer of the volume's if taken) or in a buffer
-/// of their own (kept as it is).
-enum Bytes<'a> {
-    Borrowed(&'a [u8]),
-    Owned(Vec<u8>),
-}
-
-impl Bytes<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Bytes::Borrowed(b) => b.len(),
-            Bytes::Owned(v) => v.len(),
-        }
-    }
-
-    fn into_vec(self) -> Vec<u8> {
-        match self {
-            Bytes::Borrowed(b) => b.to_vec(),
-            Bytes::Owned(v) => v,
-        }
-    }
-}
 
 pub struct Volume {
     pool: Arc<Pool>,
@@ -357,50 +339,17 @@ impl Volume {
     fn write_logged(&self, offset: u64, data: &[u8], log: bool) -> Result<(), VolError> {
         self.check("write", offset, data.len() as u64)?;
         self.pool.note_foreground_io();
-        if data.is_empty() {
-            return Ok(());
-        }
-        let bs = self.block_size();
-        let first = offset / bs;
-        let last = (offset + data.len() as u64 - 1) / bs;
-        // A short write inside one block that can be laid over it as a patch holds only its
-        // own bytes: patches of disjoint bytes commute, so sequential 4K writes into a 16K
-        // block go side by side (queued on the whole block's lock, they spent 46 % of the
-        // server's time in futex calls). If the block cannot take a patch (`patch` asks,
-        // under this lock), the write waits for the whole block like any merge.
-        if first == last && (data.len() as u64) < bs {
-            let _guard = self.locks.lock(offset, offset + data.len() as u64 - 1);
-            if self.patch(first, (offset % bs) as usize, data, log, true)? {
-                return Ok(());
-            }
-        }
-        let _guard = self.locks.lock(first * bs, (last + 1) * bs - 1);
-        let streaming = data.len() >= STREAMING_WRITE_BYTES;
-        let mut placed: Vec<(u64, &[u8])> = Vec::with_capacity(if streaming {
-            (last - first + 1) as usize
-        } else {
-            0
-        });
-        for sp in spans(offset, data.len(), bs) {
-            let src = &data[sp.in_buf..sp.in_buf + sp.len];
-            if streaming && sp.is_whole_block(bs) {
-                placed.push((sp.blkid, src));
-                continue;
-            }
-            self.write_span(sp.blkid, sp.in_block, src, log)?;
-        }
-        if !placed.is_empty() {
-            self.place(&placed, log)?;
-        }
-        Ok(())
+        self.writer()
+            .write(offset, data, &mut self.log_to(log))
+            .map_err(|e| self.write_error(e))
     }
 
     /// `write`, if it can be done without waiting: a write of one whole block (below the
-    /// streaming size) or a short write inside one block laid over it as a patch (`patch`),
-    /// with its bytes' range lock free and the pool's memory and space admitting it at
-    /// once. `None`, with nothing done, if not: the caller hands it to a thread that may wait
-    /// (`write`). Lets an NBD connection's reader take small writes itself rather than wake
-    /// a worker for a few microseconds of work.
+    /// streaming size) or a short write inside one block laid over it as a patch, with its
+    /// bytes' range lock free and the pool's memory and space admitting it at once. `None`,
+    /// with nothing done, if not: the caller hands it to a thread that may wait (`write`).
+    /// Lets an NBD connection's reader take small writes itself rather than wake a worker
+    /// for a few microseconds of work.
     pub fn write_nowait(&self, offset: u64, data: &[u8]) -> Option<Result<(), VolError>> {
         self.write_nowait_from(offset, Bytes::Borrowed(data)).ok()
     }
@@ -427,204 +376,38 @@ impl Volume {
         offset: u64,
         data: Bytes<'a>,
     ) -> Result<Result<(), VolError>, Bytes<'a>> {
-        let len = data.len();
-        if let Err(e) = self.check("write", offset, len as u64) {
+        if let Err(e) = self.check("write", offset, data.len() as u64) {
             return Ok(Err(e));
         }
-        let bs = self.block_size();
-        let (blkid, in_block) = (offset / bs, (offset % bs) as usize);
-        if len == 0 || in_block + len > bs as usize {
+        if data.is_empty() {
             return Err(data);
         }
-        let whole = len as u64 == bs;
-        if whole && len >= STREAMING_WRITE_BYTES {
-            return Err(data);
-        }
-        // A whole block holds the block; a patch only its bytes (as in `write`).
-        let Some(_guard) = self.locks.try_lock(offset, offset + len as u64 - 1) else {
-            return Err(data);
-        };
         self.pool.note_foreground_io();
-        // Asked before the buffer is made: a write that cannot patch costs no copy.
-        if !whole && !self.ds.object.patchable(blkid) {
-            return Err(data);
-        }
-        // The buffer the volume shares with the log record.
-        let buf = Arc::new(data.into_vec());
-        let written = if whole {
-            self.put_block(blkid, buf.clone(), 0, len, true, false)
-        } else {
-            self.patch_with(blkid, in_block, buf.clone(), true, false)
-        };
-        match written {
-            Ok(true) => Ok(Ok(())),
-            Err(e) => Ok(Err(e)),
-            // Not taken: nothing else holds the buffer now, so it comes back as it was.
-            Ok(false) => Err(Bytes::Owned(
-                Arc::try_unwrap(buf).unwrap_or_else(|b| b.as_ref().clone()),
-            )),
-        }
+        self.writer()
+            .write_nowait(offset, data, &mut self.log_to(true))
+            .map(|written| written.map_err(|e| self.write_error(e)))
     }
 
-    /// Writes the whole blocks of a streaming write to their place at once, from the
-    /// caller's buffer (`Pool::place_blocks`), and logs them by pointer. If they cannot be
-    /// placed because a device write failed, they take the ordinary path, whose sync writes
-    /// them or reports the error as for any other block. A full pool refuses the write.
-    fn place(&self, blocks: &[(u64, &[u8])], log: bool) -> Result<(), VolError> {
-        let bs = self.block_size();
-        let (txg, bps) = match self.pool.place_blocks(&self.ds, blocks) {
-            Ok(placed) => placed,
-            Err(PoolError::Zio(ZioError::Write(_))) => {
-                for &(blkid, src) in blocks {
-                    self.write_span(blkid, 0, src, log)?;
-                }
-                return Ok(());
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        if log {
-            for (&(blkid, _), bp) in blocks.iter().zip(bps) {
-                let offset = blkid * bs;
-                self.append_log(match bp {
-                    Some(bp) => Record::Indirect { txg, offset, bp },
-                    None => Record::Zero {
-                        txg,
-                        offset,
-                        len: bs,
-                    },
-                });
+    /// The writer of the volume's bytes into its dataset's object.
+    fn writer(&self) -> Writer<'_, OpenTxg<'_>> {
+        self.pool.writer(&self.ds, &self.locks)
+    }
+
+    /// What a change's log record says, queued in the volume's intent log (if `log`).
+    fn log_to(&self, log: bool) -> impl FnMut(Landed) + '_ {
+        move |landed| {
+            if log {
+                self.pool.append_log(&self.ds, record_of(landed));
             }
         }
-        Ok(())
     }
 
-    /// Queues a change's record in the volume's intent log.
-    fn append_log(&self, rec: Record) {
-        self.pool.append_log(&self.ds, rec);
-    }
-
-    /// Writes `src` at `in_block` of block `blkid` into the open txg (the caller holds the
-    /// block's range lock). A partial block is laid over what the block holds without
-    /// reading it where it can be (`Pool::patch_block`), else merged with it here.
-    fn write_span(
-        &self,
-        blkid: u64,
-        in_block: usize,
-        src: &[u8],
-        log: bool,
-    ) -> Result<(), VolError> {
-        let bs = self.block_size();
-        let whole = src.len() as u64 == bs;
-        if !whole && self.patch(blkid, in_block, src, log, true)? {
-            return Ok(());
+    fn write_error(&self, e: WriteError<PoolError>) -> VolError {
+        match e {
+            WriteError::Txg(e) => self.err(e),
+            WriteError::Unreadable { blkid, source } => self.unreadable(blkid, source),
+            WriteError::Tree(e) => self.err(e.into()),
         }
-        let block = Arc::new(if whole {
-            src.to_vec()
-        } else {
-            // The old contents are read straight into the new buffer, uncached: the write
-            // supersedes them at once (the sync caches the new block).
-            let mut b = vec![0u8; bs as usize];
-            let old = self
-                .ds
-                .object
-                .read_blocks(&self.pool.io, blkid, vec![Some(&mut b)]);
-            match old
-                .into_iter()
-                .next()
-                .expect("one block asked, one answered")
-            {
-                Ok(Fetched::Data(d)) => b.copy_from_slice(&d),
-                Ok(Fetched::Hole | Fetched::Direct) => {}
-                Err(e) => return Err(self.unreadable(blkid, e)),
-            }
-            b[in_block..in_block + src.len()].copy_from_slice(src);
-            b
-        });
-        self.put_block(blkid, block, in_block, src.len(), log, true)?;
-        Ok(())
-    }
-
-    /// Makes `block` the new contents of block `blkid` in the open txg and queues the record
-    /// of the `len` bytes at `in_block` that the write changed, if `log`. Without `wait`,
-    /// false, with nothing done, where the pool would have the write wait. The caller holds
-    /// the block's range lock.
-    fn put_block(
-        &self,
-        blkid: u64,
-        block: Arc<Vec<u8>>,
-        in_block: usize,
-        len: usize,
-        log: bool,
-        wait: bool,
-    ) -> Result<bool, VolError> {
-        // The record shares the block's buffer, which the open txg holds anyway: no copy.
-        // (A record of a block rewritten since keeps an older buffer alive; the pool counts
-        // those bytes, `Zil::pinned_bytes`, and syncs and throttles on them.)
-        let payload = Payload::shared(block.clone(), in_block, len);
-        let Some(txg) = self
-            .pool
-            .dirty_block(&self.ds, blkid, Dirty::Data(block), wait)
-            .map_err(|e| self.err(e))?
-        else {
-            return Ok(false);
-        };
-        if log {
-            self.append_log(Record::Write {
-                txg,
-                offset: blkid * self.block_size() + in_block as u64,
-                data: payload,
-            });
-        }
-        Ok(true)
-    }
-
-    /// Lays `src` at `in_block` of block `blkid` over the block in the open txg without
-    /// reading it, if the open txg has no whole change to it: the sync reads it once for all
-    /// the txg's pieces (`Dirty::Patch`). False if the block cannot take a patch; the caller
-    /// merges the block then. Asked first (`patchable`), so a write that cannot patch costs no
-    /// copy and no second admission. The caller holds at least `src`'s bytes' range lock.
-    ///
-    /// Without `wait`, false also where the pool would have the write wait.
-    fn patch(
-        &self,
-        blkid: u64,
-        in_block: usize,
-        src: &[u8],
-        log: bool,
-        wait: bool,
-    ) -> Result<bool, VolError> {
-        if !self.ds.object.patchable(blkid) {
-            return Ok(false);
-        }
-        self.patch_with(blkid, in_block, Arc::new(src.to_vec()), log, wait)
-    }
-
-    /// `patch` of a piece in a buffer of its own, which becomes the patch's and the log
-    /// record's (no copy). The caller has asked `patchable`.
-    fn patch_with(
-        &self,
-        blkid: u64,
-        in_block: usize,
-        piece: Arc<Vec<u8>>,
-        log: bool,
-        wait: bool,
-    ) -> Result<bool, VolError> {
-        let len = piece.len();
-        let patched = self
-            .pool
-            .patch_block(&self.ds, blkid, in_block, piece.clone(), wait)
-            .map_err(|e| self.err(e))?;
-        let Some(txg) = patched else {
-            return Ok(false);
-        };
-        if log {
-            self.append_log(Record::Write {
-                txg,
-                offset: blkid * self.block_size() + in_block as u64,
-                data: Payload::shared(piece, 0, len),
-            });
-        }
-        Ok(true)
     }
 
     /// Frees the whole blocks inside the range and zeroes the partial ones at its edges, so the
@@ -635,47 +418,9 @@ impl Volume {
 
     fn trim_logged(&self, offset: u64, len: u64, log: bool) -> Result<(), VolError> {
         self.check("trim", offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let bs = self.block_size();
-        let end = offset + len;
-        let first_whole = offset.div_ceil(bs);
-        let end_whole = end / bs;
-        let head_end = end.min(first_whole * bs);
-        if !offset.is_multiple_of(bs) {
-            self.write_logged(offset, &vec![0u8; (head_end - offset) as usize], log)?;
-        }
-        let tail_start = head_end.max(end_whole * bs);
-        if tail_start < end {
-            self.write_logged(tail_start, &vec![0u8; (end - tail_start) as usize], log)?;
-        }
-        if end_whole > first_whole {
-            let _guard = self.locks.lock(first_whole * bs, end_whole * bs - 1);
-            let present = self
-                .ds
-                .object
-                .allocated_blocks(&self.pool.io, first_whole, end_whole)
-                .map_err(|e| self.err(e.into()))?;
-            // With nothing to free, the record still goes in the open txg's queue: harmless,
-            // and it keeps "every change is queued" simple.
-            let mut txg = self.pool.open_txg();
-            for blkid in present {
-                txg = self
-                    .pool
-                    .dirty_block(&self.ds, blkid, Dirty::Free, true)
-                    .map_err(|e| self.err(e))?
-                    .expect("a waiting change is made");
-            }
-            if log {
-                self.append_log(Record::Zero {
-                    txg,
-                    offset: first_whole * bs,
-                    len: (end_whole - first_whole) * bs,
-                });
-            }
-        }
-        Ok(())
+        self.writer()
+            .zero(offset, len, &mut self.log_to(log))
+            .map_err(|e| self.write_error(e))
     }
 
     /// Writes zeros over the range. With `may_punch` whole blocks become holes (freed, as

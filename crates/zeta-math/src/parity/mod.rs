@@ -38,10 +38,9 @@
 //! each folded into its row and diagonal packet, then the next column; then the row parity is
 //! folded into the diagonals (it is disk p-1 of the diagonals). The engine can tile (run the
 //! column-first pass over a strip of each packet at a time, so the parity strips stay in L1),
-//! but that measured slower on every geometry tried: with p = 17, 4+2 and 16+2 at 16 KiB and
-//! 128 KiB columns, strips of 256..2048 bytes gave 18-33 GB/s against 41-52 GB/s untiled
-//! (GFNI kernel, AMD EPYC with 48 KiB L1d): the strided walk defeats the hardware
-//! prefetcher, which is the very reason the seed goes column-first. So packets are whole.
+//! but that measured slower on every geometry tried (figures: docs/perf/parity.md, "Why RDP
+//! packets are whole, not tiled"): the strided walk defeats the hardware prefetcher, which
+//! is the very reason the seed goes column-first. So packets are whole.
 //! Column-first RDP is bound by stores: every data vector costs a load-XOR-store of its row
 //! packet and of its diagonal packet, where the RS encoder keeps its parity in registers
 //! and stores it once per stripe row.

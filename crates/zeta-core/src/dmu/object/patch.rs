@@ -209,14 +209,12 @@ fn read_bases(io: &ObjectIo, at: &[OldPointer]) -> Bases {
 /// and writing it, so one's reads overlap the other's writes and the work, which is most
 /// of a sync's under short random writes, has two cores. (A helper that only read ahead,
 /// with the sync thread laying and writing every batch, left the sync one core: 4K writes
-/// into 16K blocks stalled behind it for seconds at a time, the sync thread at 96 % of a
-/// core and the NBD connections at 0-5 %. Before that, done in turn, the reads — a RAID-Z
-/// block is read column by column — and the writes each left the other's resources idle,
-/// and random 4K writes on raidz2 ran 12 % slower than when writers read their blocks
-/// themselves.) On raidz2 of six files, random 4K writes over NBD (fio, four jobs of 16,
-/// 20 s runs taking turns) ran at 30.1-36.5k writes/s against 30.0-34.4k with the helper
-/// that only read ahead: its reads still overlap writes. Two batches are in memory at most,
-/// as before.
+/// into 16K blocks stalled behind it for seconds at a time. Before that, done in turn, the
+/// reads — a RAID-Z block is read column by column — and the writes each left the other's
+/// resources idle, and random 4K writes on raidz2 ran slower than when writers read their
+/// blocks themselves.) On raidz2 the two threads do no worse than the helper that only read
+/// ahead: their reads still overlap writes (figures: docs/perf/volume.md, "Why two threads
+/// lay and write a txg's patched blocks"). Two batches are in memory at most, as before.
 pub(super) fn sync_patched(
     io: &ObjectIo,
     old: &DnodePhys,

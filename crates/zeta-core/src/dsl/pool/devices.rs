@@ -14,7 +14,9 @@ use crate::spa::label::{
 use crate::spa::metaslab::{log_reserve_for, ms_shift_for};
 use crate::vdev::{BlockDevice, Leaf, RaidzConfig, TopKind, TopVdev};
 
-use super::{config_too_large, invalid, random_guid, Pool, PoolError, TopSpec, MIN_LEAF_BYTES};
+use super::{
+    config_too_large, invalid, random_guid, Pool, PoolError, Shape, TopSpec, MIN_LEAF_BYTES,
+};
 
 /// The answer to a device command that does not apply to log devices.
 fn log_device_only(dev: &str, vdev: u32) -> PoolError {
@@ -32,29 +34,24 @@ pub(super) fn build_top(
     top: TopSpec,
     force: bool,
 ) -> Result<(TopVdev, TopConfig), PoolError> {
-    match top.kind {
-        TopKind::Stripe if top.leaves.len() != 1 => {
+    match top.shape {
+        Shape::Stripe if top.leaves.len() != 1 => {
             return Err(invalid("a stripe vdev has exactly one device"))
         }
-        TopKind::Mirror if top.leaves.len() < 2 => {
+        Shape::Mirror if top.leaves.len() < 2 => {
             return Err(invalid("a mirror needs at least two devices"))
         }
-        TopKind::Raidz if top.log => {
+        Shape::Raidz(_) if top.log => {
             return Err(invalid(
                 "a log device is a single device or a mirror, not a raidz",
             ))
         }
-        _ => {}
-    }
-    if (top.kind == TopKind::Raidz) != top.raidz.is_some() {
-        return Err(invalid(
-            "raidz parameters given for a vdev that is no raidz",
-        ));
-    }
-    if let Some(rz) = &top.raidz {
         // Re-derive the checks the config's constructor makes: a spec may come from
         // elsewhere than the CLI.
-        RaidzConfig::new(rz.nparity, top.leaves.len(), false).map_err(PoolError::Invalid)?;
+        Shape::Raidz(rz) => {
+            RaidzConfig::new(rz.nparity, top.leaves.len(), false)?;
+        }
+        _ => {}
     }
     let mut leaves = Vec::new();
     let mut children = Vec::new();
@@ -80,15 +77,14 @@ pub(super) fn build_top(
         });
         leaves.push(Arc::new(leaf));
     }
-    let vdev = match top.raidz {
+    let vdev = match top.shape.raidz() {
         Some(rz) => TopVdev::new_raidz(
             id,
             random_guid(),
             rz,
             leaves.into_iter().map(Some).collect(),
-        )
-        .map_err(PoolError::Invalid)?,
-        None => TopVdev::new(id, random_guid(), top.kind, leaves),
+        )?,
+        None => TopVdev::new(id, random_guid(), top.shape.kind(), leaves),
     };
     let shift = ms_shift_for(vdev.asize_bytes);
     // A log device is all log space; a data vdev keeps a reserve at its end.
@@ -100,12 +96,12 @@ pub(super) fn build_top(
     let cfg = TopConfig {
         id,
         guid: vdev.guid,
-        kind: top.kind,
+        kind: top.shape.kind(),
         asize: vdev.asize_bytes,
         ms_shift: shift,
         ms_count: (vdev.asize_bytes - log_bytes).div_ceil(1 << shift) as u32,
         children,
-        raidz: top.raidz,
+        raidz: top.shape.raidz(),
         log_bytes,
         log: top.log,
     };

@@ -278,8 +278,8 @@ impl Pool {
                 }
                 // If no copy could be read at all (a raidz: more columns than its parity),
                 // whether the chain goes on is unknown, as with a missing device: not an end.
-                Err(VdevError::ColumnsUnreadable(why)) => {
-                    Err(format!("log block {seq} on vdev {}: {why}", a.vdev))
+                Err(e @ VdevError::ColumnsUnreadable { .. }) => {
+                    Err(format!("log block {seq} on vdev {}: {e}", a.vdev))
                 }
                 Err(e) if !read_one.get() && top.raidz().is_none() => Err(format!(
                     "no copy of log block {seq} on vdev {} could be read ({e})",

@@ -14,16 +14,17 @@
 mod devices;
 mod examine;
 mod growth;
+mod import;
 mod intent;
 mod labels;
 mod mos;
+mod scan;
 mod sync;
 mod write;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -32,11 +33,9 @@ use crate::dmu::dnode::is_data_block_size;
 use crate::dmu::object::walk;
 use crate::dmu::{BlockCache, Dirty, DnodePhys, Object, ObjectIo, ObjectKind};
 use crate::dsl::dir::valid_volume_name;
-use crate::dsl::scan::ScanSlot;
 use crate::spa::label::{
     cut_to, encode_config, fit_config, fits_as_it_grows, read_labels, write_config, ConfigTooLarge,
-    LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION, MAX_HOLDER_BYTES,
-    MAX_HOSTNAME_BYTES,
+    LabelError, PoolConfig, PoolState, FORMAT_VERSION, MAX_HOLDER_BYTES, MAX_HOSTNAME_BYTES,
 };
 use crate::spa::props::{CommitPolicy, Placement};
 use crate::spa::scan_state::{ScanPhase, ScanState};
@@ -48,11 +47,14 @@ use zeta_math::ChecksumKind;
 
 use devices::build_top;
 use labels::LabelUpdate;
-use mos::{alloc_geometry, empty_mos, load_mos, LoadedVolume};
-use sync::{commit_above_skipped, sync_thread, PoolHooks};
+use mos::{alloc_geometry, empty_mos};
+use scan::{ScanSlot, Scanning};
+use sync::{sync_thread, PoolHooks, Txgs};
+use write::Admission;
 
 pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
+pub use write::OpenTxg;
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
 pub const MIN_LEAF_BYTES: u64 = 64 << 20;
@@ -70,6 +72,8 @@ pub enum PoolError {
     Label(#[from] LabelError),
     #[error(transparent)]
     Zio(#[from] ZioError),
+    #[error(transparent)]
+    Shape(#[from] crate::vdev::ShapeError),
     #[error("{0}")]
     Invalid(String),
     #[error("{path}: belongs to pool '{pool}' ({state:?}); use -f to overwrite it")]
@@ -190,40 +194,62 @@ impl Default for PoolOptions {
     }
 }
 
-/// A top-level vdev to create: its kind and its leaves, already opened, with their paths.
+/// A top-level vdev to create: its shape and its leaves, already opened, with their paths.
 pub struct TopSpec {
-    pub kind: TopKind,
+    pub shape: Shape,
     pub leaves: Vec<(Arc<dyn BlockDevice>, String)>,
-    /// For a raidz: its parity level and code.
-    pub raidz: Option<RaidzConfig>,
     /// A separate log device (a stripe or a mirror) rather than a data vdev.
     pub log: bool,
+}
+
+/// How a top-level vdev to create keeps its blocks: one shape, so a raidz's parameters
+/// cannot be given to another kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    Stripe,
+    Mirror,
+    /// Its parity level and code.
+    Raidz(RaidzConfig),
+}
+
+impl Shape {
+    pub fn kind(&self) -> TopKind {
+        match self {
+            Shape::Stripe => TopKind::Stripe,
+            Shape::Mirror => TopKind::Mirror,
+            Shape::Raidz(_) => TopKind::Raidz,
+        }
+    }
+
+    pub fn raidz(&self) -> Option<RaidzConfig> {
+        match self {
+            Shape::Raidz(rz) => Some(*rz),
+            _ => None,
+        }
+    }
 }
 
 impl TopSpec {
     pub fn stripe(leaf: (Arc<dyn BlockDevice>, String)) -> TopSpec {
         TopSpec {
-            kind: TopKind::Stripe,
+            shape: Shape::Stripe,
             leaves: vec![leaf],
-            raidz: None,
             log: false,
         }
     }
 
     pub fn mirror(leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
         TopSpec {
-            kind: TopKind::Mirror,
+            shape: Shape::Mirror,
             leaves,
-            raidz: None,
             log: false,
         }
     }
 
     pub fn raidz(config: RaidzConfig, leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> TopSpec {
         TopSpec {
-            kind: TopKind::Raidz,
+            shape: Shape::Raidz(config),
             leaves,
-            raidz: Some(config),
             log: false,
         }
     }
@@ -410,16 +436,6 @@ impl Suspension {
     }
 }
 
-/// One device found at import: the device, its path, its config generation and config, and
-/// the uberblocks its labels hold.
-type Member = (
-    Arc<dyn BlockDevice>,
-    String,
-    u64,
-    PoolConfig,
-    Vec<Uberblock>,
-);
-
 pub struct Pool {
     pub name: String,
     pub guid: u64,
@@ -427,56 +443,15 @@ pub struct Pool {
     config_gen: AtomicU64,
     pub io: ObjectIo,
     opts: PoolOptions,
-    /// The open txg. Writers hold it shared while they dirty blocks; the sync thread takes it
-    /// exclusively to close the txg.
-    open_txg: RwLock<u64>,
-    /// The txg the sync thread is committing, 0 between syncs (read without a lock by
-    /// `wait_for_room`, whose callers may hold `open_txg`).
-    syncing_txg: AtomicU64,
-    /// What the txg being committed held in memory when its sync began, 0 between syncs:
-    /// the rest of `held_bytes` is the open txg's.
-    syncing_held: AtomicU64,
-    /// How the open txg's latest writes grew its sync's work (`sync_if_much_held`).
-    growth: growth::Growth,
-    sync: Mutex<SyncState>,
-    sync_cv: Condvar,
+    /// The txg machinery: the open txg, the one syncing, and the sync thread.
+    txgs: Txgs,
+    /// What writes hold and may hold: dirty bytes, memory and space admission.
+    admission: Admission,
+    /// The last scrub's state and the thread running one.
+    scanning: Scanning,
     /// Held for a whole sync, and by admin changes to the MOS.
     mos: Mutex<Mos>,
     datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
-    dirty_bytes: AtomicI64,
-    /// What writes may hold in memory before they wait for a sync (`PoolOptions::
-    /// dirty_max_bytes` at first; `set_memory_limits` changes it).
-    dirty_max: AtomicU64,
-    /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
-    /// is allocated, so admission must not count it again.
-    placed_bytes: AtomicI64,
-    /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
-    /// placed blocks and by the unread rest of patched ones.
-    held_bytes: AtomicI64,
-    /// The level-1 indirect blocks the dirty changes make their syncs write (`Delta::meta`):
-    /// with small random writes, more than the data itself (an 8K block dirties a 16K
-    /// indirect block, two copies of it), and the sync must find room for them.
-    meta_bytes: AtomicI64,
-    /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
-    /// last txg committed (kept here so writers need not take the allocator's lock to ask).
-    ahead_limit: AtomicU64,
-    /// Bytes written ahead of their txg (placed, or written in place for the log), by txg,
-    /// until that txg commits; superseded copies included: the intent log may point at
-    /// every one of them, and after a crash import holds them all until the replay ends.
-    ahead: Mutex<BTreeMap<u64, u64>>,
-    ahead_bytes: AtomicU64,
-    /// The free space admission last found in slivers too small for a block (when, block
-    /// size, bytes): reused for a while instead of walking every free segment again.
-    slivers: Mutex<(std::time::Instant, u64, u64)>,
-    /// The last count of room for indirect blocks (`Pool::fits_meta`).
-    meta_room: Mutex<write::MetaRoom>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// The last scrub's state (saved in the config) and the thread running one.
-    pub(super) scan: Mutex<ScanState>,
-    pub(super) scanner: Mutex<ScanSlot>,
-    /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
-    last_io_nanos: AtomicU64,
-    born: std::time::Instant,
     /// The intent log's pool-wide part: log space, rotor, counters.
     pub zil: Zil,
     /// What import had to give up (a volume's unreadable log, with --discard-log).
@@ -631,37 +606,43 @@ impl Pool {
             config_gen: AtomicU64::new(config_gen),
             io: ObjectIo { zio, cache },
             opts,
-            open_txg: RwLock::new(synced_txg + 1),
-            syncing_txg: AtomicU64::new(0),
-            syncing_held: AtomicU64::new(0),
-            growth: growth::Growth::default(),
-            sync: Mutex::new(SyncState {
-                synced_txg,
-                request_seq: 0,
-                completed_seq: 0,
-                shutdown: false,
-                error: None,
-                waiting: None,
-                no_waiting: false,
-            }),
-            sync_cv: Condvar::new(),
+            txgs: Txgs {
+                open_txg: RwLock::new(synced_txg + 1),
+                syncing_txg: AtomicU64::new(0),
+                syncing_held: AtomicU64::new(0),
+                growth: growth::Growth::default(),
+                sync: Mutex::new(SyncState {
+                    synced_txg,
+                    request_seq: 0,
+                    completed_seq: 0,
+                    shutdown: false,
+                    error: None,
+                    waiting: None,
+                    no_waiting: false,
+                }),
+                sync_cv: Condvar::new(),
+                thread: Mutex::new(None),
+            },
+            admission: Admission {
+                dirty_bytes: AtomicI64::new(0),
+                dirty_max: AtomicU64::new(dirty_max),
+                placed_bytes: AtomicI64::new(0),
+                held_bytes: AtomicI64::new(0),
+                meta_bytes: AtomicI64::new(0),
+                ahead_limit: AtomicU64::new(ahead_limit),
+                ahead: Mutex::new(BTreeMap::new()),
+                ahead_bytes: AtomicU64::new(0),
+                slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
+                meta_room: Mutex::new(write::MetaRoom::default()),
+            },
+            scanning: Scanning {
+                scan: Mutex::new(ScanState::default()),
+                scanner: Mutex::new(ScanSlot::default()),
+                last_io_nanos: AtomicU64::new(0),
+                born: std::time::Instant::now(),
+            },
             mos: Mutex::new(mos),
             datasets: RwLock::new(BTreeMap::new()),
-            dirty_bytes: AtomicI64::new(0),
-            dirty_max: AtomicU64::new(dirty_max),
-            placed_bytes: AtomicI64::new(0),
-            held_bytes: AtomicI64::new(0),
-            meta_bytes: AtomicI64::new(0),
-            ahead_limit: AtomicU64::new(ahead_limit),
-            ahead: Mutex::new(BTreeMap::new()),
-            ahead_bytes: AtomicU64::new(0),
-            slivers: Mutex::new((std::time::Instant::now(), 0, 0)),
-            meta_room: Mutex::new(write::MetaRoom::default()),
-            thread: Mutex::new(None),
-            scan: Mutex::new(ScanState::default()),
-            scanner: Mutex::new(ScanSlot::default()),
-            last_io_nanos: AtomicU64::new(0),
-            born: std::time::Instant::now(),
             zil,
             import_notes: Mutex::new(Vec::new()),
         });
@@ -676,7 +657,7 @@ impl Pool {
             .name(format!("txg-sync-{}", pool.name))
             .spawn(move || sync_thread(weak))
             .expect("spawn sync thread");
-        *pool.thread.lock() = Some(handle);
+        *pool.txgs.thread.lock() = Some(handle);
         pool
     }
 
@@ -750,379 +731,6 @@ impl Pool {
     }
 
     // ----- import -------------------------------------------------------------------------
-
-    /// Imports the pool named `name` (or the only pool present) from opened devices.
-    pub fn import(
-        devices: Vec<(Arc<dyn BlockDevice>, String)>,
-        name: Option<&str>,
-        opts: PoolOptions,
-    ) -> Result<Arc<Pool>, PoolError> {
-        check_kernels()?;
-        // Read every device's labels and group them by pool.
-        let mut pools: HashMap<u64, Vec<Member>> = HashMap::new();
-        let mut unreadable = Vec::new();
-        for (dev, path) in devices {
-            let probe = Leaf::new(dev.clone(), 0);
-            match read_labels(&probe) {
-                Ok(l) => match l.config {
-                    Some((generation, cfg)) => {
-                        pools.entry(cfg.pool_guid).or_default().push((dev, path, generation, cfg, l.uberblocks))
-                    }
-                    None => unreadable.push(format!("{path}: no valid label ({})", l.describe_errors(|_| true))),
-                },
-                Err(LabelError::UnknownVersion(v)) => {
-                    return Err(PoolError::CannotImport {
-                        pool: name.unwrap_or("?").to_string(),
-                        why: format!("{path}: format version {v} is newer than this zeta supports ({FORMAT_VERSION})"),
-                    })
-                }
-                Err(e) => unreadable.push(format!("{path}: {e}")),
-            }
-        }
-        let newest = |v: &Vec<Member>| v.iter().max_by_key(|e| e.2).map(|e| e.3.clone()).unwrap();
-        let mut candidates: Vec<u64> = pools
-            .iter()
-            .filter(|(_, v)| {
-                let cfg = newest(v);
-                cfg.state != PoolState::Destroyed && name.is_none_or(|n| n == cfg.name)
-            })
-            .map(|(g, _)| *g)
-            .collect();
-        candidates.sort();
-        let guid = match candidates.as_slice() {
-            [g] => *g,
-            [] => {
-                let detail = if unreadable.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", unreadable.join("; "))
-                };
-                return Err(PoolError::NotFound(match name {
-                    Some(n) => format!(" named '{n}'{detail}"),
-                    None => detail,
-                }));
-            }
-            _ => {
-                let names: Vec<String> =
-                    candidates.iter().map(|g| newest(&pools[g]).name).collect();
-                return Err(invalid(format!(
-                    "several pools found ({}); name the one to import",
-                    names.join(", ")
-                )));
-            }
-        };
-        let members = pools.remove(&guid).unwrap();
-        let config_gen = members.iter().map(|m| m.2).max().unwrap();
-        let mut config = newest(&members);
-        let pool_name = config.name.clone();
-        let cannot = |why: String| PoolError::CannotImport {
-            pool: pool_name.clone(),
-            why,
-        };
-        // A feature this zeta does not know, in use, is a format it cannot read (or must not
-        // write): refuse it by name before anything is opened.
-        crate::spa::feature::check(&config.features, opts.readonly)
-            .map_err(|e| cannot(e.to_string()))?;
-        if opts.readonly && opts.rename.is_some() {
-            return Err(cannot(
-                "a read-only import cannot rename the pool: its labels are not written".into(),
-            ));
-        }
-        if let Some(holder) = &opts.holder {
-            let (host, holder) = (Some(hostname()), Some(cut_to(holder, MAX_HOLDER_BYTES)));
-            // A config from before zeta recorded holders tells nothing either way.
-            let recorded = config.hostname.is_some() || config.holder.is_some();
-            let elsewhere = config.hostname != host || config.holder != holder;
-            if config.state == PoolState::Active && recorded && elsewhere && !opts.force {
-                return Err(cannot(format!(
-                    "it was not exported, and was last imported on host {} by {}: it may be \
-                     in use there. If it is not, import it with -f",
-                    config.hostname.as_deref().unwrap_or("?"),
-                    config.holder.as_deref().unwrap_or("?")
-                )));
-            }
-            // A read-only import writes no label, so the pool stays recorded as whoever had
-            // it last.
-            if !opts.readonly {
-                (config.hostname, config.holder) = (host, holder);
-            }
-        }
-        if let Some(new) = &opts.rename {
-            if !valid_volume_name(new) || new.contains(':') {
-                return Err(invalid(format!(
-                    "invalid pool name '{new}': use letters, digits, '-', '_', '.'"
-                )));
-            }
-            config.name = new.clone();
-        }
-
-        // Assemble the vdev tree from the config, matching leaves by GUID.
-        let mut by_guid: HashMap<u64, (Arc<dyn BlockDevice>, String)> = HashMap::new();
-        let mut uberblocks: Vec<Uberblock> = Vec::new();
-        // The newest txg each leaf took whole (its newest uberblock of this pool).
-        let mut took: HashMap<u64, u64> = HashMap::new();
-        for (dev, path, _, cfg, ubs) in members {
-            let newest = ubs
-                .iter()
-                .filter(|u| u.pool_guid.get() == guid)
-                .map(|u| u.txg.get());
-            took.insert(cfg.leaf_guid, newest.max().unwrap_or(0));
-            by_guid.insert(cfg.leaf_guid, (dev, path));
-            uberblocks.extend(ubs);
-        }
-        // Data vdevs are numbered 0..n and log devices follow with rising ids: the allocator,
-        // the metaslab table and the log index by these.
-        let n_data = config.tops.iter().filter(|t| !t.log).count();
-        let well_formed = n_data > 0
-            && config
-                .tops
-                .iter()
-                .enumerate()
-                .all(|(i, t)| (i < n_data) != t.log && (t.log || t.id == i as u32))
-            && config.tops.windows(2).all(|w| w[0].id < w[1].id);
-        if !well_formed {
-            return Err(cannot(
-                "the config's vdev list is malformed (vdev ids out of order)".into(),
-            ));
-        }
-        let mut tops = Vec::new();
-        let mut log_notes = Vec::new();
-        // Why each device the config names is not part of the import (beside those not
-        // found at all), for the notes and for an import that fails for want of them.
-        let mut absent_notes = Vec::new();
-        for t in config.tops.iter_mut() {
-            // Each leaf holds the whole vdev's space, or its share of a raidz's.
-            let leaf_asize = match &t.raidz {
-                Some(_) => t.asize / t.children.len() as u64,
-                None => t.asize,
-            };
-            let mut slots: Vec<Option<Arc<Leaf>>> = Vec::new();
-            let mut missing = Vec::new();
-            for c in t.children.iter_mut() {
-                match by_guid.get(&c.guid) {
-                    Some((dev, path))
-                        if dev.len_bytes() < MIN_LEAF_BYTES
-                            || crate::vdev::layout::usable_bytes(dev.len_bytes()).unwrap_or(0)
-                                < leaf_asize =>
-                    {
-                        // Counted as missing: its redundancy may do without it.
-                        let why = format!(
-                            "{path}: {} bytes, smaller than the {} it had when it joined \
-                             the pool (truncated?)",
-                            dev.len_bytes(),
-                            leaf_asize + 2 * crate::vdev::RESERVE_BYTES
-                        );
-                        missing.push(why);
-                        let leaf = Leaf::missing(&c.path, 0, c.guid);
-                        leaf.missed.lock().0 = c.missed.clone();
-                        slots.push(Some(Arc::new(leaf)));
-                    }
-                    Some((dev, _)) if dev.read_only() && !opts.readonly => {
-                        return Err(cannot(format!(
-                            "{}: opened read-only, for a pool imported read-write",
-                            dev.name()
-                        )));
-                    }
-                    Some((dev, path)) => {
-                        c.path = path.clone();
-                        let leaf = Leaf::new(dev.clone(), c.guid);
-                        let e = c.errors;
-                        leaf.counters
-                            .set([e.read, e.write, e.cksum, e.repaired_bytes]);
-                        leaf.set_offline(c.offline);
-                        leaf.set_faulted(c.faulted);
-                        leaf.missed.lock().0 = c.missed.clone();
-                        slots.push(Some(Arc::new(leaf)));
-                    }
-                    None => {
-                        // Its place is kept, out of service, until it returns or is replaced.
-                        missing.push(c.path.clone());
-                        let leaf = Leaf::missing(&c.path, 0, c.guid);
-                        leaf.missed.lock().0 = c.missed.clone();
-                        slots.push(Some(Arc::new(leaf)));
-                    }
-                }
-            }
-            let tolerable = match (&t.raidz, t.kind) {
-                (Some(rz), _) => rz.nparity as usize,
-                (None, TopKind::Mirror) => t.children.len() - 1,
-                _ => 0,
-            };
-            let lost = missing.len() > tolerable;
-            if lost && t.log {
-                // The log device may hold the only copy of writes acknowledged after the
-                // last txg: going on without it must be asked for.
-                if !opts.discard_log {
-                    return Err(cannot(format!(
-                        "log device {} is missing: it may hold writes acknowledged after the \
-                         last txg. Bring it back, or import with --discard-log to give them up \
-                         (the pool then opens at its last txg)",
-                        missing.join(", ")
-                    )));
-                }
-                log_notes.push(format!(
-                    "{pool_name}: log device {} missing: writes acknowledged after the last txg \
-                     and logged there are lost; `zeta pool remove {pool_name} {}` drops it",
-                    missing.join(", "),
-                    missing[0]
-                ));
-            } else if lost {
-                let also = if unreadable.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        " (devices given that could not be used: {})",
-                        unreadable.join("; ")
-                    )
-                };
-                return Err(cannot(format!(
-                    "vdev {} ({}) is missing {} of {} devices and can lose at most {tolerable}: {}{also}",
-                    t.id,
-                    t.kind_name(),
-                    missing.len(),
-                    t.children.len(),
-                    missing.join(", ")
-                )));
-            } else if !missing.is_empty() {
-                absent_notes.push(format!(
-                    "vdev {} ({}) is DEGRADED, without {}",
-                    t.id,
-                    t.kind_name(),
-                    missing.join(", ")
-                ));
-            }
-            let vdev = match t.raidz {
-                Some(rz) => TopVdev::new_raidz(t.id, t.guid, rz, slots).map_err(&cannot)?,
-                None => TopVdev::new(t.id, t.guid, t.kind, slots.into_iter().flatten().collect()),
-            };
-            // (A log device with every leaf missing has no size of its own to check.)
-            if vdev.asize_bytes < t.asize && !lost {
-                return Err(cannot(format!("vdev {} is smaller than recorded", t.id)));
-            }
-            tops.push(Arc::new(vdev));
-        }
-        let tops_arc: Vec<Arc<TopVdev>> = tops;
-        let data_tops: Vec<Arc<TopVdev>> = tops_arc[..n_data].to_vec();
-
-        // Newest uberblock whose tree loads and verifies wins; older ones are the fallback.
-        uberblocks.retain(|u| u.pool_guid.get() == guid);
-        uberblocks.sort_by_key(|u| std::cmp::Reverse(u.txg.get()));
-        uberblocks.dedup_by_key(|u| u.txg.get());
-        let Some(newest_seen) = uberblocks.first().map(|u| u.txg.get()) else {
-            return Err(cannot("no valid uberblock on any device".into()));
-        };
-        let mut failures = Vec::new();
-        for ub in &uberblocks {
-            let alloc = Allocator::new(&alloc_geometry(&config));
-            let probe_zio = Arc::new(Zio::new(data_tops.clone(), alloc));
-            let probe_io = ObjectIo {
-                zio: probe_zio.clone(),
-                cache: Arc::new(BlockCache::new(opts.cache_bytes)),
-            };
-            match load_mos(&probe_io, ub) {
-                Ok((mos, datasets)) => {
-                    let alloc =
-                        std::mem::replace(&mut *probe_zio.alloc.lock(), Allocator::new(&[]));
-                    // New txgs must outrank every uberblock skipped on the way here (a
-                    // read-only pool has no new txgs, and writes nothing).
-                    let txg = if opts.readonly {
-                        ub.txg.get()
-                    } else {
-                        commit_above_skipped(&tops_arc, n_data, ub, newest_seen)?
-                    };
-                    // A leaf whose newest uberblock is older than the tree's missed the txgs
-                    // between: it was offline, or dropped from a txg for a failed write, and
-                    // the crash came before the labels recorded it (they are written at such
-                    // moments, not every txg). It is owed them.
-                    for top in &data_tops {
-                        for leaf in top.children.iter().filter(|l| !l.is_missing()) {
-                            let last = took.get(&leaf.guid()).copied().unwrap_or(0);
-                            if last < ub.txg.get() {
-                                leaf.missed.lock().add_range([last + 1, ub.txg.get()]);
-                            }
-                        }
-                    }
-                    let scan = config.scan.clone().unwrap_or_default();
-                    let (discard_log, readonly) = (opts.discard_log, opts.readonly);
-                    if readonly {
-                        for leaf in tops_arc.iter().flat_map(|t| t.children.iter()) {
-                            leaf.set_read_only();
-                        }
-                    }
-                    let pool = Self::assemble(config, tops_arc, alloc, opts, mos, txg, config_gen);
-                    let mut opened = Vec::new();
-                    // Whether a log waits for its replay: then the first txg to commit,
-                    // whatever it holds, must carry the txg counted from
-                    // (`Log::replay_after`). Marked only once the volumes are the pool's:
-                    // the sync thread runs already, and a txg committed in between wrote a
-                    // directory without them (a crash then lost every volume).
-                    let mut replaying = false;
-                    for LoadedVolume {
-                        mut ds,
-                        zil: header,
-                        replay_after,
-                    } in datasets
-                    {
-                        // Records newer than the tree are replayed; a replay cut short by a
-                        // crash kept the txg it counted from, which may be older.
-                        let after = match replay_after {
-                            0 => ub.tree_txg(),
-                            t => t.min(ub.tree_txg()),
-                        };
-                        let (log, claims) = pool.open_log(&ds.name, header, after, discard_log)?;
-                        if readonly {
-                            // A replay writes: the volume reads as of the last txg, and the
-                            // log stays on disk for the next read-write import.
-                            if let Some(n) = log.pending_replay().map(|r| r.len()) {
-                                pool.import_notes.lock().push(format!(
-                                    "{}/{}: read-only: {n} intent-log records written after \
-                                     txg {after} are not replayed; the volume reads as of that \
-                                     txg until the pool is imported read-write",
-                                    pool.name, ds.name
-                                ));
-                            }
-                            ds.log = Log::off();
-                            opened.push(ds);
-                            continue;
-                        }
-                        replaying |= log.replay_after() != 0;
-                        ds.log = log;
-                        *ds.replay_claims.lock() = claims;
-                        opened.push(ds);
-                    }
-                    // Every chain is claimed: the logs with nothing to replay start anew.
-                    for ds in opened.iter().filter(|_| !readonly) {
-                        if ds.log.pending_replay().is_none() {
-                            ds.log.start_chain(&pool.zil, 0);
-                        }
-                    }
-                    {
-                        let mut map = pool.datasets.write();
-                        for ds in opened {
-                            map.insert(ds.name.clone(), Arc::new(ds));
-                        }
-                    }
-                    if replaying {
-                        pool.mos.lock().dir_dirty = true;
-                    }
-                    *pool.scan.lock() = scan;
-                    pool.import_notes.lock().extend(log_notes);
-                    pool.import_notes.lock().extend(absent_notes);
-                    pool.write_config(PoolState::Active)?;
-                    // A scrub or resilver that was running when the pool closed goes on
-                    // where it was; leaves owed txgs get a resilver.
-                    pool.resume_scrub();
-                    pool.start_resilver();
-                    return Ok(pool);
-                }
-                Err(e) => failures.push(format!("txg {}: {e}", ub.txg.get())),
-            }
-        }
-        Err(cannot(format!(
-            "no uberblock's tree verifies: {}",
-            failures.join("; ")
-        )))
-    }
 
     // ----- state --------------------------------------------------------------------------
 
@@ -1266,11 +874,11 @@ impl Pool {
     }
 
     pub fn synced_txg(&self) -> u64 {
-        self.sync.lock().synced_txg
+        self.txgs.sync.lock().synced_txg
     }
 
     pub fn dirty_bytes(&self) -> u64 {
-        self.dirty_bytes.load(Ordering::Acquire).max(0) as u64
+        self.admission.dirty_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     pub fn datasets(&self) -> Vec<Arc<Dataset>> {
@@ -1300,7 +908,7 @@ impl Pool {
 
     /// Refuses writes while the pool is suspended, waiting for room or for good.
     fn check_healthy(&self) -> Result<(), PoolError> {
-        match self.sync.lock().suspension() {
+        match self.txgs.sync.lock().suspension() {
             Some(s) => Err(s.error(&self.name)),
             None => Ok(()),
         }
@@ -1311,14 +919,14 @@ impl Pool {
     /// replays what the log holds. For a pool about to close (`close` calls it), and for a
     /// server stopping, whose requests waiting on that txg must end before it closes.
     pub fn stop_waiting_for_room(&self) {
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         st.no_waiting = true;
-        self.sync_cv.notify_all();
+        self.txgs.sync_cv.notify_all();
     }
 
     /// Why the pool takes no writes now, if it is suspended (`Suspension`).
     pub fn suspension(&self) -> Option<Suspension> {
-        self.sync.lock().suspension().cloned()
+        self.txgs.sync.lock().suspension().cloned()
     }
 
     /// `RoomWait` for this pool: a write of the txg being committed that found no room
@@ -1329,10 +937,10 @@ impl Pool {
     /// wait begins each volume's log state (`refuse_log_requests`), which is taken under the
     /// MOS lock elsewhere too (`Log::header` in the sync) and never the other way round.
     fn wait_for_room(&self, txg: u64, e: &VdevError) -> bool {
-        if txg != self.syncing_txg.load(Ordering::Acquire) {
+        if txg != self.txgs.syncing_txg.load(Ordering::Acquire) {
             return false;
         }
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         if st.shutdown || st.no_waiting || st.error.is_some() {
             return false;
         }
@@ -1344,12 +952,12 @@ impl Pool {
                 retrying: true,
             });
             // Writers throttled on the dirty limit see it and give up.
-            self.sync_cv.notify_all();
+            self.txgs.sync_cv.notify_all();
             drop(st);
             self.refuse_log_requests(&why);
-            st = self.sync.lock();
+            st = self.txgs.sync.lock();
         }
-        self.sync_cv.wait_for(&mut st, ROOM_RETRY);
+        self.txgs.sync_cv.wait_for(&mut st, ROOM_RETRY);
         !(st.shutdown || st.no_waiting)
     }
 
@@ -1423,7 +1031,7 @@ impl Pool {
             guid: random_guid(),
             volblocksize,
             checksum,
-            created_txg: *self.open_txg.read(),
+            created_txg: *self.txgs.open_txg.read(),
             volsize: AtomicU64::new(volsize),
             object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
             objset_bp: Mutex::new(BlkPtr::HOLE),
@@ -1452,7 +1060,7 @@ impl Pool {
                 .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{name}", self.name)))?;
             // Under the open txg's lock, as `dirty_block` checks it: a change either sees the
             // flag, or lands in the open txg before the sync below takes its destruction.
-            let hold = self.open_txg.write();
+            let hold = self.txgs.open_txg.write();
             ds.destroyed.store(true, Ordering::Release);
             drop(hold);
             mos.destroyed.push(ds);
@@ -1472,7 +1080,7 @@ impl Pool {
             let doomed = ds
                 .object
                 .allocated_blocks(&self.io, volsize / bs, old.div_ceil(bs))?;
-            let hold = self.open_txg.read();
+            let hold = self.txgs.open_txg.read();
             for blkid in doomed {
                 self.record_change(ds.as_ref(), *hold, blkid, Dirty::Free);
             }
@@ -1497,8 +1105,8 @@ impl Pool {
     /// devices: what a command does when it is done with a pool it will open again.
     pub fn close(&self) -> Result<(), PoolError> {
         // A running scrub pauses; its bookmark is saved so the next import resumes it.
-        self.scanner.lock().close();
-        let scrubbing = self.scan.lock().state == ScanPhase::Scanning;
+        self.scanning.scanner.lock().close();
+        let scrubbing = self.scanning.scan.lock().state == ScanPhase::Scanning;
         self.stop_waiting_for_room();
         self.sync_now()?;
         self.shutdown();
@@ -1515,7 +1123,7 @@ impl Pool {
     fn config_to_write(&self, state: PoolState) -> PoolConfig {
         let mut cfg = self.config.lock().clone();
         cfg.state = state;
-        let scan = self.scan.lock().clone();
+        let scan = self.scanning.scan.lock().clone();
         cfg.scan = (scan.state != ScanPhase::None).then_some(scan);
         self.record_counters(&mut cfg);
         cfg
@@ -1560,8 +1168,10 @@ impl Pool {
 
     /// Records that a volume read or wrote just now.
     pub fn note_foreground_io(&self) {
-        let now = self.born.elapsed().as_nanos() as u64;
-        self.last_io_nanos.store(now.max(1), Ordering::Relaxed);
+        let now = self.scanning.born.elapsed().as_nanos() as u64;
+        self.scanning
+            .last_io_nanos
+            .store(now.max(1), Ordering::Relaxed);
     }
 
     /// Pauses a scrub briefly while volumes are busy, so it takes what they leave: until
@@ -1573,8 +1183,8 @@ impl Pool {
         const BUSY_WINDOW: u64 = 10_000_000;
         let until = std::time::Instant::now() + SCAN_YIELD_MAX;
         loop {
-            let last = self.last_io_nanos.load(Ordering::Relaxed);
-            let now = self.born.elapsed().as_nanos() as u64;
+            let last = self.scanning.last_io_nanos.load(Ordering::Relaxed);
+            let now = self.scanning.born.elapsed().as_nanos() as u64;
             if last == 0
                 || now.saturating_sub(last) > BUSY_WINDOW
                 || stop.load(Ordering::SeqCst)
@@ -1594,11 +1204,11 @@ impl Pool {
 
     fn shutdown(&self) {
         {
-            let mut st = self.sync.lock();
+            let mut st = self.txgs.sync.lock();
             st.shutdown = true;
-            self.sync_cv.notify_all();
+            self.txgs.sync_cv.notify_all();
         }
-        let handle = self.thread.lock().take();
+        let handle = self.txgs.thread.lock().take();
         if let Some(h) = handle {
             // The sync thread itself may drop the last reference; it must not join itself.
             if h.thread().id() != std::thread::current().id() {

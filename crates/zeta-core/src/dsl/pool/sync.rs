@@ -70,10 +70,10 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
         // Past the timeout, the sync waits on (up to `latest`) while no volume holds a
         // change that is not in its intent log: with small sync writes into large blocks
         // (4K FUA writes into 128K blocks), each txg rewrites whole blocks for a few
-        // sectors changed, and its writeback slows every log flush. (4K FUA writes at
-        // queue depth 1 into 128K blocks, `zeta bench load`, 30 s runs: 309-347 us mean
-        // against 384-406 without this wait.) A crash loses nothing more: the log holds it
-        // all; its replay is bounded as before, by the dirty limit and the log's space.
+        // sectors changed, and its writeback slows every log flush (figures:
+        // docs/perf/intent-log.md, "A timed txg that waits while the log holds everything").
+        // A crash loses nothing more: the log holds it all; its replay is bounded as before,
+        // by the dirty limit and the log's space.
         let mut seen = Vec::new();
         loop {
             let Some(p) = pool.upgrade() else { return };
@@ -81,22 +81,22 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
             if now >= latest || (now >= deadline && p.changes_at_risk(&mut seen)) {
                 break;
             }
-            let mut st = p.sync.lock();
+            let mut st = p.txgs.sync.lock();
             if st.shutdown || st.completed_seq < st.request_seq || st.error.is_some() {
                 break;
             }
             let until = if now >= deadline { latest } else { deadline };
-            p.sync_cv.wait_for(
+            p.txgs.sync_cv.wait_for(
                 &mut st,
                 IDLE_SLICE.min(until.saturating_duration_since(now)),
             );
         }
         let Some(p) = pool.upgrade() else { return };
         let (seq, shutting_down) = {
-            let st = p.sync.lock();
+            let st = p.txgs.sync.lock();
             if st.error.is_some() {
                 // A suspended pool writes nothing more; wake waiters so they see the error.
-                p.sync_cv.notify_all();
+                p.txgs.sync_cv.notify_all();
                 return;
             }
             (st.request_seq, st.shutdown)
@@ -127,13 +127,13 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
         // wait is over, and sync requests are no longer refused as out of room. (Lifted
         // before writes are taken again, so that no FLUSH is refused once the pool says it
         // has resumed; and after a failure they fail as the pool does.)
-        if p.sync.lock().waiting.is_some() {
+        if p.txgs.sync.lock().waiting.is_some() {
             p.accept_log_requests();
         }
         if whole {
             p.resilver_owed();
         }
-        let mut st = p.sync.lock();
+        let mut st = p.txgs.sync.lock();
         let idle = matches!(result, Ok(None));
         match result {
             Ok(Some(Committed { txg, .. })) => {
@@ -155,7 +155,7 @@ pub(super) fn sync_thread(pool: Weak<Pool>) {
                 st.error = Some(Suspension::of(&e));
             }
         }
-        p.sync_cv.notify_all();
+        p.txgs.sync_cv.notify_all();
         if shutting_down && (idle || st.error.is_some()) {
             return;
         }
@@ -193,10 +193,10 @@ pub(super) fn commit_above_skipped(
 impl Pool {
     /// Asks the sync thread for a pass without waiting for it.
     pub(super) fn request_sync(&self) {
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         if st.completed_seq >= st.request_seq {
             st.request_seq += 1;
-            self.sync_cv.notify_all();
+            self.txgs.sync_cv.notify_all();
         }
     }
 
@@ -225,10 +225,10 @@ impl Pool {
     /// `sync_now`; if `give_up_on_room`, returns `PoolError::WaitingForRoom` as soon as the
     /// pool waits for room instead of waiting with it.
     fn sync_until(&self, give_up_on_room: bool) -> Result<(), PoolError> {
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         st.request_seq += 1;
         let mine = st.request_seq;
-        self.sync_cv.notify_all();
+        self.txgs.sync_cv.notify_all();
         self.wait_sync_until(st, give_up_on_room, |st| st.completed_seq >= mine)
             .map(|_| ())
     }
@@ -243,11 +243,11 @@ impl Pool {
 
     /// `wait_commit`, giving up as `sync_until` does.
     fn next_commit(&self, give_up_on_room: bool) -> Result<u64, PoolError> {
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         let seen = st.synced_txg;
         if st.completed_seq >= st.request_seq {
             st.request_seq += 1;
-            self.sync_cv.notify_all();
+            self.txgs.sync_cv.notify_all();
         }
         let mine = st.request_seq;
         self.wait_sync_until(st, give_up_on_room, |st| {
@@ -277,18 +277,21 @@ impl Pool {
                     why: w.why.clone(),
                 });
             }
-            if st.shutdown && self.thread.try_lock().is_some_and(|t| t.is_none()) {
+            if st.shutdown && self.txgs.thread.try_lock().is_some_and(|t| t.is_none()) {
                 return Err(invalid(format!("pool '{}' is exported", self.name)));
             }
-            self.sync_cv.wait_for(&mut st, Duration::from_millis(200));
+            self.txgs
+                .sync_cv
+                .wait_for(&mut st, Duration::from_millis(200));
         }
     }
 
     /// Waits for the next txg to commit (`wait_commit`), one that commits even if nothing
     /// else is dirty: frees return to use as txgs commit. A writer short of space waits for
     /// the sync in flight rather than for one of its own (`sync_now`), which with a sync
-    /// always in flight is the second to commit. Under random 4K writes to 128K blocks
-    /// on a half-full pool, writers spent half their time there (write p99 220 ms).
+    /// always in flight is the second to commit. Under random 4K writes to 128K blocks on a
+    /// half-full pool, writers spent much of their time there (figures:
+    /// docs/perf/allocator.md, "Why a writer short of space waits for the sync in flight").
     pub(super) fn next_commit_releasing_frees(&self) -> Result<(), PoolError> {
         // Held by a sync in progress, which will commit: then nothing needs marking. (Waiting
         // for the lock would wait for that sync, and the commit after it.)
@@ -307,7 +310,7 @@ impl Pool {
         }
         let mos = self.mos.lock();
         let (txg, syncing_bytes, datasets) = {
-            let mut open = self.open_txg.write();
+            let mut open = self.txgs.open_txg.write();
             let datasets: Vec<Arc<Dataset>> = self.datasets.read().values().cloned().collect();
             let any = mos.dir_dirty
                 || !mos.destroyed.is_empty()
@@ -320,12 +323,13 @@ impl Pool {
             let bytes: SyncBytes = datasets.iter().map(|d| d.object.begin_sync()).sum();
             (txg, bytes, datasets)
         };
-        self.syncing_held
+        self.txgs
+            .syncing_held
             .store(syncing_bytes.held, Ordering::Release);
-        self.syncing_txg.store(txg, Ordering::Release);
+        self.txgs.syncing_txg.store(txg, Ordering::Release);
         let result = self.sync_txg(mos, txg, syncing_bytes, &datasets);
-        self.syncing_txg.store(0, Ordering::Release);
-        self.syncing_held.store(0, Ordering::Release);
+        self.txgs.syncing_txg.store(0, Ordering::Release);
+        self.txgs.syncing_held.store(0, Ordering::Release);
         result.map(Some)
     }
 
@@ -492,20 +496,26 @@ impl Pool {
             alloc.txg_synced(txg);
             alloc.space().free
         };
-        self.ahead_limit.store(free / 4, Ordering::Relaxed);
+        self.admission
+            .ahead_limit
+            .store(free / 4, Ordering::Relaxed);
         {
-            let mut ahead = self.ahead.lock();
+            let mut ahead = self.admission.ahead.lock();
             let later = ahead.split_off(&(txg + 1));
             let done: u64 = std::mem::replace(&mut *ahead, later).values().sum();
-            self.ahead_bytes.fetch_sub(done, Ordering::AcqRel);
+            self.admission.ahead_bytes.fetch_sub(done, Ordering::AcqRel);
         }
-        self.dirty_bytes
+        self.admission
+            .dirty_bytes
             .fetch_sub(syncing_bytes.dirty as i64, Ordering::AcqRel);
-        self.placed_bytes
+        self.admission
+            .placed_bytes
             .fetch_sub(syncing_bytes.placed as i64, Ordering::AcqRel);
-        self.held_bytes
+        self.admission
+            .held_bytes
             .fetch_sub(syncing_bytes.held as i64, Ordering::AcqRel);
-        self.meta_bytes
+        self.admission
+            .meta_bytes
             .fetch_sub(syncing_bytes.meta as i64, Ordering::AcqRel);
         drop(mos);
         // The log blocks this txg covers are free; sync requests it covers are answered.
@@ -524,4 +534,23 @@ struct Committed {
     txg: u64,
     /// Every data leaf took all of it: none is offline, faulted or failing now.
     whole: bool,
+}
+
+/// The txg machinery of a pool: the open txg writers join, the txg being committed, and the
+/// sync thread that commits them in order.
+pub(super) struct Txgs {
+    /// The open txg. Writers hold it shared while they dirty blocks; the sync thread takes it
+    /// exclusively to close the txg.
+    pub(super) open_txg: parking_lot::RwLock<u64>,
+    /// The txg the sync thread is committing, 0 between syncs (read without a lock by
+    /// `wait_for_room`, whose callers may hold `open_txg`).
+    pub(super) syncing_txg: std::sync::atomic::AtomicU64,
+    /// What the txg being committed held in memory when its sync began, 0 between syncs:
+    /// the rest of `held_bytes` is the open txg's.
+    pub(super) syncing_held: std::sync::atomic::AtomicU64,
+    /// How the open txg's latest writes grew its sync's work (`sync_if_much_held`).
+    pub(super) growth: super::growth::Growth,
+    pub(super) sync: parking_lot::Mutex<SyncState>,
+    pub(super) sync_cv: parking_lot::Condvar,
+    pub(super) thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }

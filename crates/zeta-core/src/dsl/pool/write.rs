@@ -10,7 +10,8 @@ use std::time::Duration;
 use parking_lot::RwLockReadGuard;
 
 use crate::dmu::object::Delta;
-use crate::dmu::{dnode, Dirty};
+use crate::dmu::write::{self, Placed, Writer};
+use crate::dmu::{dnode, Dirty, RangeLocks};
 use crate::spa::{AllocClass, AllocError, BlkPtr, Space};
 use crate::zio::{WriteProps, ZioError};
 
@@ -46,12 +47,61 @@ pub(super) struct MetaRoom {
     block: u64,
 }
 
+/// A dataset's open txg, as `dmu::write` meets it: the pool admits each change (memory,
+/// space, the sync closing the txg) and says which txg it joined.
+#[derive(Clone, Copy)]
+pub struct OpenTxg<'a> {
+    pool: &'a Pool,
+    ds: &'a Dataset,
+}
+
+impl write::Txg for OpenTxg<'_> {
+    type Error = PoolError;
+
+    fn dirty(&self, blkid: u64, change: Dirty, wait: bool) -> Result<Option<u64>, PoolError> {
+        self.pool.dirty_block(self.ds, blkid, change, wait)
+    }
+
+    fn patch(
+        &self,
+        blkid: u64,
+        at: usize,
+        piece: Arc<Vec<u8>>,
+        wait: bool,
+    ) -> Result<Option<u64>, PoolError> {
+        self.pool.patch_block(self.ds, blkid, at, piece, wait)
+    }
+
+    fn place(&self, blocks: &[(u64, &[u8])]) -> Result<Option<Placed>, PoolError> {
+        match self.pool.place_blocks(self.ds, blocks) {
+            Ok(placed) => Ok(Some(placed)),
+            Err(PoolError::Zio(ZioError::Write(_))) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn open_txg(&self) -> u64 {
+        self.pool.open_txg()
+    }
+}
+
 impl Pool {
+    /// The writer of a dataset's object: byte ranges into its blocks, in this pool's open
+    /// txg, under `locks` (its user's range locks over the object's bytes).
+    pub fn writer<'a>(&'a self, ds: &'a Dataset, locks: &'a RangeLocks) -> Writer<'a, OpenTxg<'a>> {
+        Writer {
+            object: &ds.object,
+            io: &self.io,
+            locks,
+            txg: OpenTxg { pool: self, ds },
+        }
+    }
+
     /// Replaces block `blkid` of a volume in the open txg, waiting first if too much data is
     /// dirty, and refusing with `NoSpace` if the pool could not hold it. Returns the txg the
     /// change went into. Without `wait`, `None`, with nothing done, where new contents
     /// (`Dirty::Data`) would wait (for memory, space, or the sync closing the txg).
-    pub fn dirty_block(
+    fn dirty_block(
         &self,
         ds: &Dataset,
         blkid: u64,
@@ -92,7 +142,7 @@ impl Pool {
         if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false, false) {
             return Ok(None);
         }
-        let Some(hold) = self.open_txg.try_read() else {
+        let Some(hold) = self.txgs.open_txg.try_read() else {
             return Ok(None);
         };
         if ds.destroyed.load(Ordering::Acquire) {
@@ -103,7 +153,7 @@ impl Pool {
 
     /// The open txg, held (a sync cannot close it meanwhile), if the volume still exists.
     fn hold_open_txg(&self, ds: &Dataset) -> Result<RwLockReadGuard<'_, u64>, PoolError> {
-        let hold = self.open_txg.read();
+        let hold = self.txgs.open_txg.read();
         if ds.destroyed.load(Ordering::Acquire) {
             return Err(PoolError::NoSuchVolume(format!(
                 "{}/{} (destroyed while open)",
@@ -133,21 +183,29 @@ impl Pool {
             placed -= bp.lsize.get() as i64;
         }
         self.count_dirty(delta);
-        self.placed_bytes.fetch_add(placed, Ordering::AcqRel);
+        self.admission
+            .placed_bytes
+            .fetch_add(placed, Ordering::AcqRel);
         superseded
     }
 
     fn count_dirty(&self, delta: Delta) {
-        self.dirty_bytes.fetch_add(delta.bytes, Ordering::AcqRel);
-        self.held_bytes.fetch_add(delta.held, Ordering::AcqRel);
+        self.admission
+            .dirty_bytes
+            .fetch_add(delta.bytes, Ordering::AcqRel);
+        self.admission
+            .held_bytes
+            .fetch_add(delta.held, Ordering::AcqRel);
         if delta.meta != 0 {
-            self.meta_bytes.fetch_add(delta.meta, Ordering::AcqRel);
+            self.admission
+                .meta_bytes
+                .fetch_add(delta.meta, Ordering::AcqRel);
         }
     }
 
     /// The indirect blocks the unsynced txgs will write (`meta_bytes`).
     fn meta_bytes(&self) -> u64 {
-        self.meta_bytes.load(Ordering::Acquire).max(0) as u64
+        self.admission.meta_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     /// Lays `data` over bytes `at..` of block `blkid` of a volume in the open txg, without
@@ -158,7 +216,7 @@ impl Pool {
     ///
     /// Without `wait`, `None` also when the write would wait (for memory, space, or the
     /// sync closing the txg): the caller hands it to a thread that may.
-    pub fn patch_block(
+    fn patch_block(
         &self,
         ds: &Dataset,
         blkid: u64,
@@ -185,15 +243,15 @@ impl Pool {
     /// they, and the copies they replace, are freed only as txgs commit), or once the dirty
     /// blocks still to place would take a quarter of it: past that, every write's admission
     /// (`reserve_space`) counts usable segments under the allocator's lock, and then forces
-    /// syncs itself. (A 512M volume on a 1G pool, random 4K writes: 45k writes/s with a 128M
-    /// dirty limit, 33k with 1G before this bound.)
+    /// syncs itself, and a large dirty limit slowed random writes on a small pool (figures:
+    /// docs/perf/allocator.md, "Why a txg syncs before its blocks would take a quarter of the
+    /// free space").
     ///
     /// While the open txg's latest writes add less than half a byte to its sync's work per
     /// byte they hold (short writes into blocks it has dirtied already: `Growth`), the txg
     /// grows to half the dirty limit of its own instead: its sync writes those blocks whole
-    /// either way, so a later sync rewrites them half as often. (4K writes into three 1G
-    /// volumes of 128K blocks, 100 in flight each, 30 s runs: 39.2-44.3k writes/s against
-    /// 33.9-35.6k with a flush every 5th, 24.1-26.2k against 18.0-23.2k with one after each.)
+    /// either way, so a later sync rewrites them half as often (figures:
+    /// docs/perf/intent-log.md, "A txg that grows to half the dirty limit").
     /// `txg` is the txg just written.
     fn sync_if_much_held(&self, txg: u64) {
         let max = self.dirty_max();
@@ -201,18 +259,19 @@ impl Pool {
             held: self.held_bytes(),
             cost: self.unplaced_bytes(),
         };
-        let epoch = (txg, self.syncing_txg.load(Ordering::Acquire));
-        let cheap = (self.growth.note(epoch, now, max / 16))
+        let epoch = (txg, self.txgs.syncing_txg.load(Ordering::Acquire));
+        let cheap = (self.txgs.growth.note(epoch, now, max / 16))
             .is_some_and(|(held, cost)| cost.saturating_mul(2) < held);
         // As `memory_held` counts, but of the open txg alone when it may grow to half.
         let (held, share) = if cheap {
-            let syncing = self.syncing_held.load(Ordering::Acquire);
+            let syncing = self.txgs.syncing_held.load(Ordering::Acquire);
             (now.held.saturating_sub(syncing), 2)
         } else {
             (now.held, 4)
         };
         if held.max(self.zil.pinned_bytes()) > max / share
-            || self.ahead_bytes.load(Ordering::Relaxed) > self.ahead_limit.load(Ordering::Relaxed)
+            || self.admission.ahead_bytes.load(Ordering::Relaxed)
+                > self.admission.ahead_limit.load(Ordering::Relaxed)
             || now.cost * self.io.zio.max_inflation() > self.space().free / 4
         {
             self.request_sync();
@@ -220,11 +279,11 @@ impl Pool {
     }
 
     pub(super) fn held_bytes(&self) -> u64 {
-        self.held_bytes.load(Ordering::Acquire).max(0) as u64
+        self.admission.held_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     pub(super) fn placed_bytes(&self) -> u64 {
-        self.placed_bytes.load(Ordering::Acquire).max(0) as u64
+        self.admission.placed_bytes.load(Ordering::Acquire).max(0) as u64
     }
 
     /// The dirty bytes whose space is still to be allocated (all but the placed ones).
@@ -272,8 +331,10 @@ impl Pool {
         };
         let bytes: u64 = bps.iter().map(|bp| bp.psize.get() as u64).sum();
         if bytes > 0 {
-            *self.ahead.lock().entry(txg).or_default() += bytes;
-            self.ahead_bytes.fetch_add(bytes, Ordering::AcqRel);
+            *self.admission.ahead.lock().entry(txg).or_default() += bytes;
+            self.admission
+                .ahead_bytes
+                .fetch_add(bytes, Ordering::AcqRel);
         }
         let mut bps = bps.into_iter();
         Ok(match data {
@@ -296,7 +357,7 @@ impl Pool {
     /// waits for the write, as OpenZFS's txg holds do for a copy into the DMU. This is the
     /// path of streaming writes: no copy into a block buffer, and the checksum and the
     /// device write done by the writer's thread while the data is in its cache.
-    pub fn place_blocks(
+    fn place_blocks(
         &self,
         ds: &Dataset,
         blocks: &[(u64, &[u8])],
@@ -346,7 +407,7 @@ impl Pool {
 
     /// The txg that writes go into now.
     pub fn open_txg(&self) -> u64 {
-        *self.open_txg.read()
+        *self.txgs.open_txg.read()
     }
 
     /// What writes hold in memory until a txg syncs, as the throttle counts it: the dirty
@@ -364,7 +425,7 @@ impl Pool {
 
     /// What writes may hold in memory before they wait for a sync.
     pub fn dirty_max(&self) -> u64 {
-        self.dirty_max.load(Ordering::Relaxed)
+        self.admission.dirty_max.load(Ordering::Relaxed)
     }
 
     /// The block cache's configured size.
@@ -387,16 +448,18 @@ impl Pool {
     /// (they are settings of the process that holds it, not of the pool on disk).
     pub fn set_memory_limits(&self, cache_bytes: u64, dirty_max_bytes: u64) {
         self.io.cache.set_capacity(cache_bytes);
-        self.dirty_max.store(dirty_max_bytes, Ordering::Relaxed);
+        self.admission
+            .dirty_max
+            .store(dirty_max_bytes, Ordering::Relaxed);
         // Writers waiting under a lower limit may go on.
-        self.sync_cv.notify_all();
+        self.txgs.sync_cv.notify_all();
     }
 
     fn throttle(&self) -> Result<(), PoolError> {
         if self.memory_held() < self.dirty_max() {
             return Ok(());
         }
-        let mut st = self.sync.lock();
+        let mut st = self.txgs.sync.lock();
         while self.memory_held() >= self.dirty_max() {
             // Waiting for room too: the dirty data will not shrink before room is made.
             if let Some(s) = st.suspension() {
@@ -406,9 +469,11 @@ impl Pool {
             // waking them all to ask again turned each txg into a storm of futex wakeups.
             if st.completed_seq >= st.request_seq {
                 st.request_seq += 1;
-                self.sync_cv.notify_all();
+                self.txgs.sync_cv.notify_all();
             }
-            self.sync_cv.wait_for(&mut st, Duration::from_millis(100));
+            self.txgs
+                .sync_cv
+                .wait_for(&mut st, Duration::from_millis(100));
         }
         Ok(())
     }
@@ -485,7 +550,7 @@ impl Pool {
         // Placed blocks already hold their space: only the rest is still to allocate.
         let inflation = self.io.zio.max_inflation();
         let dirty = (self.unplaced_bytes() + len) * inflation;
-        let ahead = self.ahead_bytes.load(Ordering::Acquire);
+        let ahead = self.admission.ahead_bytes.load(Ordering::Acquire);
         // The indirect blocks of the txgs not yet synced, and one more for this write.
         let meta = (self.meta_bytes() + 2 * dnode::IND_BLOCK_BYTES as u64) * inflation;
         let need = dirty + dirty / 8 + meta + slop + ahead * inflation;
@@ -528,7 +593,7 @@ impl Pool {
         let piece = dnode::IND_BLOCK_BYTES as u64 * self.io.zio.max_inflation();
         let spoil = piece / crate::vdev::layout::SECTOR;
         let total = self.io.zio.gauge.taken_total();
-        let mut last = self.meta_room.lock();
+        let mut last = self.admission.meta_room.lock();
         let taken = total.saturating_sub(last.taken);
         let lower = last.room.saturating_sub(taken.saturating_mul(spoil));
         let snug_lower = last.snug.saturating_sub(taken);
@@ -566,7 +631,7 @@ impl Pool {
     /// fragmented by small random writes has hundreds of thousands), so the slivers found
     /// are taken as still there for `SLIVERS_FOR`; a doubtful answer is counted afresh.
     pub(super) fn fits(&self, space: &Space, block: u64, need: u64) -> bool {
-        let mut cached = self.slivers.lock();
+        let mut cached = self.admission.slivers.lock();
         let (at, size, slivers) = *cached;
         if size == block && at.elapsed() < SLIVERS_FOR && space.free.saturating_sub(slivers) >= need
         {
@@ -620,4 +685,36 @@ impl Pool {
         drop(hold);
         Ok(Some(bps))
     }
+}
+
+/// What the pool's writes hold and may hold (dirty bytes, memory, written-ahead space), read
+/// by admission (`write.rs`) and the throttle.
+pub(super) struct Admission {
+    pub(super) dirty_bytes: std::sync::atomic::AtomicI64,
+    /// What writes may hold in memory before they wait for a sync (`PoolOptions::
+    /// dirty_max_bytes` at first; `set_memory_limits` changes it).
+    pub(super) dirty_max: std::sync::atomic::AtomicU64,
+    /// The part of `dirty_bytes` already written to its place (`Dirty::Placed`): its space
+    /// is allocated, so admission must not count it again.
+    pub(super) placed_bytes: std::sync::atomic::AtomicI64,
+    /// What the dirty changes hold in memory (`Dirty::held`): less than `dirty_bytes` by the
+    /// placed blocks and by the unread rest of patched ones.
+    pub(super) held_bytes: std::sync::atomic::AtomicI64,
+    /// The level-1 indirect blocks the dirty changes make their syncs write (`Delta::meta`):
+    /// with small random writes, more than the data itself (an 8K block dirties a 16K
+    /// indirect block, two copies of it), and the sync must find room for them.
+    pub(super) meta_bytes: std::sync::atomic::AtomicI64,
+    /// Bytes written ahead past which a sync is asked: a quarter of the free space when the
+    /// last txg committed (kept here so writers need not take the allocator's lock to ask).
+    pub(super) ahead_limit: std::sync::atomic::AtomicU64,
+    /// Bytes written ahead of their txg (placed, or written in place for the log), by txg,
+    /// until that txg commits; superseded copies included: the intent log may point at
+    /// every one of them, and after a crash import holds them all until the replay ends.
+    pub(super) ahead: parking_lot::Mutex<std::collections::BTreeMap<u64, u64>>,
+    pub(super) ahead_bytes: std::sync::atomic::AtomicU64,
+    /// The free space admission last found in slivers too small for a block (when, block
+    /// size, bytes): reused for a while instead of walking every free segment again.
+    pub(super) slivers: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
+    /// The last count of room for indirect blocks (`Pool::fits_meta`).
+    pub(super) meta_room: parking_lot::Mutex<MetaRoom>,
 }

@@ -1,6 +1,6 @@
-//! Range locks over a volume's bytes: a writer holds what it changes until its change and
+//! Range locks over an object's bytes: a writer holds what it changes until its change and
 //! its log record are in place, so two writes that touch the same bytes (or one that merges a
-//! whole block, `Volume::write_span`) serialize instead of losing an update, and their
+//! whole block, `Writer::write_span`) serialize instead of losing an update, and their
 //! records queue in the order they were applied.
 
 use std::collections::BTreeMap;

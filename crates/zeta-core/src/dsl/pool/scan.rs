@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::pool::Pool;
+use super::{Pool, PoolError};
 use crate::dmu::object::{walk_from, Visit};
 use crate::dmu::DnodePhys;
 use crate::spa::scan_state::{Bookmark, Damage, ScanFunc, ScanPhase, ScanState};
@@ -83,12 +83,12 @@ fn now_secs() -> u64 {
 
 impl Pool {
     /// Starts a scrub in the background (or resumes a paused one where it stopped).
-    pub fn start_scrub(self: &Arc<Self>) -> Result<(), super::PoolError> {
+    pub fn start_scrub(self: &Arc<Self>) -> Result<(), PoolError> {
         // A scan records its progress in the labels and rewrites what it finds bad.
         self.check_writable()?;
-        let mut slot = self.scanner.lock();
+        let mut slot = self.scanning.scanner.lock();
         if slot.closed {
-            return Err(super::PoolError::Invalid(format!(
+            return Err(PoolError::Invalid(format!(
                 "pool '{}' is closing",
                 self.name
             )));
@@ -96,17 +96,17 @@ impl Pool {
         // A scanner whose scan is no longer `scanning` is only saving its end (`finish`):
         // a client that saw the scan end and asks for another must not be refused for
         // that, so wait for it (it takes no lock this one holds).
-        if self.scan.lock().state != ScanPhase::Scanning {
+        if self.scanning.scan.lock().state != ScanPhase::Scanning {
             if let Some(s) = slot.running.take() {
                 let _ = s.thread.join();
             }
         }
         if slot.busy() {
-            let what = match self.scan.lock().func {
+            let what = match self.scanning.scan.lock().func {
                 ScanFunc::Scrub => "already being scrubbed",
                 ScanFunc::Resilver => "being resilvered, which comes first",
             };
-            return Err(super::PoolError::Invalid(format!(
+            return Err(PoolError::Invalid(format!(
                 "pool '{}' is {what} (stop it with --stop)",
                 self.name
             )));
@@ -118,7 +118,7 @@ impl Pool {
 
     /// Marks a scrub as running from the start, unless one is already under way (paused).
     fn begin_scrub(&self) {
-        let mut st = self.scan.lock();
+        let mut st = self.scanning.scan.lock();
         if st.state != ScanPhase::Scanning {
             *st = ScanState {
                 state: ScanPhase::Scanning,
@@ -141,8 +141,11 @@ impl Pool {
 
     /// Resumes a scrub the config says was running (at import).
     pub(super) fn resume_scrub(self: &Arc<Self>) {
-        let mut slot = self.scanner.lock();
-        if !slot.closed && !self.is_read_only() && self.scan.lock().state == ScanPhase::Scanning {
+        let mut slot = self.scanning.scanner.lock();
+        if !slot.closed
+            && !self.is_read_only()
+            && self.scanning.scan.lock().state == ScanPhase::Scanning
+        {
             slot.running = Some(self.spawn_scanner());
         }
     }
@@ -160,7 +163,7 @@ impl Pool {
     /// Starts a resilver of every txg some present, online leaf missed (pausing a scrub),
     /// unless there is none or one already runs. Returns whether one runs now.
     pub fn start_resilver(self: &Arc<Self>) -> bool {
-        let mut slot = self.scanner.lock();
+        let mut slot = self.scanning.scanner.lock();
         self.start_resilver_in(&mut slot)
     }
 
@@ -173,14 +176,14 @@ impl Pool {
     /// the resilver), nor after the administrator stopped a resilver (`pool clear`, `pool
     /// online` or the next import start it again).
     pub(super) fn resilver_owed(self: &Arc<Self>) {
-        let Some(mut slot) = self.scanner.try_lock() else {
+        let Some(mut slot) = self.scanning.scanner.try_lock() else {
             return;
         };
         if slot.busy() {
             // A scrub gives way to a resilver (it goes on after it, where it stopped): ask
             // it to stop without waiting; its thread ends between blocks, and a txg later
             // the resilver starts here.
-            let scrubbing = self.scan.lock().func == ScanFunc::Scrub;
+            let scrubbing = self.scanning.scan.lock().func == ScanFunc::Scrub;
             if scrubbing && !self.owed().0.is_empty() {
                 if let Some(s) = slot.running.as_ref() {
                     s.stop.store(true, Ordering::SeqCst);
@@ -191,7 +194,7 @@ impl Pool {
         }
         let yielded = std::mem::take(&mut slot.yielded);
         {
-            let st = self.scan.lock();
+            let st = self.scanning.scan.lock();
             let stopped = st.func == ScanFunc::Resilver && st.state == ScanPhase::Canceled;
             let resilvering = st.func == ScanFunc::Resilver && st.state == ScanPhase::Scanning;
             if stopped || resilvering || left_owing(&st, &self.owed().0) {
@@ -200,7 +203,7 @@ impl Pool {
         }
         if !self.start_resilver_in(&mut slot) && yielded && !slot.closed {
             // Nothing is owed after all: the scrub that stopped for it goes on.
-            if self.scan.lock().state == ScanPhase::Scanning {
+            if self.scanning.scan.lock().state == ScanPhase::Scanning {
                 slot.running = Some(self.spawn_scanner());
             }
         }
@@ -252,7 +255,7 @@ impl Pool {
             s.pause();
         }
         {
-            let mut st = self.scan.lock();
+            let mut st = self.scanning.scan.lock();
             if st.state == ScanPhase::Scanning
                 && st.func == ScanFunc::Resilver
                 && st.txgs == owed.0
@@ -288,21 +291,22 @@ impl Pool {
     }
 
     /// Cancels a running scrub; its state becomes `canceled`.
-    pub fn stop_scrub(&self) -> Result<(), super::PoolError> {
+    pub fn stop_scrub(&self) -> Result<(), PoolError> {
         let running = self
+            .scanning
             .scanner
             .lock()
             .running
             .take()
             .filter(|s| !s.thread.is_finished());
         let Some(s) = running else {
-            return Err(super::PoolError::Invalid(format!(
+            return Err(PoolError::Invalid(format!(
                 "pool '{}' is not being scrubbed",
                 self.name
             )));
         };
         s.pause();
-        let mut st = self.scan.lock();
+        let mut st = self.scanning.scan.lock();
         if st.state == ScanPhase::Scanning {
             st.state = ScanPhase::Canceled;
             st.end_secs = now_secs();
@@ -313,12 +317,12 @@ impl Pool {
     }
 
     pub fn scan_status(&self) -> ScanState {
-        self.scan.lock().clone()
+        self.scanning.scan.lock().clone()
     }
 
     /// Waits until no scrub runs (finished, canceled, or the pool closing).
     pub fn wait_scrub(&self) {
-        let running = self.scanner.lock().running.take();
+        let running = self.scanning.scanner.lock().running.take();
         if let Some(s) = running {
             let _ = s.thread.join();
         }
@@ -365,7 +369,7 @@ fn scan(pool: Weak<Pool>, stop: &AtomicBool) {
 /// interrupted goes on from where it stopped (on the same thread).
 fn finish(pool: &Pool) -> bool {
     let (resumed, resilvered) = {
-        let mut st = pool.scan.lock();
+        let mut st = pool.scanning.scan.lock();
         let resilvered = st.func == ScanFunc::Resilver;
         st.state = ScanPhase::Finished;
         st.end_secs = now_secs();
@@ -416,7 +420,7 @@ fn hold_frees(pool: &Pool) -> u64 {
 /// Scrubs up to `CHUNK_BLOCKS` blocks from the bookmark on; returns whether the walk is done.
 fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     let (bookmark, filter) = {
-        let st = pool.scan.lock();
+        let st = pool.scanning.scan.lock();
         let filter = (st.func == ScanFunc::Resilver).then(|| TxgRanges(st.txgs.clone()));
         (st.bookmark.clone(), filter)
     };
@@ -496,7 +500,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
 }
 
 fn set_bookmark(pool: &Pool, volume: Option<String>, blkid: u64) {
-    pool.scan.lock().bookmark = Some(Bookmark { volume, blkid });
+    pool.scanning.scan.lock().bookmark = Some(Bookmark { volume, blkid });
 }
 
 fn first_volume_after(pool: &Pool, after: Option<&str>) -> Option<String> {
@@ -623,13 +627,13 @@ fn check_batch(t: &TreeScan, batch: &mut Vec<(BlkPtr, u64)>) {
 fn check(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64) -> bool {
     match t.pool.io.zio.scrub(bp) {
         Ok(r) => {
-            let mut st = t.pool.scan.lock();
+            let mut st = t.pool.scanning.scan.lock();
             st.examined_bytes += bp.asize_total();
             st.repaired_bytes += r.repaired_bytes;
             true
         }
         Err(e) => {
-            t.pool.scan.lock().examined_bytes += bp.asize_total();
+            t.pool.scanning.scan.lock().examined_bytes += bp.asize_total();
             not_rebuilt(t, bp, level, first, &e);
             false
         }
@@ -641,7 +645,7 @@ fn check(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64) -> bool {
 /// its leaves go on owing the txgs up to the block's birth (`ScanState::unrebuilt_txg`).
 fn not_rebuilt(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64, e: &crate::zio::ZioError) {
     let span = (1u64 << crate::dmu::IND_SHIFT).saturating_pow(level as u32);
-    let mut st = t.pool.scan.lock();
+    let mut st = t.pool.scanning.scan.lock();
     st.errors += 1;
     if t.filter.is_some() {
         st.unrebuilt_txg = st.unrebuilt_txg.max(bp.birth_txg.get());
@@ -654,6 +658,17 @@ fn not_rebuilt(t: &TreeScan, bp: &BlkPtr, level: u8, first: u64, e: &crate::zio:
             error: e.to_string(),
         });
     }
+}
+
+/// A pool's scrub and resilver: the state saved in the config, the thread walking, and when
+/// volumes last did I/O (a scan yields to them).
+pub(super) struct Scanning {
+    /// The last scrub's state (saved in the config) and the thread running one.
+    pub(super) scan: parking_lot::Mutex<ScanState>,
+    pub(super) scanner: parking_lot::Mutex<ScanSlot>,
+    /// When a volume last read or wrote (nanoseconds since `born`): a scrub yields to it.
+    pub(super) last_io_nanos: std::sync::atomic::AtomicU64,
+    pub(super) born: std::time::Instant,
 }
 
 #[cfg(test)]
