@@ -330,6 +330,7 @@ pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {
         .iter()
         .map(|ds| {
             json!({"name": format!("{}/{}", p.name, ds.name), "size": ds.volsize(),
+                   "used": ds.object.used_bytes(),
                    "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()})
         })
         .collect()
@@ -360,13 +361,19 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
         writeln!(out, "{}", serde_json::to_string_pretty(&rows).unwrap()).map_err(io)?;
         return Ok(());
     }
-    writeln!(out, "{:<32} {:>8} {:>8}  CHECKSUM", "NAME", "SIZE", "BLOCK").map_err(io)?;
+    writeln!(
+        out,
+        "{:<32} {:>8} {:>8} {:>8}  CHECKSUM",
+        "NAME", "SIZE", "USED", "BLOCK"
+    )
+    .map_err(io)?;
     for r in rows {
         writeln!(
             out,
-            "{:<32} {:>8} {:>8}  {}",
+            "{:<32} {:>8} {:>8} {:>8}  {}",
             r["name"].as_str().unwrap(),
             human(r["size"].as_u64().unwrap()),
+            human(r["used"].as_u64().unwrap_or(0)),
             human(r["volblocksize"].as_u64().unwrap()),
             r["checksum"].as_str().unwrap()
         )

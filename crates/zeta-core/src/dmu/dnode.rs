@@ -37,7 +37,11 @@ pub struct DnodePhys {
     pub data_block_bytes: U32,
     /// Logical size in bytes (a volume's size, a space map's record bytes).
     pub size_bytes: U64,
-    pub reserved: [u8; 112],
+    /// Bytes the object's tree takes on the devices: every copy of every data and indirect
+    /// block, as allocated (`asize`). Kept by `Object::sync` with feature
+    /// `org.zeta:space_used`; zero (unknown) in pools written without it.
+    pub used_bytes: U64,
+    pub reserved: [u8; 104],
     pub root: BlkPtr,
 }
 pub const DNODE_BYTES: usize = 256;
@@ -52,7 +56,8 @@ impl DnodePhys {
             copies,
             data_block_bytes: data_block_bytes.into(),
             size_bytes: 0.into(),
-            reserved: [0; 112],
+            used_bytes: 0.into(),
+            reserved: [0; 104],
             root: BlkPtr::HOLE,
         }
     }

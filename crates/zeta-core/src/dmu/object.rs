@@ -48,6 +48,23 @@ impl Span {
     }
 }
 
+/// Bytes a tree takes on the devices, kept as a sync writes and frees its blocks. Saturating:
+/// the starting figure comes from disk, and a damaged one must not stop a sync (a recount,
+/// `used_recounted`, tells the truth).
+struct Used(u64);
+
+impl Used {
+    fn add<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
+        let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
+        self.0 = self.0.saturating_add(n);
+    }
+
+    fn sub<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
+        let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
+        self.0 = self.0.saturating_sub(n);
+    }
+}
+
 /// Cuts `len` bytes at `offset` into per-block spans, in order.
 pub fn spans(offset: u64, len: usize, block_bytes: u64) -> impl Iterator<Item = Span> {
     let mut done = 0usize;
@@ -340,6 +357,28 @@ impl Object {
 
     pub fn set_size_bytes(&self, size: u64) {
         self.state.lock().dnode.size_bytes = size.into();
+    }
+
+    /// Bytes the object's tree takes on the devices as of its last sync (`DnodePhys::
+    /// used_bytes`).
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().dnode.used_bytes.get()
+    }
+
+    /// What `used_bytes` is, counted from the tree as it is on disk: every copy of every block
+    /// the last sync's tree reaches.
+    pub fn used_recounted(&self, io: &ObjectIo) -> Result<u64, ZioError> {
+        let mut n = 0u64;
+        walk(io, &self.dnode(), &mut |bp, _| {
+            n += bp.asize_total();
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// Sets `used_bytes` from a recount (a pool written before the figure was kept).
+    pub fn set_used_bytes(&self, bytes: u64) {
+        self.state.lock().dnode.used_bytes = bytes.into();
     }
 
     /// Reads block `blkid` as of the newest write; `None` is a hole (reads as zeros).
@@ -735,6 +774,8 @@ impl Object {
             class: self.class,
         };
         let mut new = old;
+        // What the tree takes on the devices, as its blocks are written and freed.
+        let mut used = Used(old.used_bytes.get());
         let max_blkid = dirty.last_blkid();
         while new.capacity_blocks() <= max_blkid {
             new.nlevels += 1;
@@ -796,13 +837,16 @@ impl Object {
         }
         io.zio
             .adopt_all(to_adopt.iter().map(|&slot| &children[slot].1));
+        used.add(to_adopt.iter().map(|&slot| &children[slot].1));
         let bufs: Vec<&[u8]> = to_write.iter().map(|(_, d)| d.as_slice()).collect();
         let bps = io.zio.write_batch(&bufs, data_props, txg)?;
+        used.add(&bps);
         for ((slot, d), bp) in to_write.into_iter().zip(bps) {
             to_cache.push((bp, d));
             children[slot].1 = bp;
         }
         let patched_bps = sync_patched(io, &old, &patched, data_props, txg)?;
+        used.add(patched_bps.iter().flatten());
         let mut kept: Vec<usize> = Vec::new();
         for (slot, bp) in patched_slots.into_iter().zip(patched_bps) {
             match bp {
@@ -889,6 +933,7 @@ impl Object {
                             lost.filter(|bp| bp.birth_txg.get() == txg).collect();
                         io.cache.forget(&new);
                         io.zio.free_all(&new, txg, self.class);
+                        used.sub(&new);
                         (io.zio.stats.lost_writes)
                             .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
                         continue;
@@ -908,6 +953,7 @@ impl Object {
                 }
                 io.cache.forget(&replaced);
                 io.zio.free_all(&replaced, txg, self.class);
+                used.sub(&replaced);
                 replaced.clear();
                 if (0..FANOUT).any(|s| !bp_at(&content, s).is_hole()) {
                     let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
@@ -922,6 +968,7 @@ impl Object {
             } else {
                 io.zio.write_batch(&contents, props, txg)?
             };
+            used.add(&bps);
             for ((slot, content, fill), mut bp) in built.into_iter().zip(bps) {
                 bp.fill = fill.into();
                 io.cache.insert(&bp, Arc::new(content));
@@ -943,6 +990,7 @@ impl Object {
         if old_root_replaced && !old.root.is_hole() && old.root != root {
             io.cache.forget(std::slice::from_ref(&old.root));
             io.zio.free(&old.root, txg, self.class);
+            used.sub(std::slice::from_ref(&old.root));
         }
         new.root = root;
         for (bp, d) in to_cache {
@@ -952,6 +1000,7 @@ impl Object {
         let mut st = self.state.lock();
         st.dnode.root = new.root;
         st.dnode.nlevels = new.nlevels;
+        st.dnode.used_bytes = used.0.into();
         st.syncing = None;
         Ok(st.dnode)
     }

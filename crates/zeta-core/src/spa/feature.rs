@@ -16,13 +16,33 @@ use serde::{Deserialize, Serialize};
 pub struct Feature {
     pub name: &'static str,
     pub read_compatible: bool,
-    /// One line for `zeta pool status`.
-    pub what: &'static str,
 }
+
+/// Each volume's dnode keeps the bytes its tree takes on the devices (`DnodePhys::
+/// used_bytes`). A zeta that does not know it reads the pool as ever; one that wrote to it
+/// would leave the figure stale.
+pub const SPACE_USED: Feature = Feature {
+    name: "org.zeta:space_used",
+    read_compatible: true,
+};
 
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
-pub const SUPPORTED: &[Feature] = &[];
+pub const SUPPORTED: &[Feature] = &[SPACE_USED];
+
+/// The features a new pool starts with: every one this zeta supports, each active from the
+/// first txg (each one's structures are written from then on).
+pub fn for_new_pool() -> Features {
+    SUPPORTED
+        .iter()
+        .map(|f| (f.name.to_string(), FeatureState::active(f)))
+        .collect()
+}
+
+/// Whether `feature` is active in `features`.
+pub fn is_active(features: &Features, feature: &Feature) -> bool {
+    features.get(feature.name).is_some_and(|st| st.active)
+}
 
 /// A feature's state in one pool's label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +52,15 @@ pub struct FeatureState {
     pub active: bool,
     /// A zeta that does not know the feature may import the pool read-only while it is active.
     pub read_compatible: bool,
+}
+
+impl FeatureState {
+    pub fn active(f: &Feature) -> FeatureState {
+        FeatureState {
+            active: true,
+            read_compatible: f.read_compatible,
+        }
+    }
 }
 
 /// The features of a pool's label, by name.
@@ -120,7 +149,6 @@ mod tests {
         let known = [Feature {
             name: "org.zeta:test",
             read_compatible: false,
-            what: "a feature for this test",
         }];
         let f = with("org.zeta:test", true, false);
         assert_eq!(check_against(&f, false, &known), Ok(()));

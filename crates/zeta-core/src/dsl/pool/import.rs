@@ -12,6 +12,7 @@ use super::sync::commit_above_skipped;
 use super::{check_kernels, hostname, invalid, Mos, Pool, PoolError, PoolOptions, MIN_LEAF_BYTES};
 use crate::dmu::{BlockCache, ObjectIo};
 use crate::dsl::dir::valid_volume_name;
+use crate::spa::feature::{self, FeatureState, SPACE_USED};
 use crate::spa::label::{
     cut_to, read_labels, LabelError, PoolConfig, PoolState, Uberblock, FORMAT_VERSION,
     MAX_HOLDER_BYTES,
@@ -108,8 +109,38 @@ impl Pool {
         pool.open_volumes(volumes, &ub)?;
         *pool.scanning.scan.lock() = scan;
         pool.import_notes.lock().extend(tree.notes);
+        pool.count_space()?;
         pool.finish_import()?;
         Ok(pool)
+    }
+
+    /// A pool written without feature `org.zeta:space_used` keeps no figure of the bytes each
+    /// volume's blocks take: they are counted from the trees now. A read-write import writes
+    /// them (every volume's objset block anew, in one txg) and marks the feature active once
+    /// that txg has committed, so a crash in between leaves the pool as it was; a read-only one
+    /// keeps them in memory.
+    fn count_space(&self) -> Result<(), PoolError> {
+        if feature::is_active(&self.config.lock().features, &SPACE_USED) {
+            return Ok(());
+        }
+        for ds in self.datasets() {
+            ds.object
+                .set_used_bytes(ds.object.used_recounted(&self.io)?);
+        }
+        if self.opts.readonly {
+            return Ok(());
+        }
+        {
+            let mut mos = self.mos.lock();
+            mos.rewrite_objsets = true;
+            mos.dir_dirty = true;
+        }
+        self.sync_now()?;
+        (self.config.lock().features).insert(
+            SPACE_USED.name.to_string(),
+            FeatureState::active(&SPACE_USED),
+        );
+        Ok(())
     }
 
     /// Opens every volume's intent log and makes the volumes the pool's. A log with records

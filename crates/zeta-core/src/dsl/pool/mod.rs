@@ -371,6 +371,9 @@ struct Mos {
     destroyed: Vec<Arc<Dataset>>,
     /// The directory must be rewritten (a volume was created, destroyed or resized).
     dir_dirty: bool,
+    /// The next sync writes every volume's objset block, changed or not (their dnodes took
+    /// figures the disk does not have yet: `Pool::count_space`).
+    rewrite_objsets: bool,
 }
 
 /// Sync requests are numbered; a request is served once a sync pass that *started* after it
@@ -553,7 +556,7 @@ impl Pool {
             zil_placement: opts.zil_placement,
             hostname: Some(hostname()),
             holder: opts.holder.as_deref().map(|h| cut_to(h, MAX_HOLDER_BYTES)),
-            features: Default::default(),
+            features: crate::spa::feature::for_new_pool(),
         };
         Pool::check_config_room(&config)?;
         let alloc = Allocator::new(&alloc_geometry(&config));
@@ -1240,12 +1243,23 @@ impl Pool {
         }
         for ds in self.datasets() {
             // Data blocks are read uncached so a verify really touches the media.
-            walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
+            let dn = ds.object.dnode();
+            let mut used = 0u64;
+            walk(&self.io, &dn, &mut |bp, level| {
                 if level == 0 {
                     self.io.zio.read(bp)?;
                 }
+                used += bp.asize_total();
                 count(bp, level)
             })?;
+            if used != dn.used_bytes.get() {
+                return Err(invalid(format!(
+                    "volume '{}/{}': its dnode says its blocks take {} bytes, its tree {used}",
+                    self.name,
+                    ds.name,
+                    dn.used_bytes.get()
+                )));
+            }
         }
         let alloc = self.io.zio.alloc.lock();
         let (kept, counted) = (alloc.space(), alloc.space_recounted());

@@ -71,6 +71,7 @@ pub(super) fn empty_mos(ms_per_top: &[usize]) -> Mos {
         objset_bp: BlkPtr::HOLE,
         destroyed: Vec::new(),
         dir_dirty: false,
+        rewrite_objsets: false,
     }
 }
 

@@ -352,7 +352,7 @@ impl Pool {
             let before = ds.object.dnode();
             let dn = ds.object.sync(io, txg)?;
             let mut os_bp = ds.objset_bp.lock();
-            if dn == before && !os_bp.is_hole() {
+            if dn == before && !os_bp.is_hole() && !mos.rewrite_objsets {
                 continue;
             }
             let mut os = ObjsetPhys::new(OBJSET_VOLUME);
@@ -371,6 +371,7 @@ impl Pool {
             *os_bp = bp;
             mos.dir_dirty = true;
         }
+        mos.rewrite_objsets = false;
         let mut syncing_bytes = syncing_bytes;
         let destroyed = std::mem::take(&mut mos.destroyed);
         for ds in &destroyed {
