@@ -222,6 +222,11 @@ fn a_pool_from_before_space_used_counts_its_volumes_at_import() {
             ok(&zeta(&home, d, &["pool", "export", pool]));
             import(&[]);
             assert_eq!(used_of(&home, d, pool), counted, "{image}: {pool}");
+            // Its volumes stay as they were made: sparse.
+            let rows: serde_json::Value =
+                serde_json::from_str(&ok(&zeta(&home, d, &["vol", "list", "--json", pool])))
+                    .unwrap();
+            assert_eq!(rows[0]["refreservation"], 0, "{image}: {pool}");
             assert!(space_used_active(&home, d, pool), "{image}: {pool}");
             ok(&zeta(&home, d, &["pool", "export", pool]));
         }

@@ -356,11 +356,16 @@ pub enum PoolCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum VolCmd {
-    /// Create a volume of SIZE bytes (suffixes K, M, G, T).
+    /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
+    /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
+    /// much available; -s makes a sparse volume, which reserves nothing.
     Create {
         /// Block size, a power of two from 4K to 128K.
         #[arg(short = 'b', default_value = "16K", value_name = "SIZE")]
         block_size: String,
+        /// Sparse: reserve nothing; writes may then meet a full pool.
+        #[arg(short = 's', long)]
+        sparse: bool,
         /// Property KEY=VALUE (checksum=fletcher2|fletcher4|sha256|blake3; default: the pool's).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,

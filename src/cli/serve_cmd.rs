@@ -169,11 +169,12 @@ pub fn up(home: &Home, args: UpArgs) -> Result<()> {
         p
     };
     if pool.dataset(UP_VOLUME).is_err() {
-        if let Err(e) = pool.create_volume(UP_VOLUME, 256 << 20, 16384, None) {
+        // Reserved, as `vol create` makes it: the pool keeps room to write it whole.
+        if let Err(e) = pool.create_volume_with(UP_VOLUME, 256 << 20, 16384, None, true) {
             close_all(&[pool]);
             return Err(e.into());
         }
-        println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M, 16K blocks)");
+        println!("created volume '{UP_POOL}/{UP_VOLUME}' (256M, 16K blocks, reserved)");
     }
     run(
         home,

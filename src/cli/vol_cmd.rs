@@ -60,6 +60,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
     match cmd {
         VolCmd::Create {
             block_size,
+            sparse,
             props,
             name,
             size,
@@ -89,12 +90,16 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
                 return Err(usage(format!("block size {bs} is too large")));
             }
             let p = home.open(pool)?;
-            let r = p.create_volume(vol, size, bs as u32, checksum);
+            let r = p.create_volume_with(vol, size, bs as u32, checksum, !sparse);
             p.close()?;
-            r?;
+            let ds = r?;
+            let reserved = match ds.refreservation() {
+                0 => "sparse".to_string(),
+                n => format!("{} reserved", human(n)),
+            };
             writeln!(
                 out,
-                "created volume '{name}' ({}, block size {})",
+                "created volume '{name}' ({}, block size {}, {reserved})",
                 human(size),
                 human(bs)
             )
@@ -330,7 +335,7 @@ pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {
         .iter()
         .map(|ds| {
             json!({"name": format!("{}/{}", p.name, ds.name), "size": ds.volsize(),
-                   "used": ds.object.used_bytes(),
+                   "used": ds.object.used_bytes(), "refreservation": ds.refreservation(),
                    "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()})
         })
         .collect()
@@ -363,17 +368,21 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
     }
     writeln!(
         out,
-        "{:<32} {:>8} {:>8} {:>8}  CHECKSUM",
-        "NAME", "SIZE", "USED", "BLOCK"
+        "{:<32} {:>8} {:>8} {:>9} {:>8}  CHECKSUM",
+        "NAME", "SIZE", "USED", "REFRESERV", "BLOCK"
     )
     .map_err(io)?;
     for r in rows {
         writeln!(
             out,
-            "{:<32} {:>8} {:>8} {:>8}  {}",
+            "{:<32} {:>8} {:>8} {:>9} {:>8}  {}",
             r["name"].as_str().unwrap(),
             human(r["size"].as_u64().unwrap()),
             human(r["used"].as_u64().unwrap_or(0)),
+            match r["refreservation"].as_u64() {
+                Some(0) | None => "none".to_string(),
+                Some(n) => human(n),
+            },
             human(r["volblocksize"].as_u64().unwrap()),
             r["checksum"].as_str().unwrap()
         )

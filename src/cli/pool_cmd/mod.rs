@@ -131,6 +131,7 @@ fn list(home: &Home, json: bool) -> Result<()> {
                        "freeing": st["freeing"], "fragmentation": st["fragmentation"],
                        "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0),
                        "usable_size": st["usable"]["size"], "usable_free": st["usable"]["free"],
+                       "reserved": st["usable"]["reserved"], "avail": st["usable"]["avail"],
                        "health": st["state"], "readonly": st["readonly"]})
             }
             Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
@@ -162,7 +163,7 @@ fn list(home: &Home, json: bool) -> Result<()> {
             pct("fragmentation"),
             pct("capacity_pct"),
             n("usable_size"),
-            n("usable_free"),
+            n("avail"),
             health(&r)
         );
     }
@@ -436,8 +437,8 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
         let u = |k: &str| human(st["usable"][k].as_u64().unwrap_or(0));
         println!(
             "  pool: {}\n state: {}\n   txg: {}\n space: {} size, {} alloc, {} free, {} freeing, \
-             {}% fragmented (raw, as zpool list counts it)\n        {} usable, {} available (after parity, \
-             for {} blocks, as zfs list counts it)",
+             {}% fragmented (raw, as zpool list counts it)\n        {} usable, {} available beside {} \
+             reserved for volumes (after parity, for {} blocks, as zfs list counts it)",
             st["name"].as_str().unwrap(),
             health(&st),
             st["txg"],
@@ -447,7 +448,8 @@ fn status(home: &Home, name: Option<&str>, json: bool) -> Result<()> {
             human(st["freeing"].as_u64().unwrap_or(0)),
             st["fragmentation"],
             u("size"),
-            u("free"),
+            u("avail"),
+            u("reserved"),
             u("block_bytes"),
         );
         if let Some(lines) = status_lines(&st) {

@@ -24,7 +24,10 @@ pub struct DirEntryPhys {
     /// While the volume's log waits for its replay: the txg its records are counted from
     /// (those of later txgs are replayed). Zero otherwise.
     pub replay_after: U64,
-    pub reserved: [u8; 56],
+    /// With feature `org.zeta:refreservation`: the bytes kept free for the volume, whether
+    /// written yet or not (zero: sparse). Zero in pools written without the feature.
+    pub refreservation: U64,
+    pub reserved: [u8; 48],
     pub objset: BlkPtr,
 }
 const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);

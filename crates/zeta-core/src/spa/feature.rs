@@ -26,9 +26,17 @@ pub const SPACE_USED: Feature = Feature {
     read_compatible: true,
 };
 
+/// Directory entries keep each volume's reservation (`DirEntryPhys::refreservation`). A zeta
+/// that does not know it reads the pool as ever; one that wrote to it would drop the
+/// reservations.
+pub const REFRESERVATION: Feature = Feature {
+    name: "org.zeta:refreservation",
+    read_compatible: true,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
-pub const SUPPORTED: &[Feature] = &[SPACE_USED];
+pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the
 /// first txg (each one's structures are written from then on).

@@ -109,37 +109,44 @@ impl Pool {
         pool.open_volumes(volumes, &ub)?;
         *pool.scanning.scan.lock() = scan;
         pool.import_notes.lock().extend(tree.notes);
-        pool.count_space()?;
+        pool.upgrade_features()?;
+        pool.refresh_reservations();
         pool.finish_import()?;
         Ok(pool)
     }
 
-    /// A pool written without feature `org.zeta:space_used` keeps no figure of the bytes each
-    /// volume's blocks take: they are counted from the trees now. A read-write import writes
-    /// them (every volume's objset block anew, in one txg) and marks the feature active once
-    /// that txg has committed, so a crash in between leaves the pool as it was; a read-only one
-    /// keeps them in memory.
-    fn count_space(&self) -> Result<(), PoolError> {
-        if feature::is_active(&self.config.lock().features, &SPACE_USED) {
-            return Ok(());
-        }
-        for ds in self.datasets() {
-            ds.object
-                .set_used_bytes(ds.object.used_recounted(&self.io)?);
+    /// Brings a pool written by an older zeta up to this one's features, as a read-write
+    /// import finds it. Without `org.zeta:space_used` it keeps no figure of the bytes each
+    /// volume's blocks take: they are counted from the trees now (a read-only import keeps
+    /// them in memory), written (every volume's objset block anew, in one txg), and the
+    /// feature marked active once that txg has committed, so a crash in between leaves the
+    /// pool as it was. Every other feature this zeta has is then active too (what an older
+    /// pool holds means the same under it: no reservation is a zero one); `finish_import`
+    /// writes the config.
+    fn upgrade_features(&self) -> Result<(), PoolError> {
+        if !feature::is_active(&self.config.lock().features, &SPACE_USED) {
+            for ds in self.datasets() {
+                ds.object
+                    .set_used_bytes(ds.object.used_recounted(&self.io)?);
+            }
+            if !self.opts.readonly {
+                let mut mos = self.mos.lock();
+                mos.rewrite_objsets = true;
+                mos.dir_dirty = true;
+                drop(mos);
+                self.sync_now()?;
+            }
         }
         if self.opts.readonly {
             return Ok(());
         }
-        {
-            let mut mos = self.mos.lock();
-            mos.rewrite_objsets = true;
-            mos.dir_dirty = true;
+        let mut cfg = self.config.lock();
+        for f in feature::SUPPORTED {
+            if !feature::is_active(&cfg.features, f) {
+                cfg.features
+                    .insert(f.name.to_string(), FeatureState::active(f));
+            }
         }
-        self.sync_now()?;
-        (self.config.lock().features).insert(
-            SPACE_USED.name.to_string(),
-            FeatureState::active(&SPACE_USED),
-        );
         Ok(())
     }
 

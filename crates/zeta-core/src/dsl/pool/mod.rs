@@ -18,6 +18,7 @@ mod import;
 mod intent;
 mod labels;
 mod mos;
+mod reserve;
 mod scan;
 mod sync;
 mod write;
@@ -90,6 +91,19 @@ pub enum PoolError {
     CannotImport { pool: String, why: String },
     #[error("out of space in pool '{0}'")]
     NoSpace(String),
+    #[error(
+        "{vol}: a volume of {} reserves {}, and the pool has {} available beside the other \
+         volumes' reservations; use -s for a sparse volume, which reserves nothing",
+        reserve::human(*volsize),
+        reserve::human(*need),
+        reserve::human(*avail)
+    )]
+    CannotReserve {
+        vol: String,
+        volsize: u64,
+        need: u64,
+        avail: u64,
+    },
     #[error("volume '{0}' does not exist")]
     NoSuchVolume(String),
     #[error("volume '{0}' already exists")]
@@ -267,6 +281,10 @@ pub struct UsableSpace {
     pub size: u64,
     pub free: u64,
     pub freeing: u64,
+    /// What of `free` the volumes' reservations keep for their unwritten blocks.
+    pub reserved: u64,
+    /// What a new volume or a sparse one's writes may still have: `free` less `reserved`.
+    pub avail: u64,
     /// The block size the parity was counted for.
     pub block_bytes: u64,
 }
@@ -333,6 +351,9 @@ pub struct Dataset {
     pub checksum: ChecksumKind,
     pub created_txg: u64,
     volsize: AtomicU64,
+    /// Bytes the pool keeps free for the volume (`refreservation`), 0 for a sparse one: what
+    /// it would take written whole (`Pool::reservation_for`), less what it takes now.
+    refreservation: AtomicU64,
     pub object: Object,
     objset_bp: Mutex<BlkPtr>,
     /// The volume's intent log.
@@ -356,6 +377,17 @@ impl Dataset {
 
     pub fn volsize(&self) -> u64 {
         self.volsize.load(Ordering::Acquire)
+    }
+
+    pub fn refreservation(&self) -> u64 {
+        self.refreservation.load(Ordering::Acquire)
+    }
+
+    /// What of its reservation the volume does not take yet: room no other volume's writes
+    /// may have.
+    pub fn unused_reservation(&self) -> u64 {
+        self.refreservation()
+            .saturating_sub(self.object.used_bytes())
     }
 }
 
@@ -627,6 +659,7 @@ impl Pool {
                 thread: Mutex::new(None),
             },
             admission: Admission {
+                reserved: AtomicU64::new(0),
                 dirty_bytes: AtomicI64::new(0),
                 dirty_max: AtomicU64::new(dirty_max),
                 placed_bytes: AtomicI64::new(0),
@@ -812,6 +845,8 @@ impl Pool {
             size: share(space.size),
             free: share(space.free),
             freeing: share(space.freeing),
+            reserved: share(self.reserved_bytes()),
+            avail: share(space.free.saturating_sub(self.reserved_bytes())),
             block_bytes,
         }
     }
@@ -1009,6 +1044,21 @@ impl Pool {
         volblocksize: u32,
         checksum: Option<ChecksumKind>,
     ) -> Result<Arc<Dataset>, PoolError> {
+        self.create_volume_with(name, volsize, volblocksize, checksum, false)
+    }
+
+    /// `create_volume`, reserving what the volume would take written whole unless `sparse`
+    /// (`zfs create -V` reserves; `-s` does not): refused if the pool has not that much room
+    /// beside the other volumes' reservations. (`create_volume` makes sparse volumes, as
+    /// tests and benchmarks want.)
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        volsize: u64,
+        volblocksize: u32,
+        checksum: Option<ChecksumKind>,
+        reserve: bool,
+    ) -> Result<Arc<Dataset>, PoolError> {
         self.check_writable()?;
         if !valid_volume_name(name) {
             return Err(invalid(format!(
@@ -1026,6 +1076,13 @@ impl Pool {
         if map.contains_key(name) {
             return Err(PoolError::VolumeExists(format!("{}/{name}", self.name)));
         }
+        let refreservation = if reserve {
+            let need = self.reservation_for(volsize, volblocksize);
+            self.check_reservation(&format!("{}/{name}", self.name), volsize, need, None, &map)?;
+            need
+        } else {
+            0
+        };
         let checksum = checksum.unwrap_or(self.config.lock().checksum);
         let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
         dn.size_bytes = volsize.into();
@@ -1036,6 +1093,7 @@ impl Pool {
             checksum,
             created_txg: *self.txgs.open_txg.read(),
             volsize: AtomicU64::new(volsize),
+            refreservation: AtomicU64::new(refreservation),
             object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
             objset_bp: Mutex::new(BlkPtr::HOLE),
             // Its header goes to disk with the volume, in the sync below.
@@ -1048,6 +1106,7 @@ impl Pool {
         mos.dir_dirty = true;
         drop(map);
         drop(mos);
+        self.refresh_reservations();
         self.sync_now()?;
         Ok(ds)
     }
@@ -1077,6 +1136,15 @@ impl Pool {
         self.check_writable()?;
         let ds = self.dataset(name)?;
         check_volsize(volsize, ds.volblocksize)?;
+        // A reserved volume keeps reserving all of itself (`zfs set volsize` grows a
+        // refreservation that matched the old size): growing past the room is refused.
+        let reserved = ds.refreservation() > 0;
+        let need = self.reservation_for(volsize, ds.volblocksize);
+        if reserved && need > ds.refreservation() {
+            let map = self.datasets.read();
+            let full = format!("{}/{name}", self.name);
+            self.check_reservation(&full, volsize, need, Some(&ds), &map)?;
+        }
         let old = ds.volsize();
         if volsize < old {
             let bs = ds.volblocksize as u64;
@@ -1092,7 +1160,11 @@ impl Pool {
         } else {
             ds.volsize.store(volsize, Ordering::Release);
         }
+        if reserved {
+            ds.refreservation.store(need, Ordering::Release);
+        }
         ds.object.set_size_bytes(volsize);
+        self.refresh_reservations();
         self.mos.lock().dir_dirty = true;
         self.sync_now()
     }

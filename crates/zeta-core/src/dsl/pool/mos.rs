@@ -263,6 +263,7 @@ pub(super) fn load_mos(
                 checksum,
                 created_txg: e.created_txg.get(),
                 volsize: AtomicU64::new(e.volsize.get()),
+                refreservation: AtomicU64::new(e.refreservation.get()),
                 object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
                 objset_bp: Mutex::new(e.objset),
                 log: Log::off(),

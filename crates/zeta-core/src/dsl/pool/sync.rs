@@ -405,6 +405,7 @@ impl Pool {
                 e.objset = *ds.objset_bp.lock();
                 e.zil = ds.log.header().encode();
                 e.replay_after = ds.log.replay_after().into();
+                e.refreservation = ds.refreservation().into();
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
@@ -500,6 +501,8 @@ impl Pool {
         self.admission
             .ahead_limit
             .store(free / 4, Ordering::Relaxed);
+        // The volumes' blocks grew or shrank: so did what their reservations still hold.
+        self.refresh_reservations();
         {
             let mut ahead = self.admission.ahead.lock();
             let later = ahead.split_off(&(txg + 1));

@@ -136,10 +136,13 @@ impl Pool {
         let len = ds.volblocksize as u64;
         if wait {
             self.throttle()?;
-            self.reserve_space(len, len, || self.overwrites(ds, &[blkid]))?;
+            self.reserve_space(ds, len, len, || self.overwrites(ds, &[blkid]))?;
             return self.hold_open_txg(ds).map(Some);
         }
-        if self.memory_held() >= self.dirty_max() || !self.has_room(len, len, false, false) {
+        let reserved = self.reservations_for(ds);
+        if self.memory_held() >= self.dirty_max()
+            || !self.has_room(len, len, reserved, false, false)
+        {
             return Ok(None);
         }
         let Some(hold) = self.txgs.open_txg.try_read() else {
@@ -369,7 +372,8 @@ impl Pool {
         for attempt in 0.. {
             self.throttle()?;
             let ids: Vec<u64> = blocks.iter().map(|b| b.0).collect();
-            self.reserve_space(bs * blocks.len() as u64, bs, || self.overwrites(ds, &ids))?;
+            let len = bs * blocks.len() as u64;
+            self.reserve_space(ds, len, bs, || self.overwrites(ds, &ids))?;
             let hold = self.hold_open_txg(ds)?;
             let txg = *hold;
             let bps = match self.write_nonzero(ds, txg, &bufs, false) {
@@ -498,6 +502,7 @@ impl Pool {
     /// write does not fit without it), so a nearly full pool keeps taking overwrites.
     fn reserve_space(
         &self,
+        ds: &Dataset,
         len: u64,
         block: u64,
         overwrites: impl FnOnce() -> bool,
@@ -505,12 +510,13 @@ impl Pool {
         let mut overwrites = Some(overwrites);
         let mut overwrite = false;
         for attempt in 0..=RESERVE_WAITS_MAX {
-            if self.has_room(len, block, true, overwrite) {
+            let reserved = self.reservations_for(ds);
+            if self.has_room(len, block, reserved, true, overwrite) {
                 return Ok(());
             }
             if let Some(ask) = overwrites.take() {
                 overwrite = ask();
-                if overwrite && self.has_room(len, block, true, true) {
+                if overwrite && self.has_room(len, block, reserved, true, true) {
                     return Ok(());
                 }
             }
@@ -544,16 +550,35 @@ impl Pool {
     /// `reserve_space`'s test, once: whether the pool has room now for `len` more dirty
     /// bytes in blocks of `block` bytes. Without `count`, a pool with less than twice the
     /// room needed is taken as full rather than counted (`fits` takes the allocator's lock).
-    fn has_room(&self, len: u64, block: u64, count: bool, overwrite: bool) -> bool {
-        let space = self.space();
-        let slop = (space.size / 32).max(4 << 20) / if overwrite { 4 } else { 1 };
+    ///
+    /// `reserved` is (what other volumes' reservations keep, what is left of the written
+    /// volume's own): the first is not this write's to take; the second already holds room
+    /// for the volume's own margins (the eighth past its dirty bytes, a replay's copies of
+    /// its blocks written ahead), and a write it covers may use most of the slop, so a
+    /// reserved volume can be written whole.
+    fn has_room(
+        &self,
+        len: u64,
+        block: u64,
+        reserved: (u64, u64),
+        count: bool,
+        overwrite: bool,
+    ) -> bool {
+        let (others, own) = reserved;
+        let mut space = self.space();
+        space.free = space.free.saturating_sub(others);
         // Placed blocks already hold their space: only the rest is still to allocate.
         let inflation = self.io.zio.max_inflation();
+        // A write the volume's own reservation covers was promised its room, as an overwrite
+        // was: it may use three quarters of the slop too.
+        let promised = overwrite || own >= len * inflation;
+        let slop = (space.size / 32).max(4 << 20) / if promised { 4 } else { 1 };
         let dirty = (self.unplaced_bytes() + len) * inflation;
         let ahead = self.admission.ahead_bytes.load(Ordering::Acquire);
         // The indirect blocks of the txgs not yet synced, and one more for this write.
         let meta = (self.meta_bytes() + 2 * dnode::IND_BLOCK_BYTES as u64) * inflation;
-        let need = dirty + dirty / 8 + meta + slop + ahead * inflation;
+        let margins = dirty / 8 + ahead * inflation;
+        let need = dirty + meta + slop + margins - own.min(margins);
         let room =
             space.free >= 2 * need || count && space.free >= need && self.fits(&space, block, need);
         // The indirect blocks need segments of their own size, which the txg's data cuts up
@@ -690,6 +715,8 @@ impl Pool {
 /// What the pool's writes hold and may hold (dirty bytes, memory, written-ahead space), read
 /// by admission (`write.rs`) and the throttle.
 pub(super) struct Admission {
+    /// Every volume's reservation its blocks do not take yet (`Pool::refresh_reservations`).
+    pub(super) reserved: std::sync::atomic::AtomicU64,
     pub(super) dirty_bytes: std::sync::atomic::AtomicI64,
     /// What writes may hold in memory before they wait for a sync (`PoolOptions::
     /// dirty_max_bytes` at first; `set_memory_limits` changes it).
