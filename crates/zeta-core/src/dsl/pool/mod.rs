@@ -55,6 +55,7 @@ use write::Admission;
 
 pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
+pub use reserve::human;
 pub use write::OpenTxg;
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.

@@ -92,9 +92,10 @@ impl Pool {
     }
 }
 
-/// `bytes` as `zeta` prints sizes (1.5G, 64.0T): for the reservation's error.
-pub(super) fn human(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+/// `bytes` as `zeta` prints sizes (1.5G, 64.0T, 812M): for the reservation's error, and for
+/// every front end (`zeta_server::fmt` uses it).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
     let mut v = bytes as f64;
     let mut u = 0;
     while v >= 1024.0 && u < UNITS.len() - 1 {
@@ -103,6 +104,8 @@ pub(super) fn human(bytes: u64) -> String {
     }
     if u == 0 {
         format!("{bytes}B")
+    } else if v >= 100.0 {
+        format!("{v:.0}{}", UNITS[u])
     } else {
         format!("{v:.1}{}", UNITS[u])
     }
@@ -117,5 +120,6 @@ mod tests {
         assert_eq!(human(512), "512B");
         assert_eq!(human(1536 << 20), "1.5G");
         assert_eq!(human(64 << 40), "64.0T");
+        assert_eq!(human(812 << 20), "812M");
     }
 }
