@@ -241,3 +241,57 @@ fn a_volumes_used_bytes_follow_its_blocks_and_survive_import() {
     assert_eq!(used(&pool), trimmed, "read back at import");
     pool.verify().unwrap();
 }
+
+/// On every layout, a reserved volume is written whole after a sparse one has filled the pool
+/// until its writes were refused: the reservation counts each layout's allocation (a raidz's
+/// parity), and what it holds no other volume's writes take. Its blocks then fit in what it
+/// reserved, and the pool stays writable (the sparse volume's writes are refused, never a
+/// suspension).
+#[test]
+fn a_reserved_volume_is_written_whole_on_every_layout_however_full_the_pool() {
+    use common::{devs_for, spec, Layout};
+    for layout in [
+        Layout::Stripe,
+        Layout::Mirror,
+        Layout::TwoStripes,
+        Layout::Raidz1,
+        Layout::Raidz2,
+        Layout::Raidz3,
+    ] {
+        let devs = mem_devs(devs_for(layout), 96 * MB);
+        let pool = Pool::create("tank", spec(layout, &devs), opts()).unwrap();
+        let size = 24 * MB;
+        let r = pool
+            .create_volume_with("r", size, 16384, None, true)
+            .unwrap();
+        pool.create_volume("thin", 1 << 40, 16384, None).unwrap();
+        let thin = Volume::open(&pool, "thin").unwrap();
+        let mut at = 0;
+        loop {
+            match thin.write(at, &pattern(at, MB as usize)) {
+                Ok(()) => at += MB,
+                Err(VolError::Pool {
+                    source: PoolError::NoSpace(_),
+                    ..
+                }) => break,
+                Err(e) => panic!("{layout:?}: the sparse fill failed at {at}: {e}"),
+            }
+        }
+        thin.flush().unwrap();
+        let vol = Volume::open(&pool, "r").unwrap();
+        let data = pattern(7, size as usize);
+        vol.write(0, &data)
+            .unwrap_or_else(|e| panic!("{layout:?}: after {at} sparse bytes: {e}"));
+        vol.flush().unwrap();
+        pool.sync_now().unwrap();
+        assert!(pool.suspension().is_none(), "{layout:?}");
+        let used = r.object.used_bytes();
+        assert!(
+            used >= size && used <= r.refreservation(),
+            "{layout:?}: used {used} of a {} reservation",
+            r.refreservation()
+        );
+        assert!(common::read(&vol, 0, size as usize) == data, "{layout:?}");
+        pool.verify().unwrap();
+    }
+}

@@ -95,7 +95,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
             let ds = r?;
             let reserved = match ds.refreservation() {
                 0 => "sparse".to_string(),
-                n => format!("{} reserved", human(n)),
+                n => format!("{} raw reserved", human(n)),
             };
             writeln!(
                 out,

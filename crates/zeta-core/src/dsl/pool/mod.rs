@@ -93,8 +93,8 @@ pub enum PoolError {
     #[error("out of space in pool '{0}'")]
     NoSpace(String),
     #[error(
-        "{vol}: a volume of {} reserves {}, and the pool has {} available beside the other \
-         volumes' reservations; use -s for a sparse volume, which reserves nothing",
+        "{vol}: a volume of {} reserves {} of raw space, and the pool has {} raw free beside \
+         the other volumes' reservations; use -s for a sparse volume, which reserves nothing",
         reserve::human(*volsize),
         reserve::human(*need),
         reserve::human(*avail)

@@ -18,21 +18,28 @@ impl Pool {
     /// data block at the largest allocation any data vdev makes of it (a raidz's parity
     /// included), and every indirect block of its tree in two copies.
     pub fn reservation_for(&self, volsize: u64, volblocksize: u32) -> u64 {
-        let worst = |psize: u64| {
-            (self.io.zio.tops.iter())
-                .map(|t| t.asize_of(psize))
-                .max()
-                .unwrap_or(psize)
-        };
         let blocks = volsize.div_ceil(volblocksize as u64);
-        let mut total = blocks.saturating_mul(worst(volblocksize as u64));
-        let ind = INDIRECT_COPIES * worst(IND_BLOCK_BYTES as u64);
+        let mut total = self.raw_bytes(volsize, volblocksize as u64);
+        let ind = INDIRECT_COPIES * self.worst_asize(IND_BLOCK_BYTES as u64);
         let mut level = blocks;
         while level > 1 {
             level = level.div_ceil(1 << IND_SHIFT);
             total = total.saturating_add(level * ind);
         }
         total
+    }
+
+    /// What `len` bytes in blocks of `block` bytes take allocated: each block at the largest
+    /// allocation any data vdev makes of it.
+    pub(super) fn raw_bytes(&self, len: u64, block: u64) -> u64 {
+        len.div_ceil(block).saturating_mul(self.worst_asize(block))
+    }
+
+    fn worst_asize(&self, psize: u64) -> u64 {
+        (self.io.zio.tops.iter())
+            .map(|t| t.asize_of(psize))
+            .max()
+            .unwrap_or(psize)
     }
 
     /// Every volume's reservation not yet taken by its blocks: room only they may have.
@@ -50,14 +57,28 @@ impl Pool {
     }
 
     /// For a write into `ds`: what the other volumes' reservations keep (not its to take),
-    /// and what is left of its own (its to fill).
+    /// and what is left of its own (its to fill). While others hold reservations, a write
+    /// also leaves the room a txg's space maps may take (`MetaRoom::mos`): a reserved volume's
+    /// own writes need it beside their blocks, and its reservation is blocks only.
     pub(super) fn reservations_for(&self, ds: &Dataset) -> (u64, u64) {
         let own = if ds.refreservation() > 0 {
             ds.unused_reservation()
         } else {
             0
         };
-        (self.reserved_bytes().saturating_sub(own), own)
+        let others = self.reserved_bytes().saturating_sub(own);
+        let others = match others {
+            0 => 0,
+            n => n + self.space_map_room(),
+        };
+        (others, own)
+    }
+
+    /// What the space maps may take in one txg: two copies of a block of each metaslab's
+    /// (as `fits_meta` counts it).
+    fn space_map_room(&self) -> u64 {
+        let piece = IND_BLOCK_BYTES as u64 * self.io.zio.max_inflation();
+        self.io.zio.alloc.lock().metaslab_count() as u64 * 2 * piece
     }
 
     /// Refuses to reserve `need` bytes for volume `vol` (of `volsize` bytes) unless the pool's

@@ -570,10 +570,13 @@ impl Pool {
         // Placed blocks already hold their space: only the rest is still to allocate.
         let inflation = self.io.zio.max_inflation();
         // A write the volume's own reservation covers was promised its room, as an overwrite
-        // was: it may use three quarters of the slop too.
-        let promised = overwrite || own >= len * inflation;
+        // was: it may use three quarters of the slop too. Its blocks are of one known size,
+        // so they count as what they take (`raw_bytes`, as the reservation counted them);
+        // what else is unplaced counts at the worst inflation of any block.
+        let raw = self.raw_bytes(len, block);
+        let promised = overwrite || own >= raw;
         let slop = (space.size / 32).max(4 << 20) / if promised { 4 } else { 1 };
-        let dirty = (self.unplaced_bytes() + len) * inflation;
+        let dirty = self.unplaced_bytes() * inflation + raw;
         let ahead = self.admission.ahead_bytes.load(Ordering::Acquire);
         // The indirect blocks of the txgs not yet synced, and one more for this write.
         let meta = (self.meta_bytes() + 2 * dnode::IND_BLOCK_BYTES as u64) * inflation;
