@@ -20,7 +20,24 @@ const IMAGES: &[(&str, &[&str])] = &[
     ("pool-bb85e97.tar.gz", &["tank"]),
     ("pool-f5e5291.tar.gz", &["tank", "rz"]),
     ("pool-628e488.tar.gz", &["tank", "rz"]),
+    ("pool-6cc44ca.tar.gz", &["tank", "rz"]),
 ];
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:space_used`.
+const BEFORE_SPACE_USED: usize = 3;
+
+/// The devices an image unpacked into `d` (named by one letter), as the library opens them.
+fn file_leaves(d: &Path) -> Vec<(Arc<dyn BlockDevice>, String)> {
+    std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().len() == 1)
+        .map(|p| {
+            let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&p).unwrap());
+            (dev, p.display().to_string())
+        })
+        .collect()
+}
 
 fn unpack(image: &str, into: &Path) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -195,7 +212,7 @@ fn space_used_active(home: &Path, d: &Path, pool: &str) -> bool {
 /// recount of every tree (`Pool::verify`).
 #[test]
 fn a_pool_from_before_space_used_counts_its_volumes_at_import() {
-    for (image, pools) in IMAGES {
+    for (image, pools) in &IMAGES[..BEFORE_SPACE_USED] {
         let t = tempfile::tempdir().unwrap();
         let (home, d) = (t.path().join("home"), t.path());
         unpack(image, d);
@@ -232,19 +249,106 @@ fn a_pool_from_before_space_used_counts_its_volumes_at_import() {
         }
         // Read back by the library: the figures kept equal a recount of each tree.
         for pool in *pools {
-            let devs: Vec<(Arc<dyn BlockDevice>, String)> = std::fs::read_dir(d)
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.file_name().unwrap().len() == 1)
-                .map(|p| {
-                    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&p).unwrap());
-                    (dev, p.display().to_string())
-                })
-                .collect();
-            let p = zeta::dsl::Pool::import(devs, Some(pool), zeta::dsl::PoolOptions::default())
-                .unwrap_or_else(|e| panic!("{image}: {pool}: {e}"));
+            let p = zeta::dsl::Pool::import(
+                file_leaves(d),
+                Some(pool),
+                zeta::dsl::PoolOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{image}: {pool}: {e}"));
             p.verify()
                 .unwrap_or_else(|e| panic!("{image}: {pool}: {e}"));
+            p.export().unwrap();
+        }
+    }
+}
+
+/// A pool from before gang blocks (`org.zeta:gang_blocks`, which an older zeta cannot read) may
+/// not hold one until this zeta writes its labels: a read-only import leaves the feature
+/// inactive, so the pool still opens where it came from; a read-write import marks it active
+/// before the first txg that may gang, and the blocks then written in pieces read back beside
+/// the old ones after another import, with every allocated byte reachable.
+#[test]
+fn a_pool_from_before_gang_blocks_takes_them_only_once_its_labels_say_so() {
+    use zeta::dsl::{Pool, PoolOptions};
+    use zeta::spa::feature::{self, GANG_BLOCKS};
+    for (image, pools) in IMAGES {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        unpack(image, d);
+        for pool in *pools {
+            let what = format!("{image}: {pool}");
+            let open = |readonly: bool| {
+                let opts = PoolOptions {
+                    readonly,
+                    force: true,
+                    force_ganging: Some(4096),
+                    ..PoolOptions::default()
+                };
+                Pool::import(file_leaves(d), Some(pool), opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+            };
+            let p = open(true);
+            assert!(
+                !feature::is_active(&p.config().features, &GANG_BLOCKS),
+                "{what}: made before gang blocks"
+            );
+            p.export().unwrap();
+            drop(p);
+            let labels = |dev: &str| {
+                let file: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&d.join(dev)).unwrap());
+                let (_, cfg) = read_labels(&Leaf::new(file, 0)).unwrap().config.unwrap();
+                cfg.features
+            };
+            let first_dev = if *pool == "tank" { "a" } else { "c" };
+            assert!(
+                !feature::is_active(&labels(first_dev), &GANG_BLOCKS),
+                "{what}: a read-only import wrote the labels"
+            );
+
+            let p = open(false);
+            assert!(
+                feature::is_active(&p.config().features, &GANG_BLOCKS),
+                "{what}"
+            );
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            let used = || p.dataset("v").unwrap().object.used_bytes();
+            let before = used();
+            // New data past the old pattern, in half blocks so that the txg sync places
+            // (and, forced, gangs) every block.
+            let half = vol.block_size() as usize / 2;
+            let fresh: Vec<u8> = (0..1usize << 20).map(|i| (i % 239) as u8 ^ 0x5a).collect();
+            for (i, piece) in fresh.chunks(half).enumerate() {
+                vol.write((4 << 20) + (i * half) as u64, piece).unwrap();
+            }
+            vol.flush().unwrap();
+            p.sync_now().unwrap();
+            // Each block took a header beside its pieces: more than the data alone.
+            let grown = used() - before;
+            assert!(
+                grown >= (1 << 20) * 5 / 4,
+                "{what}: {grown} bytes for 1M written in pieces"
+            );
+            drop(vol);
+            p.export().unwrap();
+            drop(p);
+            assert!(
+                feature::is_active(&labels(first_dev), &GANG_BLOCKS),
+                "{what}"
+            );
+
+            let p = open(false);
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            let mut buf = vec![0u8; 8 << 20];
+            vol.read(0, &mut buf).unwrap();
+            assert!(buf[..3 << 20] == pattern()[..], "{what}: the old pattern");
+            assert!(
+                buf[4 << 20..5 << 20] == fresh[..],
+                "{what}: the ganged data"
+            );
+            p.verify().unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (reached, space) = p.verify_space().unwrap();
+            assert_eq!(reached, space.alloc, "{what}: allocated, not reached");
+            drop(vol);
             p.export().unwrap();
         }
     }

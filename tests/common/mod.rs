@@ -16,11 +16,18 @@ pub mod rig;
 
 pub const MB: u64 = 1 << 20;
 
+/// Options for a test pool. `ZETA_TEST_FORCE_GANGING=BYTES` makes its txg syncs write every
+/// block larger than BYTES as a gang block (`PoolOptions::force_ganging`), so a whole suite
+/// runs over the path a fragmented pool takes (`.ci/run` does so for some).
 pub fn opts() -> PoolOptions {
     PoolOptions {
         txg_timeout: Duration::from_millis(200),
         dirty_max_bytes: 16 * MB,
         cache_bytes: 8 * MB,
+        force_ganging: std::env::var("ZETA_TEST_FORCE_GANGING").ok().map(|v| {
+            v.parse()
+                .expect("ZETA_TEST_FORCE_GANGING is a size in bytes")
+        }),
         ..Default::default()
     }
 }
@@ -52,6 +59,16 @@ pub enum Layout {
     /// raidz3 of 7 devices.
     Raidz3,
 }
+
+/// One of each layout (RDP, which places blocks as Reed-Solomon does, aside).
+pub const EVERY_LAYOUT: [Layout; 6] = [
+    Layout::Stripe,
+    Layout::Mirror,
+    Layout::TwoStripes,
+    Layout::Raidz1,
+    Layout::Raidz2,
+    Layout::Raidz3,
+];
 
 pub fn spec(layout: Layout, devs: &[Arc<MemDevice>]) -> Vec<TopSpec> {
     let leaves = as_leaves(devs);

@@ -110,10 +110,20 @@ pub struct BlkPtr {
     pub compression: u8,
     pub level: u8,
     pub kind: u8,
-    pub reserved0: [u8; 4],
-    pub reserved1: [u8; 16],
+    /// `BP_GANG`, or 0.
+    pub flags: u8,
+    pub reserved0: [u8; 3],
+    /// For a gang block: what its header copies and every copy of its pieces take together
+    /// (its `asize_total`, known without reading the header). 0 otherwise.
+    pub gang_asize: U64,
+    pub reserved1: [u8; 8],
     pub checksum: [u8; 32],
 }
+
+/// `BlkPtr::flags`: the block is a gang block. Its DVAs are copies of a gang header
+/// (`zio::gang`) naming the pieces its bytes were written in, where no free segment could take
+/// them whole; `checksum` is still that of the whole block's `psize` bytes.
+pub const BP_GANG: u8 = 1;
 
 const _: () = assert!(std::mem::size_of::<BlkPtr>() == BP_BYTES);
 const _: () = assert!(std::mem::size_of::<Dva>() == 16);
@@ -133,8 +143,10 @@ impl BlkPtr {
         compression: 0,
         level: 0,
         kind: 0,
-        reserved0: [0; 4],
-        reserved1: [0; 16],
+        flags: 0,
+        reserved0: [0; 3],
+        gang_asize: U64::ZERO,
+        reserved1: [0; 8],
         checksum: [0; 32],
     };
 
@@ -158,8 +170,16 @@ impl BlkPtr {
         BlockKind::from_u8(self.kind)
     }
 
-    /// Allocated bytes over all copies.
+    /// Whether the block is a gang block (`BP_GANG`).
+    pub fn is_gang(&self) -> bool {
+        self.flags & BP_GANG != 0
+    }
+
+    /// Allocated bytes over all copies (of a gang block: its headers' and its pieces').
     pub fn asize_total(&self) -> u64 {
+        if self.is_gang() {
+            return self.gang_asize.get();
+        }
         self.dvas().map(|d| d.asize.get() as u64).sum()
     }
 }

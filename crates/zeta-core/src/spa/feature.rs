@@ -34,9 +34,17 @@ pub const REFRESERVATION: Feature = Feature {
     read_compatible: true,
 };
 
+/// Block pointers may name gang blocks (`BlkPtr::flags`, `zio::gang`): a block written in
+/// pieces where no free segment took it whole. A zeta that does not know them would read a
+/// gang header as the block, so it may not open such a pool at all.
+pub const GANG_BLOCKS: Feature = Feature {
+    name: "org.zeta:gang_blocks",
+    read_compatible: false,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
-pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION];
+pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION, GANG_BLOCKS];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the
 /// first txg (each one's structures are written from then on).

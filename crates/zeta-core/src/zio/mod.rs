@@ -5,14 +5,15 @@
 //! Architecture invariant: `zio` is the only layer that turns block pointers into device I/O;
 //! above it, blocks are addressed only by `BlkPtr`.
 
+pub mod gang;
 mod helper;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, SpaceGauge};
+use crate::spa::{AllocClass, AllocError, Allocator, BlkPtr, BlockKind, Dva, Dvas, SpaceGauge};
 use crate::vdev::{ReadReport, TopVdev, VdevError, SECTOR};
 use zeta_math::{Checksum, ChecksumKind};
 
@@ -102,7 +103,9 @@ fn unrecoverable(bp: &BlkPtr, detail: String) -> ZioError {
     }
 }
 
-/// What a read needs to check a block: its size and a verifier against its checksum.
+/// What a read needs to check each copy of a block: the copy's size and a verifier. A copy
+/// is the block itself, checked against its checksum, or for a gang block (`gang`) a copy of
+/// its header, checked as one (the pieces, and the whole, are checked as they are read).
 fn verifier(bp: &BlkPtr) -> Result<(usize, impl Fn(&[u8]) -> bool), ZioError> {
     let Some(kind) = bp.checksum_kind() else {
         return Err(unrecoverable(
@@ -121,7 +124,23 @@ fn verifier(bp: &BlkPtr) -> Result<(usize, impl Fn(&[u8]) -> bool), ZioError> {
         ));
     }
     let expected = bp.checksum();
-    Ok((psize as usize, move |b: &[u8]| kind.compute(b) == expected))
+    let gang = bp.is_gang().then_some(*bp);
+    let copy_size = if gang.is_some() {
+        gang::HEADER_BYTES
+    } else {
+        psize as usize
+    };
+    Ok((copy_size, move |b: &[u8]| match &gang {
+        Some(g) => gang::parse(g, b).is_ok(),
+        None => kind.compute(b) == expected,
+    }))
+}
+
+/// Whether the assembled bytes of a gang block are the block its pointer names.
+fn whole_checks(bp: &BlkPtr, bytes: &[u8]) -> bool {
+    bp.checksum_kind().is_some_and(|k| {
+        bytes.len() == bp.psize.get() as usize && k.compute(bytes) == bp.checksum()
+    })
 }
 
 impl Zio {
@@ -240,6 +259,49 @@ fn copies_in_order<'a>(
 /// consecutive blocks of a batch, so a slice of it (no vector to gather them).
 type WriteRun<'a> = (u64, &'a [&'a [u8]]);
 
+/// A block of a batch being written as a gang block: its header, and its pieces' pointers
+/// and bytes.
+struct Gang<'a> {
+    header: Vec<u8>,
+    /// The header's copies.
+    copies: Vec<Dva>,
+    pieces: Vec<BlkPtr>,
+    bytes: Vec<&'a [u8]>,
+}
+
+impl<'a> Gang<'a> {
+    /// Makes `bp` (summed over `data`; its copies are the header's) a gang block of
+    /// `pieces`, each a block pointer of the next bytes of `data`, and builds its header.
+    fn new(bp: &mut BlkPtr, data: &'a [u8], pieces: Vec<(Dvas, u64)>) -> Gang<'a> {
+        let kind = bp.checksum_kind().expect("a written block's algorithm");
+        let mut at = 0usize;
+        let mut ptrs = Vec::with_capacity(pieces.len());
+        let mut bytes = Vec::with_capacity(pieces.len());
+        let mut asize: u64 = bp.dvas().map(|d| d.asize.get() as u64).sum();
+        for (dvas, len) in pieces {
+            let piece = &data[at..at + len as usize];
+            at += len as usize;
+            let mut p = *bp;
+            p.dva = dvas.slots();
+            p.lsize = (len as u32).into();
+            p.psize = (len as u32).into();
+            p.checksum = kind.compute(piece).0;
+            asize += p.asize_total();
+            ptrs.push(p);
+            bytes.push(piece);
+        }
+        assert_eq!(at, data.len(), "the pieces hold the block");
+        bp.flags |= crate::spa::bp::BP_GANG;
+        bp.gang_asize = asize.into();
+        Gang {
+            header: gang::header(bp, &ptrs),
+            copies: bp.dvas().copied().collect(),
+            pieces: ptrs,
+            bytes,
+        }
+    }
+}
+
 /// The end of a run of adjacent blocks being gathered into one request.
 struct RunEnd {
     vdev: u32,
@@ -290,6 +352,7 @@ pub struct Zio {
     data_end: Vec<u64>,
     /// The first frees refused (`refused_frees`).
     refused: Mutex<Vec<String>>,
+    ganging: Ganging,
 }
 
 /// Whether a batch of blocks of txg `txg` whose write found no room on its devices
@@ -310,6 +373,7 @@ impl Zio {
             alloc: Mutex::new(alloc),
             stats: ZioStats::default(),
             room_wait: std::sync::OnceLock::new(),
+            ganging: Ganging::default(),
         }
     }
 
@@ -408,35 +472,67 @@ impl Zio {
             .enumerate()
             .map(|(i, d)| pointer(i, d))
             .collect();
+        // A txg sync's block may gang where no segment takes it whole (`gang`); forced
+        // above a size, for tests.
+        let may_gang = props.class == AllocClass::Recorded
+            && !durable
+            && self.ganging.allowed.load(Ordering::Acquire);
+        let force_above = match may_gang {
+            true => self.ganging.force_above.load(Ordering::Acquire),
+            false => u64::MAX,
+        };
+        // Per gang block: its index, and each piece's copies and bytes.
+        let mut ganged: Vec<(usize, Vec<(Dvas, u64)>)> = Vec::new();
         {
             let mut alloc = self.alloc.lock();
             let asize_of = |v: u32, psize: u64| self.tops[v as usize].asize_of(psize);
             // Blocks of one size with one copy each (a volume's write, a level of indirect
             // blocks): one extent if the active metaslab has it.
             let psize = blocks.first().map_or(0, |d| d.len());
-            let run =
-                (props.copies == 1 && blocks.len() > 1 && blocks.iter().all(|d| d.len() == psize))
-                    .then(|| alloc.alloc_run(psize as u64, blocks.len(), props.class, &asize_of))
-                    .flatten();
+            let run = (props.copies == 1
+                && blocks.len() > 1
+                && blocks.iter().all(|d| d.len() == psize)
+                && psize as u64 <= force_above)
+                .then(|| alloc.alloc_run(psize as u64, blocks.len(), props.class, &asize_of))
+                .flatten();
             if let Some((v, off, asize)) = run {
                 for (i, bp) in bps.iter_mut().enumerate() {
                     bp.dva[0] = Dva::new(v, off + i as u64 * asize, asize as u32);
                 }
             } else {
                 for i in 0..bps.len() {
-                    match alloc.alloc_sized(
-                        bps[i].psize.get() as u64,
-                        props.copies,
-                        props.class,
-                        &asize_of,
-                    ) {
+                    let psize = bps[i].psize.get() as u64;
+                    let whole = match psize > force_above {
+                        true => Err(AllocError::NoSpace(psize)),
+                        false => alloc.alloc_sized(psize, props.copies, props.class, &asize_of),
+                    };
+                    let placed = match whole {
+                        Ok(d) => Ok(d),
+                        Err(_) if may_gang => gang::allocate(
+                            &mut alloc,
+                            psize,
+                            force_above.min(psize / 2),
+                            props.copies,
+                            props.class,
+                            &asize_of,
+                            txg,
+                        )
+                        .map(|(header, pieces)| {
+                            ganged.push((i, pieces));
+                            header
+                        }),
+                        Err(e) => Err(e),
+                    };
+                    match placed {
                         Ok(d) => bps[i].dva = d.slots(),
                         Err(e) => {
                             // Give back what this batch took (freed in this txg, like any
                             // block the txg allocated and then dropped): none of it was
                             // written.
-                            let refused =
-                                alloc.free_all(copies_in_order(&bps[..i]), txg, props.class);
+                            let pieces = ganged.iter().flat_map(|(_, p)| p.iter());
+                            let copies = copies_in_order(&bps[..i])
+                                .chain(pieces.flat_map(|(d, _)| d.iter()));
+                            let refused = alloc.free_all(copies, txg, props.class);
                             assert!(refused.is_empty(), "{refused:?}");
                             return Err(e.into());
                         }
@@ -444,12 +540,21 @@ impl Zio {
                 }
             }
         }
+        // Each gang block's pieces as blocks of their own, and its header (`gang`).
+        let gangs: Vec<Gang> = (ganged.into_iter())
+            .map(|(i, pieces)| Gang::new(&mut bps[i], blocks[i], pieces))
+            .collect();
         // Runs of adjacent copies, each with its vdev; a run never spans two copies of the
-        // batch, so it is a slice of `blocks`.
+        // batch, so it is a slice of `blocks`. A gang block's copies are its header's,
+        // written apart below.
         let mut runs: Vec<(usize, WriteRun)> = Vec::new();
         for copy in 0..props.copies {
             let mut open: Option<(RunEnd, usize)> = None;
             for (i, (bp, &data)) in bps.iter().zip(blocks).enumerate() {
+                if bp.is_gang() {
+                    open = None;
+                    continue;
+                }
                 let dva = bp.dva[copy];
                 let joined = open
                     .as_mut()
@@ -469,14 +574,29 @@ impl Zio {
         // dearly: each hand-over woke the pool's workers, which then yielded their cores many
         // times each before sleeping (figures: docs/perf/intent-log.md, "Why a txg sync writes its
         // runs on its own thread, not through rayon").
-        let write_all = || {
-            runs.iter().try_for_each(|(v, (off, bufs))| {
-                if durable {
-                    self.tops[*v].write_run_durable(*off, bufs, Some(txg))
-                } else {
-                    self.tops[*v].write_run(*off, bufs, Some(txg))
+        let write = |v: usize, off: u64, bufs: &[&[u8]]| {
+            if durable {
+                self.tops[v].write_run_durable(off, bufs, Some(txg))
+            } else {
+                self.tops[v].write_run(off, bufs, Some(txg))
+            }
+        };
+        let write_all = || -> Result<(), VdevError> {
+            for (v, (off, bufs)) in &runs {
+                write(*v, *off, bufs)?;
+            }
+            // A gang block's copies of its header, then of each piece.
+            for g in &gangs {
+                for d in &g.copies {
+                    write(d.vdev.get() as usize, d.offset.get(), &[&g.header])?;
                 }
-            })
+                for (p, bytes) in g.pieces.iter().zip(&g.bytes) {
+                    for d in p.dvas() {
+                        write(d.vdev.get() as usize, d.offset.get(), &[bytes])?;
+                    }
+                }
+            }
+            Ok(())
         };
         let mut written = write_all();
         // A txg's batch that found no room may wait for it (`RoomWait`) and go again, whole:
@@ -493,7 +613,9 @@ impl Zio {
         if let Err(e) = written {
             // Nothing will point at this batch's copies: give them back as the allocation
             // failure above does (some may hold part of the data; they are free space now).
-            let refused = (self.alloc.lock()).free_all(copies_in_order(&bps), txg, props.class);
+            let pieces = gangs.iter().flat_map(|g| copies_in_order(&g.pieces));
+            let copies = copies_in_order(&bps).chain(pieces);
+            let refused = (self.alloc.lock()).free_all(copies, txg, props.class);
             assert!(refused.is_empty(), "{refused:?}");
             return Err(ZioError::Write(e));
         }
@@ -535,7 +657,8 @@ impl Zio {
             assert!(!bp.is_hole());
             assert_eq!(buf.len(), bp.psize.get() as usize);
             let d = &bp.dva[0];
-            let runnable = verifier(bp).is_ok() && self.vdev_of(d, buf.len()).is_ok();
+            let runnable =
+                !bp.is_gang() && verifier(bp).is_ok() && self.vdev_of(d, buf.len()).is_ok();
             if runnable
                 && open
                     .as_mut()
@@ -605,6 +728,21 @@ impl Zio {
     /// `TopVdev::read_nowait`) and verifies; `None` if not. Nothing is counted or repaired
     /// then: the caller reads the block with `read`, which waits, heals and counts.
     pub fn read_nowait(&self, bp: &BlkPtr) -> Option<Vec<u8>> {
+        let first = self.first_copy_nowait(bp)?;
+        if !bp.is_gang() {
+            return Some(first);
+        }
+        // A gang block is at once only if its header and every piece are.
+        let pieces = gang::parse(bp, &first).ok()?;
+        let mut whole = Vec::with_capacity(bp.psize.get() as usize);
+        for piece in &pieces {
+            whole.extend_from_slice(&self.first_copy_nowait(piece)?);
+        }
+        whole_checks(bp, &whole).then_some(whole)
+    }
+
+    /// The verified first copy of `bp` (a gang block's: its header), if it can be had at once.
+    fn first_copy_nowait(&self, bp: &BlkPtr) -> Option<Vec<u8>> {
         let (psize, verify) = verifier(bp).ok()?;
         let d = &bp.dva[0];
         let top = self.vdev_of(d, psize).ok()?;
@@ -630,6 +768,10 @@ impl Zio {
     /// copied it); failed reads count as ever.
     pub fn read_speculative(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
         assert!(!bp.is_hole());
+        if bp.is_gang() {
+            let why = "a gang block, which is never written ahead of its txg";
+            return Err(unrecoverable(bp, why.into()));
+        }
         let (psize, verify) = verifier(bp)?;
         let mut buf = vec![0u8; psize];
         let mut errors = Vec::new();
@@ -658,6 +800,25 @@ impl Zio {
     /// `read`, starting the first copy's read at mirror child `first` when given (the retry
     /// of a block a run read from that child, which did not verify).
     fn read_from(&self, bp: &BlkPtr, first: Option<usize>) -> Result<Vec<u8>, ZioError> {
+        let copy = self.read_copies(bp, first)?;
+        if !bp.is_gang() {
+            return Ok(copy);
+        }
+        let pieces = gang::parse(bp, &copy).map_err(|e| unrecoverable(bp, e))?;
+        let mut whole = Vec::with_capacity(bp.psize.get() as usize);
+        for p in &pieces {
+            whole.extend_from_slice(&self.read_from(p, None)?);
+        }
+        if !whole_checks(bp, &whole) {
+            let why = "its gang pieces verify, but not as the whole block";
+            return Err(unrecoverable(bp, why.into()));
+        }
+        Ok(whole)
+    }
+
+    /// The first copy of `bp` that verifies (`verifier`: of a gang block, its header),
+    /// healing the copies that failed before it.
+    fn read_copies(&self, bp: &BlkPtr, first: Option<usize>) -> Result<Vec<u8>, ZioError> {
         assert!(!bp.is_hole());
         let (psize, verify) = verifier(bp)?;
         let mut buf = vec![0u8; psize];
@@ -705,6 +866,35 @@ impl Zio {
     /// child or raidz column) is read and verified, and every bad one rewritten from a good
     /// one. Returns what it found; fails only if no copy holds the block.
     pub fn scrub(&self, bp: &BlkPtr) -> Result<ReadReport, ZioError> {
+        self.scrub_read(bp).map(|(report, _)| report)
+    }
+
+    /// `scrub`, returning the block's bytes too. A gang block's header copies are scrubbed,
+    /// then each of its pieces, and the whole is verified.
+    fn scrub_read(&self, bp: &BlkPtr) -> Result<(ReadReport, Vec<u8>), ZioError> {
+        let (mut total, good) = self.scrub_copies(bp)?;
+        if !bp.is_gang() {
+            return Ok((total, good));
+        }
+        let pieces = gang::parse(bp, &good).map_err(|e| unrecoverable(bp, e))?;
+        let mut whole = Vec::with_capacity(bp.psize.get() as usize);
+        for p in &pieces {
+            let (r, bytes) = self.scrub_read(p)?;
+            total.io_errors += r.io_errors;
+            total.cksum_errors += r.cksum_errors;
+            total.repaired_bytes += r.repaired_bytes;
+            whole.extend_from_slice(&bytes);
+        }
+        if !whole_checks(bp, &whole) {
+            let why = "its gang pieces verify, but not as the whole block";
+            return Err(unrecoverable(bp, why.into()));
+        }
+        Ok((total, whole))
+    }
+
+    /// Every copy of `bp` read and verified (`verifier`), the bad ones rewritten from a good
+    /// one: what was found, and the good bytes.
+    fn scrub_copies(&self, bp: &BlkPtr) -> Result<(ReadReport, Vec<u8>), ZioError> {
         assert!(!bp.is_hole());
         let (psize, verify) = verifier(bp)?;
         let mut total = ReadReport::default();
@@ -747,7 +937,7 @@ impl Zio {
         self.stats
             .repaired_bytes
             .fetch_add(total.repaired_bytes, Ordering::Relaxed);
-        Ok(total)
+        Ok((total, good))
     }
 
     /// Overwrites `count` random sectors of `leaf` that hold copies of the blocks `bps` with
@@ -763,8 +953,10 @@ impl Zio {
         use rand::seq::SliceRandom;
         use rand::{RngCore, SeedableRng};
         let mut sectors: Vec<u64> = Vec::new();
-        for bp in bps {
-            let psize = bp.psize.get() as usize;
+        for bp in self.with_pieces(bps).iter() {
+            let Ok((psize, _)) = verifier(bp) else {
+                continue;
+            };
             for d in bp.dvas() {
                 if let Ok(top) = self.vdev_of(d, psize) {
                     let psize = psize as u64;
@@ -811,12 +1003,25 @@ impl Zio {
     /// allocator, the copies of blocks written one after another as one extent each
     /// (`Allocator::record_alloc_all`).
     pub fn adopt_all<'a>(&self, bps: impl IntoIterator<Item = &'a BlkPtr, IntoIter: Clone>) {
+        let bps = bps.into_iter();
+        assert!(
+            bps.clone().all(|bp| !bp.is_gang()),
+            "a block written ahead of its txg is never a gang block"
+        );
         self.alloc.lock().record_alloc_all(copies_in_order(bps));
     }
 
     /// Marks a block's space allocated without recording it in the space map (a block an
     /// intent-log record points at, until the replay that copies it is committed).
     pub fn claim(&self, bp: &BlkPtr) -> Result<(), AllocError> {
+        if let (true, Some(d)) = (bp.is_gang(), bp.dvas().next()) {
+            return Err(AllocError::BadFree {
+                vdev: d.vdev.get(),
+                offset: d.offset.get(),
+                len: d.asize.get() as u64,
+                why: "a gang block, which is never written ahead of its txg",
+            });
+        }
         let dvas: Vec<Dva> = bp.dvas().copied().collect();
         self.alloc.lock().claim_all_mos(&dvas)
     }
@@ -826,6 +1031,9 @@ impl Zio {
     /// refused (`refused_frees`): the pointer came from disk and may be damaged or crafted,
     /// and a leak is better than free space freed twice.
     pub fn free(&self, bp: &BlkPtr, txg: u64, class: AllocClass) {
+        if bp.is_gang() {
+            return self.free_all(std::slice::from_ref(bp), txg, class);
+        }
         // Copy by copy: nothing to merge, and no extent list to build for one block.
         let (good, mut bad) = self.sane_copies(bp);
         {
@@ -841,9 +1049,10 @@ impl Zio {
     /// `free` of many blocks under one hold of the allocator, adjacent copies as one extent
     /// (`Allocator::free_all`).
     pub fn free_all(&self, bps: &[BlkPtr], txg: u64, class: AllocClass) {
+        let bps = self.with_pieces(bps);
         let mut bad = Vec::new();
         let mut sane: Vec<[Option<&Dva>; 3]> = Vec::with_capacity(bps.len());
-        for bp in bps {
+        for bp in bps.iter() {
             let (good, errors) = self.sane_copies(bp);
             bad.extend(errors.into_iter().map(|e| refused_free(bp, e)));
             sane.push(good);
@@ -853,6 +1062,67 @@ impl Zio {
         let refused = self.alloc.lock().free_all(copies, txg, class);
         bad.extend(refused.into_iter().map(|e| e.to_string()));
         self.refused(bad);
+    }
+}
+
+impl Zio {
+    /// `bps`, each gang block followed by its pieces (read from its header): every block
+    /// whose copies a free lets go. The pieces of a gang block whose header no copy of holds
+    /// stay allocated, a leak said as such (`leaked`), rather than guessed at.
+    fn with_pieces<'a>(&self, bps: &'a [BlkPtr]) -> std::borrow::Cow<'a, [BlkPtr]> {
+        if !bps.iter().any(BlkPtr::is_gang) {
+            return std::borrow::Cow::Borrowed(bps);
+        }
+        let mut all = Vec::with_capacity(bps.len() + gang::MAX_PIECES);
+        for bp in bps {
+            all.push(*bp);
+            if !bp.is_gang() {
+                continue;
+            }
+            match self.gang_pieces(bp) {
+                Ok(pieces) => all.extend(pieces),
+                Err(e) => self.leaked(format!(
+                    "the pieces of a gang block born in txg {}: {e}",
+                    bp.birth_txg.get()
+                )),
+            }
+        }
+        std::borrow::Cow::Owned(all)
+    }
+
+    /// The pieces gang block `bp`'s header names.
+    pub fn gang_pieces(&self, bp: &BlkPtr) -> Result<Vec<BlkPtr>, ZioError> {
+        let header = self.read_copies(bp, None)?;
+        gang::parse(bp, &header).map_err(|e| unrecoverable(bp, e))
+    }
+
+    /// Makes a txg sync's blocks that no free segment can take whole gang blocks
+    /// (`gang`): once the pool has feature `org.zeta:gang_blocks` active.
+    pub fn allow_ganging(&self, on: bool) {
+        self.ganging.allowed.store(on, Ordering::Release);
+    }
+
+    /// Writes every block of more than `bytes` bytes that may gang as a gang block of
+    /// pieces of at most that size, as OpenZFS's `metaslab_force_ganging` does: for tests
+    /// of the gang paths on any pool. `None` writes blocks whole where they fit.
+    pub fn force_ganging(&self, bytes: Option<u64>) {
+        let at = bytes.map_or(u64::MAX, |b| b.max(SECTOR));
+        self.ganging.force_above.store(at, Ordering::Release);
+    }
+}
+
+/// When a block may be, or must be, written as a gang block.
+struct Ganging {
+    allowed: AtomicBool,
+    force_above: AtomicU64,
+}
+
+impl Default for Ganging {
+    fn default() -> Ganging {
+        Ganging {
+            allowed: AtomicBool::new(false),
+            force_above: AtomicU64::new(u64::MAX),
+        }
     }
 }
 
@@ -873,5 +1143,124 @@ mod tests {
         }
         bp.psize = 8192.into();
         assert_eq!(verifier(&bp).ok().map(|(n, _)| n), Some(8192));
+    }
+
+    /// A mirror whose free space is cut into single sectors, and a 16K block to write: the
+    /// allocator has no segment for it, so it is written as a gang block of four pieces,
+    /// read back, scrubbed and repaired on one side, and freed whole.
+    #[test]
+    fn a_block_no_free_segment_takes_whole_is_written_read_scrubbed_and_freed_as_a_gang() {
+        let (top, _devs) = crate::vdev::top::mem_mirror(2, 7);
+        let leaf = top.children[0].clone();
+        let asize = top.asize_bytes / (1 << 20) * (1 << 20);
+        let zio = Zio::new(vec![Arc::new(top)], Allocator::new(&[(0, asize, 20)]));
+        // Every sector taken, then every other one given back.
+        {
+            let mut a = zio.alloc.lock();
+            let mut taken = Vec::new();
+            while let Ok(d) = a.alloc(SECTOR, 1, AllocClass::Recorded) {
+                taken.push(d[0]);
+            }
+            assert!(a
+                .free_all(taken.iter().step_by(2), 1, AllocClass::Recorded)
+                .is_empty());
+            a.txg_synced(3);
+        }
+        let free = || zio.alloc.lock().space().free;
+        let before = free();
+        assert!(before >= 64 * SECTOR, "room left: {before}");
+        let data: Vec<u8> = (0..16384u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let props = WriteProps {
+            kind: BlockKind::Indirect,
+            level: 1,
+            checksum: ChecksumKind::Fletcher4,
+            copies: 1,
+            class: AllocClass::Recorded,
+        };
+        // Without ganging (a pool without the feature), the block has nowhere to go.
+        let refused = zio.write(&data, props, 5, 1);
+        assert!(matches!(
+            refused,
+            Err(ZioError::Alloc(AllocError::NoSpace(16384)))
+        ));
+        assert_eq!(free(), before, "a refused write takes nothing");
+        zio.allow_ganging(true);
+        // Nor does a durable write gang (an intent-log record would point at it).
+        assert!(zio.write_batch_durable(&[&data], props, 5).is_err());
+        let bp = zio.write(&data, props, 5, 1).unwrap();
+        assert!(bp.is_gang());
+        let pieces = zio.gang_pieces(&bp).unwrap();
+        assert_eq!(pieces.len(), 4);
+        assert!(pieces.iter().all(|p| p.psize.get() == 4096));
+        assert_eq!(bp.asize_total(), 5 * SECTOR, "a header and four pieces");
+        assert_eq!(before - free(), bp.asize_total());
+        assert_eq!(zio.read(&bp).unwrap(), data);
+        // Memory serves the header and every piece at once.
+        assert_eq!(zio.read_nowait(&bp), Some(data.clone()));
+        assert!(zio.read_speculative(&bp).is_err());
+        assert!(zio.claim(&bp).is_err());
+
+        // One side's copies of the header and of every piece go bad: a scrub finds and
+        // rewrites each of the five; damaged again, reads still get the block.
+        assert_eq!(zio.corrupt_on_leaf(&[bp], &leaf, 100, 9).unwrap(), 5);
+        let report = zio.scrub(&bp).unwrap();
+        assert_eq!(report.cksum_errors, 5, "{report:?}");
+        assert_eq!(report.repaired_bytes, 5 * SECTOR);
+        assert_eq!(zio.scrub(&bp).unwrap().cksum_errors, 0);
+        assert_eq!(zio.corrupt_on_leaf(&[bp], &leaf, 100, 10).unwrap(), 5);
+        for _ in 0..2 {
+            assert_eq!(zio.read(&bp).unwrap(), data);
+        }
+
+        // Freed, the header's and the pieces' space comes back once the frees are due.
+        zio.free(&bp, 6, AllocClass::Recorded);
+        zio.alloc.lock().txg_synced(8);
+        assert_eq!(free(), before);
+        assert!(zio.refused_frees().is_empty());
+    }
+
+    /// A gang block whose header no copy holds any more cannot be read (said so, not
+    /// guessed at), and its free lets go of the header and keeps the pieces, said as a
+    /// leak rather than freeing what the header may not have named.
+    #[test]
+    fn a_gang_block_without_a_good_header_is_an_error_and_its_pieces_a_leak() {
+        let (top, _devs) = crate::vdev::top::mem_mirror(1, 8);
+        let leaf = top.children[0].clone();
+        let asize = top.asize_bytes / (1 << 20) * (1 << 20);
+        let zio = Zio::new(vec![Arc::new(top)], Allocator::new(&[(0, asize, 20)]));
+        zio.allow_ganging(true);
+        zio.force_ganging(Some(8192));
+        let data = vec![0x5au8; 32768];
+        let props = WriteProps {
+            kind: BlockKind::Data,
+            level: 0,
+            checksum: ChecksumKind::Sha256,
+            copies: 1,
+            class: AllocClass::Recorded,
+        };
+        let before = zio.alloc.lock().space().free;
+        let bp = zio.write(&data, props, 5, 1).unwrap();
+        assert!(bp.is_gang());
+        assert_eq!(
+            zio.gang_pieces(&bp).unwrap().len(),
+            4,
+            "forced: pieces of 8K"
+        );
+        assert_eq!(zio.read(&bp).unwrap(), data);
+        // The header's one sector scribbled (a single-leaf vdev: no other copy).
+        let d = bp.dva[0];
+        let header_sector = zio.tops[0].sectors_on_leaf(leaf.guid(), d.offset.get(), 4096);
+        leaf.scribble(&[1u8; 4096], header_sector[0]).unwrap();
+        let err = zio.read(&bp).unwrap_err().to_string();
+        assert!(err.contains("unrecoverable data block"), "{err}");
+        zio.free(&bp, 6, AllocClass::Recorded);
+        zio.alloc.lock().txg_synced(8);
+        let leaked = before - zio.alloc.lock().space().free;
+        assert_eq!(leaked, 32768, "the pieces stay taken, the header is free");
+        let said = zio.refused_frees();
+        assert!(
+            said.iter().any(|e| e.contains("pieces of a gang block")),
+            "{said:?}"
+        );
     }
 }

@@ -218,6 +218,7 @@ impl Pool {
     /// resilver.
     fn finish_import(self: &Arc<Self>) -> Result<(), PoolError> {
         self.write_config(PoolState::Active)?;
+        self.allow_ganging();
         self.resume_scrub();
         self.start_resilver();
         Ok(())

@@ -188,6 +188,11 @@ pub struct PoolOptions {
     /// last txg), no scrub or resilver, no repair of a bad copy a read finds; every change is
     /// refused with `PoolError::ReadOnly`.
     pub readonly: bool,
+    /// Testing: a txg sync writes every block of more than this many bytes as a gang block
+    /// of pieces of at most that size (`zio::gang`; OpenZFS's `metaslab_force_ganging`), so
+    /// the gang paths run on a pool with room to spare. `None`: blocks gang only where no
+    /// free segment takes them whole.
+    pub force_ganging: Option<u64>,
 }
 
 impl Default for PoolOptions {
@@ -205,6 +210,7 @@ impl Default for PoolOptions {
             holder: None,
             rename: None,
             readonly: false,
+            force_ganging: None,
         }
     }
 }
@@ -603,6 +609,7 @@ impl Pool {
         mos.dir_dirty = true;
         let pool = Self::assemble(config, tops, alloc, opts, mos, 0, 1);
         pool.write_config(PoolState::Active)?;
+        pool.allow_ganging();
         pool.sync_now()?;
         Ok(pool)
     }
@@ -632,6 +639,7 @@ impl Pool {
             .map(|(top, _)| top.clone())
             .collect();
         let zio = Arc::new(Zio::new(data_tops, alloc));
+        zio.force_ganging(opts.force_ganging);
         let ahead_limit = zio.alloc.lock().space().free / 4;
         let cache = Arc::new(BlockCache::new(opts.cache_bytes));
         let dirty_max = opts.dirty_max_bytes;
@@ -1272,6 +1280,15 @@ impl Pool {
         }
     }
 
+    /// Lets a txg sync write gang blocks (`zio::gang`) once the labels say the pool may hold
+    /// them (feature `org.zeta:gang_blocks` active): a zeta that does not know them never
+    /// opens a pool that has one.
+    pub(super) fn allow_ganging(&self) {
+        use crate::spa::feature;
+        let active = feature::is_active(&self.config.lock().features, &feature::GANG_BLOCKS);
+        self.io.zio.allow_ganging(active && !self.opts.readonly);
+    }
+
     /// Marks the pool destroyed in every label (its devices may then be reused without -f).
     pub fn destroy(&self) -> Result<(), PoolError> {
         self.shutdown();
@@ -1297,9 +1314,24 @@ impl Pool {
     /// checks the allocator's running totals against its metaslabs. Returns the number of
     /// blocks verified.
     pub fn verify(&self) -> Result<u64, PoolError> {
+        self.verify_counting().map(|(n, _, _)| n)
+    }
+
+    /// `verify`, returning also the bytes every block reached from the uberblock takes
+    /// (`BlkPtr::asize_total`: a gang block's pieces included) and the allocator's space.
+    /// On a pool at rest (synced, nothing written ahead or held by an intent log) the two
+    /// agree: `Space::alloc` beyond the blocks reached is leaked space.
+    pub fn verify_space(&self) -> Result<(u64, Space), PoolError> {
+        self.verify_counting()
+            .map(|(_, reach, space)| (reach, space))
+    }
+
+    fn verify_counting(&self) -> Result<(u64, u64, Space), PoolError> {
         let mut n = 0u64;
-        let mut count = |_: &BlkPtr, _: u8| -> Result<(), ZioError> {
+        let mut reach = 0u64;
+        let mut count = |bp: &BlkPtr, _: u8| -> Result<(), ZioError> {
             n += 1;
+            reach += bp.asize_total();
             Ok(())
         };
         {
@@ -1349,7 +1381,7 @@ impl Pool {
                 self.name
             )));
         }
-        Ok(n)
+        Ok((n, reach, kept))
     }
 }
 
