@@ -636,6 +636,15 @@ fn admin_commands_reach_a_served_pool_through_the_control_socket() {
     );
     let (size, _) = Client::connect(s.addr).go("tank/c", &[]).unwrap();
     assert_eq!(size, 16 << 20);
+    // zeta get and set reach it too; a client sees the new size at once.
+    run(
+        zeta(&home).args(["set", "volsize=20M", "tank/c"]),
+        "set volsize",
+    );
+    let got = run(zeta(&home).args(["get", "-Hp", "volsize", "tank/c"]), "get");
+    assert_eq!(got, format!("tank/c\tvolsize\t{}\n", 20 << 20));
+    let (size, _) = Client::connect(s.addr).go("tank/c", &[]).unwrap();
+    assert_eq!(size, 20 << 20);
 
     // Exporting a served pool is refused with a clear message; bad commands fail cleanly.
     let exp = zeta(&home)

@@ -57,6 +57,52 @@ pub enum Command {
     /// The embedded default: create (on first use) a pool of files under ./zeta-data with a
     /// volume, and serve it over NBD on 127.0.0.1:10809.
     Up(UpArgs),
+    /// Show volumes' properties, as `zfs get`.
+    #[command(after_help = PROPERTIES_HELP)]
+    Get(GetArgs),
+    /// Set a volume's property, as `zfs set`.
+    #[command(after_help = PROPERTIES_HELP)]
+    Set(SetArgs),
+}
+
+const PROPERTIES_HELP: &str = "Properties:\n  \
+    type            volume\n  \
+    volsize         the volume's size (settable: grows it; shrink with `zeta vol resize -f`)\n  \
+    volblocksize    its block size, fixed when it is created\n  \
+    checksum        the algorithm of its blocks, fixed when it is created\n  \
+    refreservation  the raw bytes the pool keeps for it (0: sparse), set by `vol create [-s]`\n  \
+    used            the bytes its blocks take on the devices\n  \
+    guid            its unique identifier\n  \
+    createtxg       the txg it was created in\n\n\
+    Examples:\n  \
+    zeta get all tank/vm0\n  \
+    zeta get -Hp volsize,used tank/vm0 tank/vm1\n  \
+    zeta set volsize=20G tank/vm0";
+
+#[derive(Args, Debug, Clone)]
+pub struct GetArgs {
+    /// `all`, or properties separated by commas.
+    pub props: String,
+    /// POOL/VOL (several allowed, of one pool).
+    #[arg(required = true)]
+    pub names: Vec<String>,
+    /// For scripts: no header, fields separated by a tab.
+    #[arg(short = 'H')]
+    pub scripted: bool,
+    /// Exact numbers (bytes) instead of sizes such as 1.5G.
+    #[arg(short = 'p')]
+    pub parsable: bool,
+    /// Print as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SetArgs {
+    /// PROP=VALUE
+    pub assignment: String,
+    /// POOL/VOL
+    pub name: String,
 }
 
 #[derive(Args, Debug)]
@@ -356,6 +402,12 @@ pub enum PoolCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum VolCmd {
+    /// `zeta get`, run where the pool is (here, or by the server that serves it).
+    #[command(skip)]
+    PropGet(GetArgs),
+    /// `zeta set`, likewise.
+    #[command(skip)]
+    PropSet(SetArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

@@ -92,12 +92,18 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
                             .to_string(),
                     )
                 })?;
-            let Command::Vol(mut cmd) = cli.command else {
-                return Err(usage(format!(
-                    "pool '{}' is served by this `zeta serve`; only `zeta vol` commands and \
-                     `zeta pool status|list` reach it (stop the server to export or destroy it)",
-                    pool.name
-                )));
+            let mut cmd = match cli.command {
+                Command::Vol(cmd) => cmd,
+                Command::Get(a) => VolCmd::PropGet(a),
+                Command::Set(a) => VolCmd::PropSet(a),
+                _ => {
+                    return Err(usage(format!(
+                        "pool '{}' is served by this `zeta serve`; only `zeta vol`, `zeta \
+                         get|set` and `zeta pool status|list` reach it (stop the server to \
+                         export or destroy it)",
+                        pool.name
+                    )))
+                }
             };
             // The server's working directory is not the client's.
             if let VolCmd::Put { file, .. } | VolCmd::Get { file, .. } = &mut cmd {

@@ -8,6 +8,7 @@ pub mod args;
 pub mod control_ops;
 pub mod guard;
 pub mod pool_cmd;
+pub mod prop_cmd;
 pub mod serve_cmd;
 pub mod vol_cmd;
 
@@ -25,7 +26,11 @@ pub fn main() -> i32 {
     });
     if matches!(
         cli.command,
-        args::Command::Pool(_) | args::Command::Vol(_) | args::Command::Inject(_)
+        args::Command::Pool(_)
+            | args::Command::Vol(_)
+            | args::Command::Inject(_)
+            | args::Command::Get(_)
+            | args::Command::Set(_)
     ) {
         die_on_closed_pipe();
     }
@@ -33,6 +38,8 @@ pub fn main() -> i32 {
     let result = match cli.command {
         args::Command::Pool(cmd) => pool_cmd::run(&home, cmd),
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
+        args::Command::Get(a) => vol_cmd::run(&home, args::VolCmd::PropGet(a)),
+        args::Command::Set(a) => vol_cmd::run(&home, args::VolCmd::PropSet(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

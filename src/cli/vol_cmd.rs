@@ -34,6 +34,8 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
         | VolCmd::Resize { name, .. }
         | VolCmd::Put { name, .. }
         | VolCmd::Get { name, .. } => split_name(name).ok().map(|(p, _)| p),
+        VolCmd::PropGet(a) => super::prop_cmd::get_pool(a).ok(),
+        VolCmd::PropSet(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::List { .. } => None,
     }
 }
@@ -107,6 +109,8 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
             Ok(())
         }
         VolCmd::List { pool, json } => list(home, pool.as_deref(), json, out),
+        VolCmd::PropGet(a) => super::prop_cmd::get(home, a, out),
+        VolCmd::PropSet(a) => super::prop_cmd::set(home, a, out),
         VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;

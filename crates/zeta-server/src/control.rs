@@ -23,7 +23,7 @@
 //! - `{"op": "add_log", "vdevs": ["log", path | "mirror", ...], "size": bytes|null, "force":
 //!   bool}` adds log devices → `{"ok": true, "value": [vdev ids]}`; `{"op": "remove",
 //!   "device": path}` removes a log device → `{"ok": true, "value": [paths removed]}`
-//! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...` command in the server
+//! - `{"op": "run", "argv": [...], "cwd": "/dir"}` runs a `zeta vol ...`, `zeta get` or `zeta set` command in the server
 //!   against the served pool (relative paths resolved against `cwd`) →
 //!   `{"ok": true, "stdout": "..."}`
 //!
@@ -262,7 +262,7 @@ pub fn remote_run(s: UnixStream, pool: &str) -> Result<()> {
 }
 
 /// How a server answers one request on a pool's control socket: the command line's own
-/// operations (it knows `pool status --json` and `zeta vol`), given the state directory of the
+/// operations (it knows `pool status --json`, `zeta vol`, `zeta get` and `zeta set`), given the state directory of the
 /// served pool, the request, and the connection (for progress lines).
 pub type Answer = Arc<dyn Fn(&Home, &Value, &UnixStream) -> Result<Value> + Send + Sync>;
 

@@ -426,9 +426,17 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     };
     let filter = filter.as_ref();
     let Some(bookmark) = bookmark else {
-        // The MOS first: it is small, and scrubbed whole in one go.
-        let tree_txg = hold_frees(pool);
-        for dn in pool.mos_dnodes() {
+        // The MOS first: it is small, and each of its objects scrubbed whole in one go,
+        // under a hold of its own read afresh. (One hold over the whole MOS, on slow devices
+        // beside steady overwrites, kept every free of a dozen txgs, and the MOS blocks those
+        // txgs rewrote found no room: the pool suspended.)
+        let objects = pool.mos_dnodes().len();
+        for i in 0..objects {
+            let tree_txg = hold_frees(pool);
+            let Some(dn) = pool.mos_dnodes().get(i).copied() else {
+                pool.io.zio.alloc.lock().release_frees(tree_txg);
+                break;
+            };
             let t = TreeScan {
                 pool,
                 label: &pool.name,
@@ -442,15 +450,21 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 chunk_of: None,
             };
             scrub_tree(&t, &dn, 0, u64::MAX);
+            pool.io.zio.alloc.lock().release_frees(tree_txg);
         }
         // The objset blocks, which no tree reaches. A volume's is written when the volume
         // changes, so an idle volume's may be older than anything else a resilver rebuilds:
         // left out, a replaced device lacked it, and the pool did not import from the new
-        // device once the old one was gone.
-        for (label, bp) in pool.objset_bps() {
-            if filter.is_some_and(|f| !f.contains(bp.birth_txg.get())) {
+        // device once the old one was gone. Each is read afresh under a hold of its own.
+        let labels: Vec<String> = pool.objset_bps().into_iter().map(|(l, _)| l).collect();
+        for label in labels {
+            let tree_txg = hold_frees(pool);
+            let bp = (pool.objset_bps().into_iter()).find_map(|(l, bp)| (l == label).then_some(bp));
+            let Some(bp) = bp.filter(|bp| filter.is_none_or(|f| f.contains(bp.birth_txg.get())))
+            else {
+                pool.io.zio.alloc.lock().release_frees(tree_txg);
                 continue;
-            }
+            };
             let t = TreeScan {
                 pool,
                 label: &label,
@@ -460,8 +474,8 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 chunk_of: None,
             };
             check(&t, &bp, 0, 0);
+            pool.io.zio.alloc.lock().release_frees(tree_txg);
         }
-        pool.io.zio.alloc.lock().release_frees(tree_txg);
         if !stop.load(Ordering::SeqCst) {
             set_bookmark(pool, first_volume_after(pool, None), 0);
         }

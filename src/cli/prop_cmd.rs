@@ -1,0 +1,203 @@
+//! `zeta get` and `zeta set`: volumes' properties by name, as `zfs get` and `zfs set`.
+
+use std::io::Write;
+
+use serde_json::{json, Value};
+
+use super::args::{GetArgs, SetArgs};
+use super::vol_cmd::split_name;
+use super::{usage, CliError, Result};
+use crate::dsl::{Dataset, Pool};
+use zeta_server::fmt::{human, parse_size};
+use zeta_server::state::Home;
+
+/// Every property, in the order `get all` shows them.
+const PROPERTIES: &[&str] = &[
+    "type",
+    "volsize",
+    "volblocksize",
+    "checksum",
+    "refreservation",
+    "used",
+    "guid",
+    "createtxg",
+];
+
+/// A property's value: a number of bytes (shown as a size unless -p), another number, or text.
+enum Val {
+    Bytes(u64),
+    Number(u64),
+    Text(String),
+}
+
+impl Val {
+    fn shown(&self, parsable: bool) -> String {
+        match self {
+            Val::Bytes(n) if !parsable => human(*n),
+            Val::Bytes(n) | Val::Number(n) => n.to_string(),
+            Val::Text(t) => t.clone(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            Val::Bytes(n) | Val::Number(n) => json!(n),
+            Val::Text(t) => json!(t),
+        }
+    }
+}
+
+fn value(ds: &Dataset, prop: &str) -> Val {
+    match prop {
+        "type" => Val::Text("volume".into()),
+        "volsize" => Val::Bytes(ds.volsize()),
+        "volblocksize" => Val::Bytes(ds.volblocksize as u64),
+        "checksum" => Val::Text(ds.checksum.name().into()),
+        "refreservation" => Val::Bytes(ds.refreservation()),
+        "used" => Val::Bytes(ds.object.used_bytes()),
+        "guid" => Val::Number(ds.guid),
+        "createtxg" => Val::Number(ds.created_txg),
+        _ => unreachable!("properties are checked against PROPERTIES first"),
+    }
+}
+
+/// The properties `list` names (`all`, or names separated by commas), each known.
+fn wanted(list: &str) -> Result<Vec<&'static str>> {
+    if list == "all" {
+        return Ok(PROPERTIES.to_vec());
+    }
+    list.split(',')
+        .map(|name| {
+            PROPERTIES
+                .iter()
+                .find(|p| **p == name)
+                .copied()
+                .ok_or_else(|| unknown(name))
+        })
+        .collect()
+}
+
+fn unknown(name: &str) -> CliError {
+    usage(format!(
+        "unknown property '{name}' (properties: {})",
+        PROPERTIES.join(", ")
+    ))
+}
+
+/// The pool `zeta get` reads: that of its names, which must all be of one pool.
+pub fn get_pool(a: &GetArgs) -> Result<&str> {
+    let mut pools = a.names.iter().map(|n| split_name(n).map(|(p, _)| p));
+    let first = pools.next().expect("clap requires a name")?;
+    for p in pools {
+        if p? != first {
+            return Err(usage(
+                "zeta get takes volumes of one pool at a time".to_string(),
+            ));
+        }
+    }
+    Ok(first)
+}
+
+pub fn get(home: &Home, a: GetArgs, out: &mut dyn Write) -> Result<()> {
+    let props = wanted(&a.props)?;
+    let p = home.open(get_pool(&a)?)?;
+    let rows = rows(&p, &a.names, &props);
+    p.close()?;
+    let rows = rows?;
+    let io = |e| CliError::Io {
+        path: "stdout".into(),
+        source: e,
+    };
+    if a.json {
+        let mut by_name = serde_json::Map::new();
+        for (name, vals) in &rows {
+            let props: serde_json::Map<String, Value> = vals
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.json()))
+                .collect();
+            by_name.insert(name.clone(), Value::Object(props));
+        }
+        let text = serde_json::to_string_pretty(&Value::Object(by_name)).unwrap();
+        return writeln!(out, "{text}").map_err(io);
+    }
+    if !a.scripted {
+        writeln!(out, "{:<32} {:<16} VALUE", "NAME", "PROPERTY").map_err(io)?;
+    }
+    for (name, vals) in &rows {
+        for (prop, v) in vals {
+            let shown = v.shown(a.parsable);
+            if a.scripted {
+                writeln!(out, "{name}\t{prop}\t{shown}").map_err(io)?;
+            } else {
+                writeln!(out, "{name:<32} {prop:<16} {shown}").map_err(io)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+type Row = (String, Vec<(&'static str, Val)>);
+
+fn rows(p: &Pool, names: &[String], props: &[&'static str]) -> Result<Vec<Row>> {
+    names
+        .iter()
+        .map(|full| {
+            let (_, vol) = split_name(full)?;
+            let ds = p.dataset(vol)?;
+            let vals = props.iter().map(|&k| (k, value(&ds, k))).collect();
+            Ok((full.clone(), vals))
+        })
+        .collect()
+}
+
+pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
+    let Some((prop, val)) = a.assignment.split_once('=') else {
+        return Err(usage(format!("'{}' is not PROP=VALUE", a.assignment)));
+    };
+    let (pool, vol) = split_name(&a.name)?;
+    match prop {
+        "volsize" => {}
+        "volblocksize" => {
+            return Err(usage(
+                "volblocksize is fixed when a volume is created (zeta vol create -b)".to_string(),
+            ))
+        }
+        "checksum" => {
+            return Err(usage(
+                "checksum is fixed when a volume is created (zeta vol create -o checksum=)"
+                    .to_string(),
+            ))
+        }
+        "refreservation" => {
+            return Err(usage(
+                "refreservation is set when a volume is created: reserved by default, \
+                 sparse with zeta vol create -s"
+                    .to_string(),
+            ))
+        }
+        _ if PROPERTIES.contains(&prop) => {
+            return Err(usage(format!("{prop} is read-only")));
+        }
+        _ => return Err(unknown(prop)),
+    }
+    let size = parse_size(val)?;
+    let p = home.open(pool)?;
+    let r = p.dataset(vol).map_err(CliError::from).and_then(|ds| {
+        if size < ds.volsize() {
+            return Err(usage(format!(
+                "volsize={val} would shrink '{}' from {} and discard the data past {}: use \
+                 zeta vol resize -f to shrink it",
+                a.name,
+                human(ds.volsize()),
+                human(size)
+            )));
+        }
+        Ok(p.resize_volume(vol, size)?)
+    });
+    p.close()?;
+    r?;
+    writeln!(out, "set volsize={} on '{}'", human(size), a.name).map_err(|e| CliError::Io {
+        path: "stdout".into(),
+        source: e,
+    })
+}

@@ -1,0 +1,119 @@
+//! `zeta get` and `zeta set`, as `zfs get` and `zfs set`: every property of a volume read
+//! back as `vol list` and the pool know it, in each output form; volsize set grows the volume
+//! (and its reservation) as `vol resize` does; what cannot be set is refused by name.
+
+mod common;
+
+use std::path::Path;
+
+use common::cli::{fails_with, ok, words, zeta};
+
+const MB: u64 = 1 << 20;
+
+fn json(home: &Path, d: &Path, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(&zeta(home, d, args))).unwrap()
+}
+
+#[test]
+fn get_shows_every_property_as_the_pool_knows_it_and_set_grows_a_volume() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=256M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 64M")));
+    ok(&zeta(
+        &home,
+        d,
+        &words("vol create -s -b 8K -o checksum=sha256 tank/w 1G"),
+    ));
+    let bytes: Vec<u8> = (0..3 * MB as usize).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(d.join("data"), bytes).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/w data")));
+
+    // --json: every property of every volume named, equal to what vol list says.
+    let got = json(&home, d, &words("get --json all tank/v tank/w"));
+    let listed = json(&home, d, &words("vol list --json tank"));
+    for row in listed.as_array().unwrap() {
+        let name = row["name"].as_str().unwrap();
+        let p = &got[name];
+        assert_eq!(p["type"], "volume", "{got}");
+        assert_eq!(p["volsize"], row["size"], "{name}");
+        assert_eq!(p["used"], row["used"], "{name}");
+        assert_eq!(p["refreservation"], row["refreservation"], "{name}");
+        assert_eq!(p["volblocksize"], row["volblocksize"], "{name}");
+        assert_eq!(p["checksum"], row["checksum"], "{name}");
+        assert!(p["guid"].as_u64().unwrap() > 0 && p["createtxg"].as_u64().is_some());
+    }
+    assert_eq!(got["tank/w"]["checksum"], "sha256");
+    assert_eq!(got["tank/w"]["volblocksize"], 8192);
+    assert_eq!(got["tank/w"]["refreservation"], 0, "sparse");
+    assert!(got["tank/w"]["used"].as_u64().unwrap() >= 3 * MB);
+    assert_ne!(got["tank/v"]["guid"], got["tank/w"]["guid"]);
+
+    // -Hp: tab-separated, exact bytes, no header, in the order asked.
+    let out = ok(&zeta(&home, d, &words("get -Hp volsize,used tank/w")));
+    let used = got["tank/w"]["used"].as_u64().unwrap();
+    assert_eq!(
+        out,
+        format!("tank/w\tvolsize\t{}\ntank/w\tused\t{used}\n", 1u64 << 30)
+    );
+    // Without them: a header and sizes as people read them.
+    let out = ok(&zeta(&home, d, &words("get volsize tank/v")));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].ends_with("VALUE"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("volsize") && lines[1].ends_with("64.0M"),
+        "{out}"
+    );
+
+    // set volsize grows the volume and a reserved volume's reservation with it.
+    let before = got["tank/v"]["refreservation"].as_u64().unwrap();
+    let said = ok(&zeta(&home, d, &words("set volsize=96M tank/v")));
+    assert!(
+        said.contains("volsize=96.0M") || said.contains("volsize=96M"),
+        "{said}"
+    );
+    let now = json(&home, d, &words("get --json volsize,refreservation tank/v"));
+    assert_eq!(now["tank/v"]["volsize"], 96 * MB);
+    assert!(now["tank/v"]["refreservation"].as_u64().unwrap() > before);
+    // ... and the data of a volume it grows stays.
+    ok(&zeta(&home, d, &words("set volsize=2G tank/w")));
+    ok(&zeta(&home, d, &words("vol get tank/w back")));
+    let back = std::fs::read(d.join("back")).unwrap();
+    assert_eq!(back.len() as u64, 2 << 30);
+    assert!(back[..3 * MB as usize] == std::fs::read(d.join("data")).unwrap()[..]);
+}
+
+#[test]
+fn what_cannot_be_got_or_set_is_refused_by_name() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 32M")));
+    let cases: &[(&str, &str)] = &[
+        ("get foo tank/v", "unknown property 'foo'"),
+        ("get volsize,bar tank/v", "unknown property 'bar'"),
+        ("get all tank/nope", "'tank/nope' does not exist"),
+        ("get all tank/v other/x", "of one pool"),
+        ("get all novolume", "is not POOL/VOL"),
+        ("set volsize tank/v", "is not PROP=VALUE"),
+        ("set foo=1 tank/v", "unknown property 'foo'"),
+        ("set used=1 tank/v", "used is read-only"),
+        ("set guid=1 tank/v", "guid is read-only"),
+        ("set volblocksize=8K tank/v", "zeta vol create -b"),
+        ("set checksum=sha256 tank/v", "-o checksum="),
+        ("set refreservation=1M tank/v", "vol create -s"),
+        ("set volsize=1M tank/v", "zeta vol resize -f"),
+        ("set volsize=lots tank/v", "lots"),
+        ("set volsize=10G tank/v", "reserves"),
+    ];
+    for (line, needle) in cases {
+        fails_with(&zeta(&home, d, &words(line)), needle);
+    }
+    // Nothing refused changed the volume.
+    let v = json(&home, d, &words("get --json volsize tank/v"));
+    assert_eq!(v["tank/v"]["volsize"], 32 * MB);
+}
