@@ -63,6 +63,15 @@ impl Used {
         let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
         self.0 = self.0.saturating_sub(n);
     }
+
+    /// Lets go of blocks a sync's tree no longer reaches, in txg `txg`: out of the cache,
+    /// freed, and no longer counted. The one place a tree's blocks leave it (where a
+    /// snapshot's rule will choose between freeing a block and keeping it).
+    fn let_go(&mut self, io: &ObjectIo, bps: &[BlkPtr], txg: u64, class: AllocClass) {
+        io.cache.forget(bps);
+        io.zio.free_all(bps, txg, class);
+        self.sub(bps);
+    }
 }
 
 /// Cuts `len` bytes at `offset` into per-block spans, in order.
@@ -931,9 +940,7 @@ impl Object {
                         let lost = group.iter().map(|c| c.1).filter(|bp| !bp.is_hole());
                         let new: Vec<BlkPtr> =
                             lost.filter(|bp| bp.birth_txg.get() == txg).collect();
-                        io.cache.forget(&new);
-                        io.zio.free_all(&new, txg, self.class);
-                        used.sub(&new);
+                        used.let_go(io, &new, txg, self.class);
                         (io.zio.stats.lost_writes)
                             .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
                         continue;
@@ -951,9 +958,7 @@ impl Object {
                     }
                     set_bp(&mut content, slot, &bp);
                 }
-                io.cache.forget(&replaced);
-                io.zio.free_all(&replaced, txg, self.class);
-                used.sub(&replaced);
+                used.let_go(io, &replaced, txg, self.class);
                 replaced.clear();
                 if (0..FANOUT).any(|s| !bp_at(&content, s).is_hole()) {
                     let fill: u64 = (0..FANOUT).map(|s| bp_at(&content, s).fill.get()).sum();
@@ -988,9 +993,7 @@ impl Object {
             None => old.root,
         };
         if old_root_replaced && !old.root.is_hole() && old.root != root {
-            io.cache.forget(std::slice::from_ref(&old.root));
-            io.zio.free(&old.root, txg, self.class);
-            used.sub(std::slice::from_ref(&old.root));
+            used.let_go(io, std::slice::from_ref(&old.root), txg, self.class);
         }
         new.root = root;
         for (bp, d) in to_cache {
