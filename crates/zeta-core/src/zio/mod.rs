@@ -1145,15 +1145,29 @@ mod tests {
         assert_eq!(verifier(&bp).ok().map(|(n, _)| n), Some(8192));
     }
 
+    /// A `Zio` over one in-memory mirror of `n` sides (kept alive by the devices returned),
+    /// and its first side.
+    fn zio_on_mirror(
+        n: usize,
+        guid: u64,
+    ) -> (
+        Zio,
+        Arc<crate::vdev::Leaf>,
+        Vec<Arc<crate::vdev::mem::MemDevice>>,
+    ) {
+        let (top, devs) = crate::vdev::top::mem_mirror(n, guid);
+        let leaf = top.children[0].clone();
+        let asize = top.asize_bytes / (1 << 20) * (1 << 20);
+        let zio = Zio::new(vec![Arc::new(top)], Allocator::new(&[(0, asize, 20)]));
+        (zio, leaf, devs)
+    }
+
     /// A mirror whose free space is cut into single sectors, and a 16K block to write: the
     /// allocator has no segment for it, so it is written as a gang block of four pieces,
     /// read back, scrubbed and repaired on one side, and freed whole.
     #[test]
     fn a_block_no_free_segment_takes_whole_is_written_read_scrubbed_and_freed_as_a_gang() {
-        let (top, _devs) = crate::vdev::top::mem_mirror(2, 7);
-        let leaf = top.children[0].clone();
-        let asize = top.asize_bytes / (1 << 20) * (1 << 20);
-        let zio = Zio::new(vec![Arc::new(top)], Allocator::new(&[(0, asize, 20)]));
+        let (zio, leaf, _devs) = zio_on_mirror(2, 7);
         // Every sector taken, then every other one given back.
         {
             let mut a = zio.alloc.lock();
@@ -1224,10 +1238,7 @@ mod tests {
     /// leak rather than freeing what the header may not have named.
     #[test]
     fn a_gang_block_without_a_good_header_is_an_error_and_its_pieces_a_leak() {
-        let (top, _devs) = crate::vdev::top::mem_mirror(1, 8);
-        let leaf = top.children[0].clone();
-        let asize = top.asize_bytes / (1 << 20) * (1 << 20);
-        let zio = Zio::new(vec![Arc::new(top)], Allocator::new(&[(0, asize, 20)]));
+        let (zio, leaf, _devs) = zio_on_mirror(1, 8);
         zio.allow_ganging(true);
         zio.force_ganging(Some(8192));
         let data = vec![0x5au8; 32768];
