@@ -50,28 +50,65 @@ impl Span {
 
 /// Bytes a tree takes on the devices, kept as a sync writes and frees its blocks. Saturating:
 /// the starting figure comes from disk, and a damaged one must not stop a sync (a recount,
-/// `used_recounted`, tells the truth).
-struct Used(u64);
+/// `used_recounted`, tells the truth). Beside it, the blocks the sync lets go that a snapshot
+/// keeps (`Retain`), and what the tree holds of its own since then.
+struct Used {
+    bytes: u64,
+    /// `Retain::keep_upto` of the object.
+    keep_upto: u64,
+    /// `Retain::fresh`, kept as blocks come and go.
+    fresh: u64,
+    /// Blocks let go that were born at or before `keep_upto`: not freed.
+    kept: Vec<BlkPtr>,
+}
 
 impl Used {
     fn add<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
+        // Every block a sync adds is born in its txg, after any snapshot.
         let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
-        self.0 = self.0.saturating_add(n);
+        self.bytes = self.bytes.saturating_add(n);
+        self.fresh = self.fresh.saturating_add(n);
     }
 
     fn sub<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
         let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
-        self.0 = self.0.saturating_sub(n);
+        self.bytes = self.bytes.saturating_sub(n);
     }
 
-    /// Lets go of blocks a sync's tree no longer reaches, in txg `txg`: out of the cache,
-    /// freed, and no longer counted. The one place a tree's blocks leave it (where a
-    /// snapshot's rule will choose between freeing a block and keeping it).
+    /// Lets go of blocks a sync's tree no longer reaches, in txg `txg`: out of the cache and
+    /// no longer counted, and freed unless a snapshot still holds them (born at or before
+    /// `keep_upto`: OpenZFS's `dsl_dataset_block_kill` rule), when they are kept for the
+    /// object's owner to put on its deadlist. The one place a tree's blocks leave it.
     fn let_go(&mut self, io: &ObjectIo, bps: &[BlkPtr], txg: u64, class: AllocClass) {
         io.cache.forget(bps);
-        io.zio.free_all(bps, txg, class);
         self.sub(bps);
+        if bps.iter().all(|bp| bp.birth_txg.get() > self.keep_upto) {
+            io.zio.free_all(bps, txg, class);
+            self.fresh = self
+                .fresh
+                .saturating_sub(bps.iter().map(BlkPtr::asize_total).sum());
+            return;
+        }
+        let (own, kept): (Vec<BlkPtr>, Vec<BlkPtr>) = bps
+            .iter()
+            .partition(|bp| bp.birth_txg.get() > self.keep_upto);
+        io.zio.free_all(&own, txg, class);
+        self.fresh = self
+            .fresh
+            .saturating_sub(own.iter().map(BlkPtr::asize_total).sum());
+        self.kept.extend(kept);
     }
+}
+
+/// What a sync does with the blocks it lets go, for an object a snapshot shares (a volume's
+/// head): blocks born at or before `keep_upto` (the latest snapshot's txg; 0: none) belong to
+/// that snapshot too and are handed back (`take_kept`) instead of freed. `fresh` counts the
+/// bytes of the tree born after `keep_upto` (`written` since the snapshot).
+#[derive(Default)]
+struct Retain {
+    keep_upto: u64,
+    fresh: u64,
+    kept: Vec<BlkPtr>,
 }
 
 /// Cuts `len` bytes at `offset` into per-block spans, in order.
@@ -311,6 +348,8 @@ struct State {
     syncing_overrides: BTreeMap<u64, Override>,
     /// Pointers a test has the next syncs forge (`Object::forge`).
     forged: Vec<Forgery>,
+    /// Which blocks the syncs let go of stay for a snapshot.
+    retain: Retain,
 }
 
 /// What a test does to a pointer (`Object::forge`).
@@ -352,8 +391,34 @@ impl Object {
                 overrides: BTreeMap::new(),
                 syncing_overrides: BTreeMap::new(),
                 forged: Vec::new(),
+                retain: Retain::default(),
             }),
         }
+    }
+
+    /// From the next sync on, blocks born at or before `txg` that the tree lets go of are kept
+    /// for a snapshot (handed back by `take_kept`), not freed; `fresh` is what the tree now
+    /// holds born after `txg`.
+    pub fn set_keep_upto(&self, txg: u64, fresh: u64) {
+        let mut st = self.state.lock();
+        st.retain.keep_upto = txg;
+        st.retain.fresh = fresh;
+    }
+
+    /// The txg set by `set_keep_upto` (0: every block let go is freed).
+    pub fn keep_upto(&self) -> u64 {
+        self.state.lock().retain.keep_upto
+    }
+
+    /// Bytes of the tree born after `keep_upto`, as of the last sync.
+    pub fn fresh_bytes(&self) -> u64 {
+        self.state.lock().retain.fresh
+    }
+
+    /// The blocks the syncs let go of but kept (born at or before `keep_upto`), since the
+    /// last call.
+    pub fn take_kept(&self) -> Vec<BlkPtr> {
+        std::mem::take(&mut self.state.lock().retain.kept)
     }
 
     pub fn dnode(&self) -> DnodePhys {
@@ -784,7 +849,15 @@ impl Object {
         };
         let mut new = old;
         // What the tree takes on the devices, as its blocks are written and freed.
-        let mut used = Used(old.used_bytes.get());
+        let mut used = {
+            let st = self.state.lock();
+            Used {
+                bytes: old.used_bytes.get(),
+                keep_upto: st.retain.keep_upto,
+                fresh: st.retain.fresh,
+                kept: Vec::new(),
+            }
+        };
         let max_blkid = dirty.last_blkid();
         while new.capacity_blocks() <= max_blkid {
             new.nlevels += 1;
@@ -1003,12 +1076,16 @@ impl Object {
         let mut st = self.state.lock();
         st.dnode.root = new.root;
         st.dnode.nlevels = new.nlevels;
-        st.dnode.used_bytes = used.0.into();
+        st.dnode.used_bytes = used.bytes.into();
+        st.retain.fresh = used.fresh;
+        st.retain.kept.append(&mut used.kept);
         st.syncing = None;
         Ok(st.dnode)
     }
 
-    /// Frees every block of the object in txg `txg` (the object is being destroyed), and the
+    /// Frees every block of the object in txg `txg` (the object is being destroyed, or rolled
+    /// back) but those born at or before `keep_upto`, which a snapshot holds (a subtree whose
+    /// top is that old is not entered: copy-on-write, nothing below it is newer), and the
     /// copies written ahead for changes no sync will adopt now (allocated outside the space
     /// map, they would stay taken until the next import).
     pub fn free_all(&self, io: &ObjectIo, txg: u64) -> Result<(), ZioError> {
@@ -1032,7 +1109,11 @@ impl Object {
         // read are not reached: they are leaked (noted with the refused frees), and the
         // destroy goes on.
         let dn = self.dnode();
+        let keep_upto = self.keep_upto();
         let free = &mut |bp: &BlkPtr, _, _| {
+            if bp.birth_txg.get() <= keep_upto {
+                return Visit::Skip;
+            }
             io.zio.free(bp, txg, self.class);
             Visit::Descend
         };
@@ -1185,5 +1266,85 @@ mod tests {
         assert_eq!(synced.meta, 3 * ind as u64);
         // The next txg counts its groups afresh.
         assert_eq!(o.dirty(1, block()).0.meta, ind);
+    }
+
+    /// The kill rule (`Used::let_go`): once a snapshot holds the tree of txg 1, a sync that
+    /// lets go of blocks born then hands them back instead of freeing them, and frees those
+    /// born since; `fresh_bytes` follows what the tree holds born after txg 1; `free_all`
+    /// (a destroy or a rollback) frees only those, never entering a subtree the snapshot
+    /// holds.
+    #[test]
+    fn blocks_a_snapshot_holds_are_kept_and_the_rest_freed() {
+        use super::super::dnode::ObjectKind;
+        let (zio, _, _devs) = crate::zio::tests::zio_on_mirror(2, 11);
+        let io = ObjectIo {
+            zio: Arc::new(zio),
+            cache: Arc::new(BlockCache::new(1 << 20)),
+        };
+        let o = Object::new(
+            DnodePhys::new(
+                ObjectKind::VolumeData,
+                4096,
+                ChecksumKind::Fletcher4 as u8,
+                1,
+            ),
+            BlockKind::Data,
+            AllocClass::Recorded,
+        );
+        let freeing = || io.zio.alloc.lock().space().freeing;
+        let block = |b: u8| Dirty::Data(Arc::new(vec![b; 4096]));
+        let sync = |txg: u64| {
+            o.begin_sync();
+            o.sync(&io, txg).unwrap()
+        };
+        // What the tree holds born after `after`, counted from the tree.
+        let born_after = |after: u64| {
+            let mut n = 0;
+            walk(&io, &o.dnode(), &mut |bp, _| {
+                if bp.birth_txg.get() > after {
+                    n += bp.asize_total();
+                }
+                Ok(())
+            })
+            .unwrap();
+            n
+        };
+        for blkid in 0..4 {
+            o.dirty(blkid, block(1));
+        }
+        let first = sync(1);
+        assert_eq!(first.nlevels, 2, "four blocks under one indirect block");
+        assert_eq!(o.fresh_bytes(), first.used_bytes.get(), "no snapshot yet");
+        assert!(o.take_kept().is_empty());
+
+        // A snapshot of txg 1: block 0 rewritten and block 1 freed let go of blocks born in
+        // txg 1, and the indirect block above them; none is freed.
+        o.set_keep_upto(1, 0);
+        o.dirty(0, block(2));
+        o.dirty(1, Dirty::Free);
+        let second = sync(2);
+        assert_eq!(freeing(), 0, "nothing the snapshot holds is freed");
+        let kept = o.take_kept();
+        assert_eq!(kept.len(), 3, "blocks 0 and 1 and their old indirect block");
+        assert!(kept.iter().all(|bp| bp.birth_txg.get() == 1));
+        assert!(kept.iter().any(|bp| bp.level == 1) && kept.contains(&first.root));
+        assert_eq!(o.fresh_bytes(), born_after(1));
+        assert!(o.fresh_bytes() > 0 && o.fresh_bytes() < second.used_bytes.get());
+        let fresh = o.fresh_bytes();
+
+        // Block 0 again: what txg 2 wrote is the tree's alone, and is freed.
+        o.dirty(0, block(3));
+        sync(3);
+        assert!(
+            o.take_kept().is_empty(),
+            "txg 2's blocks are not the snapshot's"
+        );
+        assert_eq!(freeing(), fresh, "block 0 and the indirect block of txg 2");
+        assert_eq!(o.fresh_bytes(), born_after(1));
+
+        // A destroy frees what was born after the snapshot and nothing it holds.
+        let before = freeing();
+        o.free_all(&io, 4).unwrap();
+        assert_eq!(freeing() - before, born_after(1));
     }
 }

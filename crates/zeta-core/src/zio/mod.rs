@@ -1127,7 +1127,7 @@ impl Default for Ganging {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -1147,7 +1147,7 @@ mod tests {
 
     /// A `Zio` over one in-memory mirror of `n` sides (kept alive by the devices returned),
     /// and its first side.
-    fn zio_on_mirror(
+    pub(crate) fn zio_on_mirror(
         n: usize,
         guid: u64,
     ) -> (
