@@ -82,7 +82,8 @@ impl Used {
     fn let_go(&mut self, io: &ObjectIo, bps: &[BlkPtr], txg: u64, class: AllocClass) {
         io.cache.forget(bps);
         self.sub(bps);
-        if bps.iter().all(|bp| bp.birth_txg.get() > self.keep_upto) {
+        // No snapshot (0): everything goes, whatever a damaged pointer says its birth is.
+        if self.keep_upto == 0 || bps.iter().all(|bp| bp.birth_txg.get() > self.keep_upto) {
             io.zio.free_all(bps, txg, class);
             self.fresh = self
                 .fresh
@@ -1111,7 +1112,7 @@ impl Object {
         let dn = self.dnode();
         let keep_upto = self.keep_upto();
         let free = &mut |bp: &BlkPtr, _, _| {
-            if bp.birth_txg.get() <= keep_upto {
+            if keep_upto > 0 && bp.birth_txg.get() <= keep_upto {
                 return Visit::Skip;
             }
             io.zio.free(bp, txg, self.class);
