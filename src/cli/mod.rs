@@ -69,3 +69,11 @@ fn die_on_closed_pipe() {
 /// Errors of the command line: a message for the user, one line (shared with the serving
 /// runtime, which runs the same operations for a control client).
 pub use zeta_server::{usage, Error as CliError, Result};
+
+/// The error of a failed write of a command's output.
+fn stdout_err(e: std::io::Error) -> CliError {
+    CliError::Io {
+        path: "stdout".into(),
+        source: e,
+    }
+}

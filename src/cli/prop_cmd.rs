@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::args::{GetArgs, SetArgs};
 use super::vol_cmd::split_name;
-use super::{usage, CliError, Result};
+use super::{stdout_err, usage, CliError, Result};
 use crate::dsl::{Dataset, Pool};
 use zeta_server::fmt::{human, parse_size};
 use zeta_server::state::Home;
@@ -104,10 +104,6 @@ pub fn get(home: &Home, a: GetArgs, out: &mut dyn Write) -> Result<()> {
     let rows = rows(&p, &a.names, &props);
     p.close()?;
     let rows = rows?;
-    let io = |e| CliError::Io {
-        path: "stdout".into(),
-        source: e,
-    };
     if a.json {
         let mut by_name = serde_json::Map::new();
         for (name, vals) in &rows {
@@ -118,18 +114,18 @@ pub fn get(home: &Home, a: GetArgs, out: &mut dyn Write) -> Result<()> {
             by_name.insert(name.clone(), Value::Object(props));
         }
         let text = serde_json::to_string_pretty(&Value::Object(by_name)).unwrap();
-        return writeln!(out, "{text}").map_err(io);
+        return writeln!(out, "{text}").map_err(stdout_err);
     }
     if !a.scripted {
-        writeln!(out, "{:<32} {:<16} VALUE", "NAME", "PROPERTY").map_err(io)?;
+        writeln!(out, "{:<32} {:<16} VALUE", "NAME", "PROPERTY").map_err(stdout_err)?;
     }
     for (name, vals) in &rows {
         for (prop, v) in vals {
             let shown = v.shown(a.parsable);
             if a.scripted {
-                writeln!(out, "{name}\t{prop}\t{shown}").map_err(io)?;
+                writeln!(out, "{name}\t{prop}\t{shown}").map_err(stdout_err)?;
             } else {
-                writeln!(out, "{name:<32} {prop:<16} {shown}").map_err(io)?;
+                writeln!(out, "{name:<32} {prop:<16} {shown}").map_err(stdout_err)?;
             }
         }
     }
@@ -196,8 +192,5 @@ pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
     });
     p.close()?;
     r?;
-    writeln!(out, "set volsize={} on '{}'", human(size), a.name).map_err(|e| CliError::Io {
-        path: "stdout".into(),
-        source: e,
-    })
+    writeln!(out, "set volsize={} on '{}'", human(size), a.name).map_err(stdout_err)
 }

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::args::VolCmd;
 use super::guard::{check_overwrite, Writing};
-use super::{usage, CliError, Result};
+use super::{stdout_err, usage, CliError, Result};
 use crate::dsl::Pool;
 use crate::math::ChecksumKind;
 use crate::zvol::Volume;
@@ -55,10 +55,6 @@ pub fn run(home: &Home, cmd: VolCmd) -> Result<()> {
 
 /// Runs a command, printing to `out`; long copies report to `reporter`.
 pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
-    let stdout_err = |e| CliError::Io {
-        path: "stdout".into(),
-        source: e,
-    };
     match cmd {
         VolCmd::Create {
             block_size,
@@ -362,12 +358,8 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
             }
         }
     }
-    let io = |e| CliError::Io {
-        path: "stdout".into(),
-        source: e,
-    };
     if json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&rows).unwrap()).map_err(io)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows).unwrap()).map_err(stdout_err)?;
         return Ok(());
     }
     writeln!(
@@ -375,7 +367,7 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
         "{:<32} {:>8} {:>8} {:>9} {:>8}  CHECKSUM",
         "NAME", "SIZE", "USED", "REFRESERV", "BLOCK"
     )
-    .map_err(io)?;
+    .map_err(stdout_err)?;
     for r in rows {
         writeln!(
             out,
@@ -390,7 +382,7 @@ fn list(home: &Home, pool: Option<&str>, json: bool, out: &mut dyn Write) -> Res
             human(r["volblocksize"].as_u64().unwrap()),
             r["checksum"].as_str().unwrap()
         )
-        .map_err(io)?;
+        .map_err(stdout_err)?;
     }
     Ok(())
 }

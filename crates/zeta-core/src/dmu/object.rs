@@ -50,16 +50,11 @@ impl Span {
 
 /// Bytes a tree takes on the devices, kept as a sync writes and frees its blocks. Saturating:
 /// the starting figure comes from disk, and a damaged one must not stop a sync (a recount,
-/// `used_recounted`, tells the truth). Beside it, the blocks the sync lets go that a snapshot
-/// keeps (`Retain`), and what the tree holds of its own since then.
+/// `used_recounted`, tells the truth). Beside it, the object's `Retain` as the sync goes: a
+/// copy, written back only once the sync has succeeded.
 struct Used {
     bytes: u64,
-    /// `Retain::keep_upto` of the object.
-    keep_upto: u64,
-    /// `Retain::fresh`, kept as blocks come and go.
-    fresh: u64,
-    /// Blocks let go that were born at or before `keep_upto`: not freed.
-    kept: Vec<BlkPtr>,
+    retain: Retain,
 }
 
 impl Used {
@@ -67,7 +62,7 @@ impl Used {
         // Every block a sync adds is born in its txg, after any snapshot.
         let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
         self.bytes = self.bytes.saturating_add(n);
-        self.fresh = self.fresh.saturating_add(n);
+        self.retain.fresh = self.retain.fresh.saturating_add(n);
     }
 
     fn sub<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
@@ -83,21 +78,18 @@ impl Used {
         io.cache.forget(bps);
         self.sub(bps);
         // No snapshot (0): everything goes, whatever a damaged pointer says its birth is.
-        if self.keep_upto == 0 || bps.iter().all(|bp| bp.birth_txg.get() > self.keep_upto) {
-            io.zio.free_all(bps, txg, class);
-            self.fresh = self
-                .fresh
-                .saturating_sub(bps.iter().map(BlkPtr::asize_total).sum());
-            return;
-        }
-        let (own, kept): (Vec<BlkPtr>, Vec<BlkPtr>) = bps
-            .iter()
-            .partition(|bp| bp.birth_txg.get() > self.keep_upto);
+        let keep_upto = self.retain.keep_upto;
+        let kept = |bp: &BlkPtr| keep_upto > 0 && bp.birth_txg.get() <= keep_upto;
+        let own: std::borrow::Cow<[BlkPtr]> = if bps.iter().any(kept) {
+            let (kept, own): (Vec<BlkPtr>, Vec<BlkPtr>) = bps.iter().partition(|bp| kept(bp));
+            self.retain.kept.extend(kept);
+            own.into()
+        } else {
+            bps.into()
+        };
         io.zio.free_all(&own, txg, class);
-        self.fresh = self
-            .fresh
-            .saturating_sub(own.iter().map(BlkPtr::asize_total).sum());
-        self.kept.extend(kept);
+        let freed: u64 = own.iter().map(BlkPtr::asize_total).sum();
+        self.retain.fresh = self.retain.fresh.saturating_sub(freed);
     }
 }
 
@@ -854,9 +846,11 @@ impl Object {
             let st = self.state.lock();
             Used {
                 bytes: old.used_bytes.get(),
-                keep_upto: st.retain.keep_upto,
-                fresh: st.retain.fresh,
-                kept: Vec::new(),
+                retain: Retain {
+                    keep_upto: st.retain.keep_upto,
+                    fresh: st.retain.fresh,
+                    kept: Vec::new(),
+                },
             }
         };
         let max_blkid = dirty.last_blkid();
@@ -1078,8 +1072,8 @@ impl Object {
         st.dnode.root = new.root;
         st.dnode.nlevels = new.nlevels;
         st.dnode.used_bytes = used.bytes.into();
-        st.retain.fresh = used.fresh;
-        st.retain.kept.append(&mut used.kept);
+        st.retain.fresh = used.retain.fresh;
+        st.retain.kept.append(&mut used.retain.kept);
         st.syncing = None;
         Ok(st.dnode)
     }

@@ -143,6 +143,25 @@ fn whole_checks(bp: &BlkPtr, bytes: &[u8]) -> bool {
     })
 }
 
+/// The bytes of gang block `bp` whose verified header is `header`: each piece it names, had
+/// by `piece`, in order, and the whole verified against `bp`'s checksum.
+fn assemble(
+    bp: &BlkPtr,
+    header: &[u8],
+    mut piece: impl FnMut(&BlkPtr) -> Result<Vec<u8>, ZioError>,
+) -> Result<Vec<u8>, ZioError> {
+    let pieces = gang::parse(bp, header).map_err(|e| unrecoverable(bp, e))?;
+    let mut whole = Vec::with_capacity(bp.psize.get() as usize);
+    for p in &pieces {
+        whole.extend_from_slice(&piece(p)?);
+    }
+    if !whole_checks(bp, &whole) {
+        let why = "its gang pieces verify, but not as the whole block";
+        return Err(unrecoverable(bp, why.into()));
+    }
+    Ok(whole)
+}
+
 impl Zio {
     /// The vdev holding copy `d` of a block of `psize` bytes, if the DVA is one a writer
     /// could have made: on a data vdev of the pool, sector-aligned, taking what a block of
@@ -804,16 +823,7 @@ impl Zio {
         if !bp.is_gang() {
             return Ok(copy);
         }
-        let pieces = gang::parse(bp, &copy).map_err(|e| unrecoverable(bp, e))?;
-        let mut whole = Vec::with_capacity(bp.psize.get() as usize);
-        for p in &pieces {
-            whole.extend_from_slice(&self.read_from(p, None)?);
-        }
-        if !whole_checks(bp, &whole) {
-            let why = "its gang pieces verify, but not as the whole block";
-            return Err(unrecoverable(bp, why.into()));
-        }
-        Ok(whole)
+        assemble(bp, &copy, |p| self.read_from(p, None))
     }
 
     /// The first copy of `bp` that verifies (`verifier`: of a gang block, its header),
@@ -876,19 +886,13 @@ impl Zio {
         if !bp.is_gang() {
             return Ok((total, good));
         }
-        let pieces = gang::parse(bp, &good).map_err(|e| unrecoverable(bp, e))?;
-        let mut whole = Vec::with_capacity(bp.psize.get() as usize);
-        for p in &pieces {
+        let whole = assemble(bp, &good, |p| {
             let (r, bytes) = self.scrub_read(p)?;
             total.io_errors += r.io_errors;
             total.cksum_errors += r.cksum_errors;
             total.repaired_bytes += r.repaired_bytes;
-            whole.extend_from_slice(&bytes);
-        }
-        if !whole_checks(bp, &whole) {
-            let why = "its gang pieces verify, but not as the whole block";
-            return Err(unrecoverable(bp, why.into()));
-        }
+            Ok(bytes)
+        })?;
         Ok((total, whole))
     }
 

@@ -1250,6 +1250,17 @@ impl Pool {
         v
     }
 
+    /// The objset block `objset_bps` labels `label`, as of the last sync, if there is one.
+    pub(super) fn objset_bp_of(&self, label: &str) -> Option<BlkPtr> {
+        let bp = if label == self.name {
+            self.mos.lock().objset_bp
+        } else {
+            let vol = label.strip_prefix(&self.name)?.strip_prefix('/')?;
+            *self.dataset(vol).ok()?.objset_bp.lock()
+        };
+        (!bp.is_hole()).then_some(bp)
+    }
+
     /// Records that a volume read or wrote just now.
     pub fn note_foreground_io(&self) {
         let now = self.scanning.born.elapsed().as_nanos() as u64;

@@ -459,7 +459,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
         let labels: Vec<String> = pool.objset_bps().into_iter().map(|(l, _)| l).collect();
         for label in labels {
             let tree_txg = hold_frees(pool);
-            let bp = (pool.objset_bps().into_iter()).find_map(|(l, bp)| (l == label).then_some(bp));
+            let bp = pool.objset_bp_of(&label);
             let Some(bp) = bp.filter(|bp| filter.is_none_or(|f| f.contains(bp.birth_txg.get())))
             else {
                 pool.io.zio.alloc.lock().release_frees(tree_txg);
