@@ -21,10 +21,14 @@ const IMAGES: &[(&str, &[&str])] = &[
     ("pool-f5e5291.tar.gz", &["tank", "rz"]),
     ("pool-628e488.tar.gz", &["tank", "rz"]),
     ("pool-6cc44ca.tar.gz", &["tank", "rz"]),
+    ("pool-c97602d.tar.gz", &["tank", "rz"]),
 ];
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:space_used`.
 const BEFORE_SPACE_USED: usize = 3;
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:gang_blocks`.
+const BEFORE_GANG_BLOCKS: usize = 4;
 
 /// The devices an image unpacked into `d` (named by one letter), as the library opens them.
 fn file_leaves(d: &Path) -> Vec<(Arc<dyn BlockDevice>, String)> {
@@ -271,7 +275,7 @@ fn a_pool_from_before_space_used_counts_its_volumes_at_import() {
 fn a_pool_from_before_gang_blocks_takes_them_only_once_its_labels_say_so() {
     use zeta::dsl::{Pool, PoolOptions};
     use zeta::spa::feature::{self, GANG_BLOCKS};
-    for (image, pools) in IMAGES {
+    for (image, pools) in &IMAGES[..BEFORE_GANG_BLOCKS] {
         let t = tempfile::tempdir().unwrap();
         let d = t.path();
         unpack(image, d);
@@ -349,6 +353,67 @@ fn a_pool_from_before_gang_blocks_takes_them_only_once_its_labels_say_so() {
             let (reached, space) = p.verify_space().unwrap();
             assert_eq!(reached, space.alloc, "{what}: allocated, not reached");
             drop(vol);
+            p.export().unwrap();
+        }
+    }
+}
+
+/// A pool from before snapshots (`org.zeta:snapshots`) takes none while imported read-only,
+/// and leaves the feature inactive; imported read-write, it takes them: a snapshot of the old
+/// volume keeps the old pattern while the head is rewritten, through an export and import,
+/// with every allocated byte reached by exactly one tree.
+#[test]
+fn a_pool_from_before_snapshots_takes_them_once_imported_read_write() {
+    use zeta::dsl::{Pool, PoolError, PoolOptions};
+    use zeta::spa::feature::{self, SNAPSHOTS};
+    for (image, pools) in IMAGES {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        unpack(image, d);
+        for pool in *pools {
+            let what = format!("{image}: {pool}");
+            let open = |readonly: bool| {
+                let opts = PoolOptions {
+                    readonly,
+                    force: true,
+                    ..PoolOptions::default()
+                };
+                Pool::import(file_leaves(d), Some(pool), opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+            };
+            let p = open(true);
+            assert!(
+                !feature::is_active(&p.config().features, &SNAPSHOTS),
+                "{what}"
+            );
+            assert!(
+                matches!(p.snapshot(&["v@old"]), Err(PoolError::ReadOnly(_))),
+                "{what}"
+            );
+            p.export().unwrap();
+            drop(p);
+
+            let p = open(false);
+            assert!(
+                feature::is_active(&p.config().features, &SNAPSHOTS),
+                "{what}"
+            );
+            p.snapshot(&["v@old"]).unwrap();
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            vol.write(0, &vec![0x5a; 1 << 20]).unwrap();
+            vol.flush().unwrap();
+            drop(vol);
+            p.export().unwrap();
+            drop(p);
+            let p = open(false);
+            let snap = zeta::zvol::Volume::open(&p, "v@old").unwrap();
+            let mut back = vec![0u8; 3 << 20];
+            snap.read(0, &mut back).unwrap();
+            assert!(back == pattern(), "{what}: the snapshot reads back wrong");
+            drop(snap);
+            p.sync_frees().unwrap();
+            let (reach, space) = p.verify_space().unwrap();
+            assert_eq!(reach, space.alloc, "{what}");
             p.export().unwrap();
         }
     }

@@ -63,6 +63,70 @@ pub enum Command {
     /// Set a volume's property, as `zfs set`.
     #[command(after_help = PROPERTIES_HELP)]
     Set(SetArgs),
+    /// Take snapshots of volumes, all in one transaction group (as `zfs snapshot`): each
+    /// holds its volume exactly as that txg committed it, read-only, sharing every block with
+    /// the volume until the volume rewrites it. Constant time whatever the volume's size.
+    #[command(after_help = "Examples:\n  zeta snapshot tank/vm0@monday\n  \
+                            zeta snapshot tank/vm0@s1 tank/vm1@s1   (both at once)\n\n\
+                            See them with `zeta list -t snapshot`, remove one with \
+                            `zeta destroy tank/vm0@monday`.")]
+    Snapshot(SnapshotArgs),
+    /// List volumes and snapshots with their space, as `zfs list`.
+    #[command(after_help = LIST_HELP)]
+    List(ListArgs),
+    /// Destroy a snapshot (POOL/VOL@SNAP), freeing the blocks it alone held; or a volume
+    /// (POOL/VOL), which -r destroys with its snapshots.
+    Destroy(DestroyArgs),
+}
+
+const LIST_HELP: &str = "Columns:\n  \
+    USED      what destroying it would free: a snapshot's blocks no other tree holds; a \
+    volume's blocks, its snapshots' and its unused reservation\n  \
+    USEDSNAP  what a volume's snapshots hold that it no longer does (usedbysnapshots)\n  \
+    REFER     what its tree holds (referenced)\n  \
+    WRITTEN   what was written since the snapshot before it (a volume: since its latest)\n\n\
+    Examples:\n  zeta list\n  zeta list -t snapshot tank\n  zeta list -t all -Hp --json";
+
+#[derive(Args, Debug, Clone)]
+pub struct SnapshotArgs {
+    /// POOL/VOL@SNAP (several allowed, of one pool: taken together).
+    #[arg(required = true)]
+    pub names: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ListArgs {
+    /// What to list: volume, snapshot, or all.
+    #[arg(
+        short = 't',
+        long = "type",
+        default_value = "volume",
+        value_name = "TYPE"
+    )]
+    pub kind: String,
+    /// For scripts: no header, fields separated by a tab.
+    #[arg(short = 'H')]
+    pub scripted: bool,
+    /// Exact numbers (bytes) instead of sizes such as 1.5G.
+    #[arg(short = 'p')]
+    pub parsable: bool,
+    /// Print as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+    /// Pools, volumes (POOL/VOL: it and its snapshots) to list; default: every pool.
+    pub names: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DestroyArgs {
+    /// POOL/VOL@SNAP, or POOL/VOL.
+    pub name: String,
+    /// A volume: destroy its snapshots too.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// A volume that holds data: destroy it without asking.
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 const PROPERTIES_HELP: &str = "Properties:\n  \
@@ -408,6 +472,15 @@ pub enum VolCmd {
     /// `zeta set`, likewise.
     #[command(skip)]
     PropSet(SetArgs),
+    /// `zeta snapshot`, likewise.
+    #[command(skip)]
+    Snapshot(SnapshotArgs),
+    /// `zeta list`, likewise.
+    #[command(skip)]
+    DsList(ListArgs),
+    /// `zeta destroy`, likewise.
+    #[command(skip)]
+    DsDestroy(DestroyArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

@@ -79,6 +79,7 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         Some("volumes") => Ok(json!({"ok": true, "value": super::vol_cmd::volume_rows(&pool)})),
+        Some("datasets") => Ok(json!({"ok": true, "value": super::snap_cmd::dataset_rows(&pool)})),
         Some("run") => {
             let argv: Vec<String> = texts(req, "argv")?;
             let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
@@ -96,10 +97,13 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
                 Command::Vol(cmd) => cmd,
                 Command::Get(a) => VolCmd::PropGet(a),
                 Command::Set(a) => VolCmd::PropSet(a),
+                Command::Snapshot(a) => VolCmd::Snapshot(a),
+                Command::List(a) => VolCmd::DsList(a),
+                Command::Destroy(a) => VolCmd::DsDestroy(a),
                 _ => {
                     return Err(usage(format!(
                         "pool '{}' is served by this `zeta serve`; only `zeta vol`, `zeta \
-                         get|set` and `zeta pool status|list` reach it (stop the server to \
+                         get|set|snapshot|list|destroy` and `zeta pool status|list` reach it (stop the server to \
                          export or destroy it)",
                         pool.name
                     )))

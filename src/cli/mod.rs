@@ -10,6 +10,7 @@ pub mod guard;
 pub mod pool_cmd;
 pub mod prop_cmd;
 pub mod serve_cmd;
+pub mod snap_cmd;
 pub mod vol_cmd;
 
 use clap::Parser;
@@ -31,6 +32,9 @@ pub fn main() -> i32 {
             | args::Command::Inject(_)
             | args::Command::Get(_)
             | args::Command::Set(_)
+            | args::Command::Snapshot(_)
+            | args::Command::List(_)
+            | args::Command::Destroy(_)
     ) {
         die_on_closed_pipe();
     }
@@ -40,6 +44,9 @@ pub fn main() -> i32 {
         args::Command::Vol(cmd) => vol_cmd::run(&home, cmd),
         args::Command::Get(a) => vol_cmd::run(&home, args::VolCmd::PropGet(a)),
         args::Command::Set(a) => vol_cmd::run(&home, args::VolCmd::PropSet(a)),
+        args::Command::Snapshot(a) => vol_cmd::run(&home, args::VolCmd::Snapshot(a)),
+        args::Command::List(a) => vol_cmd::run(&home, args::VolCmd::DsList(a)),
+        args::Command::Destroy(a) => vol_cmd::run(&home, args::VolCmd::DsDestroy(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

@@ -36,7 +36,13 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
         | VolCmd::Get { name, .. } => split_name(name).ok().map(|(p, _)| p),
         VolCmd::PropGet(a) => super::prop_cmd::get_pool(a).ok(),
         VolCmd::PropSet(a) => split_name(&a.name).ok().map(|(p, _)| p),
-        VolCmd::List { .. } => None,
+        VolCmd::Snapshot(a) => a
+            .names
+            .first()
+            .and_then(|n| split_name(n).ok())
+            .map(|(p, _)| p),
+        VolCmd::DsDestroy(a) => split_name(&a.name).ok().map(|(p, _)| p),
+        VolCmd::List { .. } | VolCmd::DsList(_) => None,
     }
 }
 
@@ -107,6 +113,9 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
         VolCmd::List { pool, json } => list(home, pool.as_deref(), json, out),
         VolCmd::PropGet(a) => super::prop_cmd::get(home, a, out),
         VolCmd::PropSet(a) => super::prop_cmd::set(home, a, out),
+        VolCmd::Snapshot(a) => super::snap_cmd::snapshot(home, a, out),
+        VolCmd::DsList(a) => super::snap_cmd::list(home, a, out),
+        VolCmd::DsDestroy(a) => super::snap_cmd::destroy(home, a, out, reporter),
         VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;
@@ -184,7 +193,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
 /// Asks for a destructive step to be confirmed: on this process's terminal, by typing the
 /// volume's name; elsewhere (a script, a command the server runs for a control client) it
 /// is refused, and `-f` is the way.
-fn confirm(reporter: Reporter, name: &str, what: &str, step: &str) -> Result<()> {
+pub(super) fn confirm(reporter: Reporter, name: &str, what: &str, step: &str) -> Result<()> {
     use std::io::IsTerminal;
     let refused = || usage(format!("{what}: give -f to {step}"));
     if !matches!(reporter, Reporter::Local) || !std::io::stdin().is_terminal() {

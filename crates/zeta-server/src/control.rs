@@ -167,6 +167,12 @@ pub fn remote_volumes(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
     Ok(v["value"].as_array().cloned().unwrap_or_default())
 }
 
+/// The volumes and snapshots of `pool` with their space (`zeta list`), from its server.
+pub fn remote_datasets(s: UnixStream, pool: &str) -> Result<Vec<Value>> {
+    let v = call(s, json!({"op": "datasets"}), pool)?;
+    Ok(v["value"].as_array().cloned().unwrap_or_default())
+}
+
 /// Starts (or with `stop`, cancels) a scrub in the server of `pool`.
 pub fn remote_scrub(s: UnixStream, pool: &str, stop: bool) -> Result<()> {
     call(s, json!({"op": "scrub", "stop": stop}), pool).map(|_| ())

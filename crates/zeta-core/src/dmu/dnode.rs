@@ -24,6 +24,10 @@ pub enum ObjectKind {
     Directory = 2,
     SpaceMap = 3,
     MetaslabTable = 4,
+    /// The dataset table (`dsl::dataset`, MOS slot 2): one record per head and snapshot.
+    DatasetTable = 5,
+    /// A deadlist: 128-byte block pointers, appended.
+    Deadlist = 6,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]

@@ -27,7 +27,10 @@ pub struct DirEntryPhys {
     /// With feature `org.zeta:refreservation`: the bytes kept free for the volume, whether
     /// written yet or not (zero: sparse). Zero in pools written without the feature.
     pub refreservation: U64,
-    pub reserved: [u8; 48],
+    /// With feature `org.zeta:snapshots`: the volume's head record in the dataset table
+    /// (`dsl::dataset`), 0 while it has none (it never had a snapshot).
+    pub dataset_id: U64,
+    pub reserved: [u8; 40],
     pub objset: BlkPtr,
 }
 const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);

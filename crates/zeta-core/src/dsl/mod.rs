@@ -5,6 +5,7 @@
 //! Architecture invariant: only `dsl::pool` writes uberblocks and labels, and only its sync
 //! thread moves a txg from open to committed.
 
+pub mod dataset;
 pub mod dir;
 pub mod pool;
 

@@ -73,6 +73,8 @@ pub enum BlockKind {
     Directory = 4,
     SpaceMap = 5,
     MetaslabTable = 6,
+    DatasetTable = 7,
+    Deadlist = 8,
 }
 
 impl BlockKind {
@@ -84,6 +86,8 @@ impl BlockKind {
             4 => BlockKind::Directory,
             5 => BlockKind::SpaceMap,
             6 => BlockKind::MetaslabTable,
+            7 => BlockKind::DatasetTable,
+            8 => BlockKind::Deadlist,
             _ => return None,
         })
     }

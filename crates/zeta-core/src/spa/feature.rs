@@ -42,9 +42,18 @@ pub const GANG_BLOCKS: Feature = Feature {
     read_compatible: false,
 };
 
+/// Volumes may have snapshots: the dataset table (MOS slot 2, `dsl::dataset`), its deadlists,
+/// and each directory entry's `dataset_id`. A zeta that does not know it reads every volume's
+/// head as ever (snapshots unseen); one that wrote to the pool would free blocks the
+/// snapshots still hold.
+pub const SNAPSHOTS: Feature = Feature {
+    name: "org.zeta:snapshots",
+    read_compatible: true,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
-pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION, GANG_BLOCKS];
+pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION, GANG_BLOCKS, SNAPSHOTS];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the
 /// first txg (each one's structures are written from then on).

@@ -140,9 +140,10 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// Opens a volume, replaying its intent log first if it holds writes from before a crash.
+    /// Opens a volume, replaying its intent log first if it holds writes from before a crash;
+    /// or a snapshot (`VOL@SNAP`), read-only.
     pub fn open(pool: &Arc<Pool>, name: &str) -> Result<Volume, PoolError> {
-        let ds = pool.dataset(name)?;
+        let ds = pool.dataset_or_snapshot(name)?;
         let vol = Volume {
             full_name: format!("{}/{}", pool.name, name),
             vol_name: name.to_string(),
@@ -190,7 +191,7 @@ impl Volume {
     /// re-created under the same name since it was opened).
     pub fn is_current(&self) -> bool {
         self.pool
-            .dataset(&self.vol_name)
+            .dataset_or_snapshot(&self.vol_name)
             .is_ok_and(|d| Arc::ptr_eq(&d, &self.ds))
     }
 
@@ -198,9 +199,10 @@ impl Volume {
         &self.full_name
     }
 
-    /// On a pool imported read-only: served with NBD's read-only flag, every write refused.
+    /// A snapshot, or any volume of a pool imported read-only: served with NBD's read-only
+    /// flag, every write refused.
     pub fn read_only(&self) -> bool {
-        self.pool.is_read_only()
+        self.pool.is_read_only() || self.ds.snapshot
     }
 
     pub fn size(&self) -> u64 {

@@ -107,6 +107,7 @@ impl Pool {
             "the pool opens at the txg import chose"
         );
         pool.open_volumes(volumes, &ub)?;
+        pool.index_snapshots();
         *pool.scanning.scan.lock() = scan;
         pool.import_notes.lock().extend(tree.notes);
         pool.upgrade_features()?;

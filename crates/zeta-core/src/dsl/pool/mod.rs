@@ -20,6 +20,7 @@ mod labels;
 mod mos;
 mod reserve;
 mod scan;
+mod snapshot;
 mod sync;
 mod write;
 
@@ -56,6 +57,7 @@ use write::Admission;
 pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
 pub use reserve::human;
+pub use snapshot::SnapFigures;
 pub use write::OpenTxg;
 
 /// Smallest usable leaf: room for a few metaslabs after the labels.
@@ -109,6 +111,12 @@ pub enum PoolError {
     NoSuchVolume(String),
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
+    #[error("snapshot '{0}' does not exist")]
+    NoSuchSnapshot(String),
+    #[error("snapshot '{0}' already exists")]
+    SnapshotExists(String),
+    #[error("'{0}' is a snapshot, which cannot be changed")]
+    ReadOnlySnapshot(String),
     #[error(
         "pool '{0}' is imported read-only: export it and import it again without \
          `-o readonly=on` to change it"
@@ -373,6 +381,15 @@ pub struct Dataset {
     /// Set when the volume is destroyed: handles still open to it (a connected client) must
     /// not dirty it any more, since no txg would ever sync, and undirty, what they wrote.
     destroyed: AtomicBool,
+    /// A head's record in the dataset table (`dsl::dataset`), 0 until its first snapshot.
+    dataset_id: AtomicU64,
+    /// A snapshot's read-only tree (`VOL@SNAP`), not a volume's head.
+    pub snapshot: bool,
+    /// A snapshot: the txg of the snapshot before it (0 if none): the blocks it holds born at
+    /// or before it are that one's too.
+    snap_prev_txg: AtomicU64,
+    /// Its dataset record's figures, as of the last sync that changed them.
+    space: Mutex<SnapFigures>,
 }
 
 impl Dataset {
@@ -391,10 +408,46 @@ impl Dataset {
     }
 
     /// What of its reservation the volume does not take yet: room no other volume's writes
-    /// may have.
+    /// may have. Once it has a snapshot, only its blocks born since count (OpenZFS's
+    /// rule): the snapshot holds the rest, and rewriting them takes new room.
     pub fn unused_reservation(&self) -> u64 {
-        self.refreservation()
-            .saturating_sub(self.object.used_bytes())
+        let held = if self.object.keep_upto() > 0 {
+            self.object.fresh_bytes()
+        } else {
+            self.object.used_bytes()
+        };
+        self.refreservation().saturating_sub(held)
+    }
+
+    /// Its record in the dataset table, 0 if none.
+    pub(super) fn dataset_id(&self) -> u64 {
+        self.dataset_id.load(Ordering::Acquire)
+    }
+
+    /// Its record's figures (`zeta list`): for a snapshot, what it holds and alone holds;
+    /// for a head, what its snapshots hold (`written` is read live from the tree).
+    pub fn figures(&self) -> SnapFigures {
+        let mut f = *self.space.lock();
+        if !self.snapshot {
+            f.written = if self.object.keep_upto() > 0 {
+                self.object.fresh_bytes()
+            } else {
+                self.object.used_bytes()
+            };
+            f.referenced = self.object.used_bytes();
+        }
+        f
+    }
+
+    /// The txg at or before which the blocks of its tree are an earlier tree's too: a
+    /// snapshot's previous snapshot's, a head's latest snapshot's (0: none). A scan of every
+    /// tree, pruned there, reads each block once.
+    pub fn born_after(&self) -> u64 {
+        if self.snapshot {
+            self.snap_prev_txg.load(Ordering::Acquire)
+        } else {
+            self.object.keep_upto()
+        }
     }
 }
 
@@ -413,6 +466,8 @@ struct Mos {
     /// The next sync writes every volume's objset block, changed or not (their dnodes took
     /// figures the disk does not have yet: `Pool::count_space`).
     rewrite_objsets: bool,
+    /// The dataset table (slot 2): heads with snapshots, and the snapshots.
+    table: snapshot::Table,
 }
 
 /// Sync requests are numbered; a request is served once a sync pass that *started* after it
@@ -494,6 +549,9 @@ pub struct Pool {
     /// Held for a whole sync, and by admin changes to the MOS.
     mos: Mutex<Mos>,
     datasets: RwLock<BTreeMap<String, Arc<Dataset>>>,
+    /// Every snapshot's read-only dataset, by `VOL@SNAP` (kept by the sync as it takes and
+    /// destroys them, read without the MOS lock).
+    snapshots: RwLock<BTreeMap<String, Arc<Dataset>>>,
     /// The intent log's pool-wide part: log space, rotor, counters.
     pub zil: Zil,
     /// What import had to give up (a volume's unreadable log, with --discard-log).
@@ -688,6 +746,7 @@ impl Pool {
             },
             mos: Mutex::new(mos),
             datasets: RwLock::new(BTreeMap::new()),
+            snapshots: RwLock::new(BTreeMap::new()),
             zil,
             import_notes: Mutex::new(Vec::new()),
         });
@@ -1110,6 +1169,10 @@ impl Pool {
             replay_lock: Mutex::new(()),
             replay_claims: Mutex::new(Vec::new()),
             destroyed: AtomicBool::new(false),
+            dataset_id: AtomicU64::new(0),
+            snapshot: false,
+            snap_prev_txg: AtomicU64::new(0),
+            space: Mutex::new(SnapFigures::default()),
         });
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
@@ -1124,6 +1187,16 @@ impl Pool {
         self.check_writable()?;
         {
             let mut mos = self.mos.lock();
+            let snaps = self.snapshots_of(name);
+            if let Some(first) = snaps.first() {
+                return Err(invalid(format!(
+                    "volume '{}/{name}' has {} snapshot(s) ({}{}): destroy them first, or use -r",
+                    self.name,
+                    snaps.len(),
+                    first.name,
+                    if snaps.len() > 1 { ", …" } else { "" }
+                )));
+            }
             let ds = self
                 .datasets
                 .write()
@@ -1226,6 +1299,7 @@ impl Pool {
         let mos = self.mos.lock();
         let mut v = vec![mos.dir.dnode(), mos.mstable.dnode()];
         v.extend(mos.sms.iter().map(|o| o.dnode()));
+        v.extend(mos.table.dnodes());
         v
     }
 
@@ -1243,7 +1317,7 @@ impl Pool {
     /// directory point at them), so a scan checks them on their own.
     pub(super) fn objset_bps(&self) -> Vec<(String, BlkPtr)> {
         let mut v = vec![(self.name.clone(), self.mos.lock().objset_bp)];
-        for ds in self.datasets() {
+        for ds in self.datasets().into_iter().chain(self.snapshots()) {
             v.push((format!("{}/{}", self.name, ds.name), *ds.objset_bp.lock()));
         }
         v.retain(|(_, bp)| !bp.is_hole());
@@ -1256,7 +1330,7 @@ impl Pool {
             self.mos.lock().objset_bp
         } else {
             let vol = label.strip_prefix(&self.name)?.strip_prefix('/')?;
-            *self.dataset(vol).ok()?.objset_bp.lock()
+            *self.dataset_or_snapshot(vol).ok()?.objset_bp.lock()
         };
         (!bp.is_hole()).then_some(bp)
     }
@@ -1352,20 +1426,29 @@ impl Pool {
             for sm in &mos.sms {
                 walk(&self.io, &sm.dnode(), &mut count)?;
             }
+            for dn in mos.table.dnodes() {
+                walk(&self.io, &dn, &mut count)?;
+            }
         }
         for (_, bp) in self.objset_bps() {
             self.io.zio.read(&bp)?;
             count(&bp, 0)?;
         }
         for ds in self.datasets() {
-            // Data blocks are read uncached so a verify really touches the media.
+            // Data blocks are read uncached so a verify really touches the media. Blocks born
+            // at or before its latest snapshot are that snapshot's too: counted there.
             let dn = ds.object.dnode();
-            let mut used = 0u64;
+            let after = ds.born_after();
+            let (mut used, mut fresh) = (0u64, 0u64);
             walk(&self.io, &dn, &mut |bp, level| {
+                used += bp.asize_total();
+                if bp.birth_txg.get() <= after {
+                    return Ok(());
+                }
                 if level == 0 {
                     self.io.zio.read(bp)?;
                 }
-                used += bp.asize_total();
+                fresh += bp.asize_total();
                 count(bp, level)
             })?;
             if used != dn.used_bytes.get() {
@@ -1376,7 +1459,16 @@ impl Pool {
                     dn.used_bytes.get()
                 )));
             }
+            if after > 0 && fresh != ds.object.fresh_bytes() {
+                return Err(invalid(format!(
+                    "volume '{}/{}': {fresh} bytes born since its latest snapshot, {} counted",
+                    self.name,
+                    ds.name,
+                    ds.object.fresh_bytes()
+                )));
+            }
         }
+        self.verify_snapshots(&mut count)?;
         let alloc = self.io.zio.alloc.lock();
         let (kept, counted) = (alloc.space(), alloc.space_recounted());
         if kept != counted {

@@ -2,7 +2,7 @@
 //! map per metaslab), built empty for a new pool, loaded at import, and read and rewritten
 //! whole.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -72,11 +72,12 @@ pub(super) fn empty_mos(ms_per_top: &[usize]) -> Mos {
         destroyed: Vec::new(),
         dir_dirty: false,
         rewrite_objsets: false,
+        table: super::snapshot::Table::empty(),
     }
 }
 
 /// Reads the whole logical content of an object (`size_bytes` of it).
-fn read_object(obj: &Object, io: &ObjectIo) -> Result<Vec<u8>, ZioError> {
+pub(super) fn read_object(obj: &Object, io: &ObjectIo) -> Result<Vec<u8>, ZioError> {
     let dn = obj.dnode();
     let bs = dn.data_block_bytes.get() as u64;
     let size = dn.size_bytes.get();
@@ -270,18 +271,38 @@ pub(super) fn load_mos(
                 replay_lock: Mutex::new(()),
                 replay_claims: Mutex::new(Vec::new()),
                 destroyed: AtomicBool::new(false),
+                dataset_id: AtomicU64::new(e.dataset_id.get()),
+                snapshot: false,
+                snap_prev_txg: AtomicU64::new(0),
+                space: Mutex::new(super::SnapFigures::default()),
             },
             zil: ZilHeader::decode(&e.zil),
             replay_after: e.replay_after.get(),
         });
     }
+    // The dataset table: heads with snapshots, and the snapshots (slot 2, unused in a pool
+    // written before `org.zeta:snapshots`). Its blocks and the deadlists' are in the space
+    // maps, like a volume's.
+    let mut heads = std::collections::BTreeMap::new();
+    for v in &datasets {
+        let id = v.ds.dataset_id.load(Ordering::Relaxed);
+        if id != 0 {
+            if let Some(other) = heads.insert(id, v.ds.name.clone()) {
+                return Err(invalid(format!(
+                    "volumes {other} and {} name the same dataset record {id}",
+                    v.ds.name
+                )));
+            }
+        }
+    }
+    mos.table = super::snapshot::Table::load(io, &os.dnodes[2], &heads)?;
     Ok((mos, datasets))
 }
 
 /// Whether a dnode read from disk is one this pool could have written as an object of `kind`:
 /// reading one that is not (a block size of 0, or not a power of two; copies the allocator
 /// cannot place) would panic or fail an assert later, in import or in the sync thread.
-fn check_dnode(dn: &DnodePhys, kind: ObjectKind) -> Result<(), PoolError> {
+pub(super) fn check_dnode(dn: &DnodePhys, kind: ObjectKind) -> Result<(), PoolError> {
     if dn.kind != kind as u8
         || dn.nlevels == 0
         || dn.nlevels > 8

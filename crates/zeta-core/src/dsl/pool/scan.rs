@@ -448,6 +448,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 // under steady writes, a resilver's pass over the MOS took seconds, and the
                 // frees held meanwhile filled a 56 MiB pool.)
                 chunk_of: None,
+                born_after: 0,
             };
             scrub_tree(&t, &dn, 0, u64::MAX);
             pool.io.zio.alloc.lock().release_frees(tree_txg);
@@ -472,6 +473,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
                 filter,
                 stop,
                 chunk_of: None,
+                born_after: 0,
             };
             check(&t, &bp, 0, 0);
             pool.io.zio.alloc.lock().release_frees(tree_txg);
@@ -484,7 +486,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
     let Some(name) = bookmark.volume else {
         return true; // no volume left
     };
-    let Ok(ds) = pool.dataset(&name) else {
+    let Ok(ds) = pool.dataset_or_snapshot(&name) else {
         // Destroyed meanwhile: go on with the next one.
         set_bookmark(pool, first_volume_after(pool, Some(&name)), 0);
         return false;
@@ -500,6 +502,7 @@ fn scan_chunk(pool: &Arc<Pool>, stop: &AtomicBool) -> bool {
         filter,
         stop,
         chunk_of: Some(tree_txg),
+        born_after: ds.born_after(),
     };
     let next = scrub_tree(&t, &dn, bookmark.blkid, CHUNK_BLOCKS);
     pool.io.zio.alloc.lock().release_frees(tree_txg);
@@ -517,8 +520,13 @@ fn set_bookmark(pool: &Pool, volume: Option<String>, blkid: u64) {
     pool.scanning.scan.lock().bookmark = Some(Bookmark { volume, blkid });
 }
 
+/// The next tree to scan after `after`, in name order: a volume's head, then its snapshots
+/// (`VOL@SNAP`), each pruned where the tree before it holds the same blocks.
 fn first_volume_after(pool: &Pool, after: Option<&str>) -> Option<String> {
-    let mut names: Vec<String> = pool.datasets().iter().map(|d| d.name.clone()).collect();
+    let mut names: Vec<String> = (pool.datasets().iter())
+        .chain(pool.snapshots().iter())
+        .map(|d| d.name.clone())
+        .collect();
     names.sort();
     names
         .into_iter()
@@ -539,6 +547,9 @@ struct TreeScan<'a> {
     /// Once a later one commits, the chunk ends soon after. `None` for the MOS, whose walk
     /// neither ends early nor pauses for foreground I/O.
     chunk_of: Option<u64>,
+    /// Blocks born at or before this txg are an earlier tree's too (a snapshot's), scanned
+    /// with it: the walk does not enter them (copy-on-write: nothing below is newer).
+    born_after: u64,
 }
 
 impl TreeScan<'_> {
@@ -583,6 +594,9 @@ fn scrub_tree(t: &TreeScan, dn: &DnodePhys, from: u64, limit: u64) -> Option<u64
         visits += 1;
         if first > from && visits.is_multiple_of(16) && t.tree_superseded() {
             resume = Some(first);
+            return Visit::Skip;
+        }
+        if bp.birth_txg.get() <= t.born_after {
             return Visit::Skip;
         }
         if let Some(f) = filter {

@@ -314,6 +314,7 @@ impl Pool {
             let datasets: Vec<Arc<Dataset>> = self.datasets.read().values().cloned().collect();
             let any = mos.dir_dirty
                 || !mos.destroyed.is_empty()
+                || mos.table.has_work()
                 || datasets.iter().any(|d| d.object.has_open_changes());
             if !any {
                 return Ok(None);
@@ -351,6 +352,7 @@ impl Pool {
         for ds in datasets {
             let before = ds.object.dnode();
             let dn = ds.object.sync(io, txg)?;
+            self.head_synced(&mut mos.table, ds)?;
             let mut os_bp = ds.objset_bp.lock();
             if dn == before && !os_bp.is_hole() && !mos.rewrite_objsets {
                 continue;
@@ -382,7 +384,15 @@ impl Pool {
             if !os_bp.is_hole() {
                 io.zio.free(&os_bp, txg, AllocClass::Recorded);
             }
+            self.head_destroyed(&mut mos.table, ds, txg)?;
         }
+
+        // Snapshots taken and destroyed, on the trees as this txg commits them; then the
+        // deadlists and the dataset records they changed.
+        if self.apply_ops(&mut mos.table, txg)? {
+            mos.dir_dirty = true;
+        }
+        let table_dn = self.sync_table(&mut mos.table, txg)?;
 
         // 2. The directory (MOS), with each volume's log header moved past the log blocks
         // this txg makes obsolete.
@@ -406,6 +416,7 @@ impl Pool {
                 e.zil = ds.log.header().encode();
                 e.replay_after = ds.log.replay_after().into();
                 e.refreservation = ds.refreservation().into();
+                e.dataset_id = ds.dataset_id().into();
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
@@ -444,6 +455,7 @@ impl Pool {
         let mut os = ObjsetPhys::new(OBJSET_MOS);
         os.dnodes[0] = mos.dir.dnode();
         os.dnodes[1] = mos.mstable.dnode();
+        os.dnodes[2] = table_dn;
         let checksum = self.config.lock().checksum;
         let root = io.zio.write(
             os.as_bytes(),

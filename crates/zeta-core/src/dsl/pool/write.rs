@@ -133,6 +133,7 @@ impl Pool {
         blkid: u64,
         wait: bool,
     ) -> Result<Option<RwLockReadGuard<'_, u64>>, PoolError> {
+        self.check_not_snapshot(ds)?;
         let len = ds.volblocksize as u64;
         if wait {
             self.throttle()?;
@@ -154,8 +155,20 @@ impl Pool {
         Ok(Some(hold))
     }
 
+    /// A snapshot's tree is never written: every path that would dirty it asks this first.
+    fn check_not_snapshot(&self, ds: &Dataset) -> Result<(), PoolError> {
+        if ds.snapshot {
+            return Err(PoolError::ReadOnlySnapshot(format!(
+                "{}/{}",
+                self.name, ds.name
+            )));
+        }
+        Ok(())
+    }
+
     /// The open txg, held (a sync cannot close it meanwhile), if the volume still exists.
     fn hold_open_txg(&self, ds: &Dataset) -> Result<RwLockReadGuard<'_, u64>, PoolError> {
+        self.check_not_snapshot(ds)?;
         let hold = self.txgs.open_txg.read();
         if ds.destroyed.load(Ordering::Acquire) {
             return Err(PoolError::NoSuchVolume(format!(

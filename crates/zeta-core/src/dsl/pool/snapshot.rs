@@ -1,0 +1,820 @@
+//! Snapshots: the dataset table as the pool holds it (`Table`, in the MOS), the requests that
+//! change it (taken by the next txg's sync, so a snapshot holds exactly a committed txg's
+//! tree), and the sync's part: each head's let-go blocks onto its deadlist, snapshots taken and
+//! destroyed, deadlists and changed records written. Record layout: `dsl::dataset`.
+//!
+//! A snapshot costs one objset block and one record whatever the volume's size: its tree is
+//! the head's as of its txg, shared block for block. Destroying one reads deadlists only
+//! (`merge_on_destroy`), never a tree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use crate::dmu::dnode::OBJSET_VOLUME;
+use crate::dmu::{DnodePhys, Object, ObjectIo, ObjectKind, ObjsetPhys};
+use crate::dsl::dataset::{
+    bytes_born_in, decode_deadlist, encode_deadlist, merge_on_destroy, split_snapshot,
+    valid_snapshot_name, DatasetPhys, KIND_HEAD, KIND_SNAPSHOT, RECORD_BYTES,
+};
+use crate::spa::{AllocClass, BlkPtr, BlockKind};
+use crate::zil::Log;
+use zeta_math::ChecksumKind;
+
+use super::mos::{append_object, meta_props, read_object, rewrite_object, write_object_bytes};
+use super::{invalid, Dataset, Pool, PoolError};
+
+/// The dataset table's block size, and its deadlists'.
+pub(super) const TABLE_BLOCK_BYTES: u32 = 16 * 1024;
+const DEADLIST_BLOCK_BYTES: u32 = 16 * 1024;
+
+/// A record's figures as `zeta list` shows them, kept on the dataset (`Dataset::space`) so
+/// that listing takes no MOS lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SnapFigures {
+    /// A snapshot: the bytes its tree takes. A head: 0 (its tree says).
+    pub referenced: u64,
+    /// A snapshot: the bytes it alone holds (`used`).
+    pub unique: u64,
+    /// Bytes born since the snapshot before (a head: since its latest; 0 is read live).
+    pub written: u64,
+    /// A head: what its snapshots hold that it does not (`usedbysnapshots`): the sum of
+    /// every deadlist of its chain.
+    pub usedbysnapshots: u64,
+    pub creation_txg: u64,
+    pub creation_time: u64,
+    /// A head: how many snapshots it has.
+    pub snapshots: u64,
+}
+
+/// One record as the pool holds it.
+pub(super) struct Record {
+    pub(super) phys: DatasetPhys,
+    /// The deadlist object (its dnode goes into `phys.deadlist` when the record is written).
+    pub(super) deadlist: Object,
+    /// To be written by the next sync.
+    dirty: bool,
+    /// A snapshot's tree, read-only, as volumes read it.
+    pub(super) snap: Option<Arc<Dataset>>,
+}
+
+/// A change asked for, with where its outcome goes.
+enum Op {
+    /// `(volume, snapshot name)` pairs, taken together.
+    Snapshot(Vec<(String, String)>),
+    Destroy(String, String),
+}
+
+type Reply = Arc<Mutex<Option<Result<(), PoolError>>>>;
+
+/// The dataset table in memory (MOS slot 2).
+pub(super) struct Table {
+    pub(super) object: Object,
+    pub(super) records: BTreeMap<u64, Record>,
+    /// Ids of records gone since the last sync: zeroed on disk by the next.
+    zeroed: BTreeSet<u64>,
+    ops: Vec<(Op, Reply)>,
+}
+
+fn deadlist_object(dn: DnodePhys) -> Object {
+    Object::new(dn, BlockKind::Deadlist, AllocClass::Recorded)
+}
+
+fn empty_deadlist() -> Object {
+    deadlist_object(DnodePhys::new(
+        ObjectKind::Deadlist,
+        DEADLIST_BLOCK_BYTES,
+        ChecksumKind::Fletcher4 as u8,
+        2,
+    ))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Table {
+    pub(super) fn empty() -> Table {
+        Table::with_object(Object::new(
+            DnodePhys::new(
+                ObjectKind::DatasetTable,
+                TABLE_BLOCK_BYTES,
+                ChecksumKind::Fletcher4 as u8,
+                2,
+            ),
+            BlockKind::DatasetTable,
+            AllocClass::Recorded,
+        ))
+    }
+
+    fn with_object(object: Object) -> Table {
+        Table {
+            object,
+            records: BTreeMap::new(),
+            zeroed: BTreeSet::new(),
+            ops: Vec::new(),
+        }
+    }
+
+    /// Whether the next sync has work here even if no volume changed.
+    pub(super) fn has_work(&self) -> bool {
+        !self.ops.is_empty() || !self.zeroed.is_empty() || self.records.values().any(|r| r.dirty)
+    }
+
+    /// The dnodes of the table and of every deadlist, as of the last sync (for scans).
+    pub(super) fn dnodes(&self) -> Vec<DnodePhys> {
+        let mut v = vec![self.object.dnode()];
+        v.extend(self.records.values().map(|r| r.deadlist.dnode()));
+        v
+    }
+
+    /// The snapshots' objset blocks, labelled `VOL@SNAP`.
+    pub(super) fn snapshot_datasets(&self) -> impl Iterator<Item = &Arc<Dataset>> {
+        self.records.values().filter_map(|r| r.snap.as_ref())
+    }
+
+    fn new_id(&self) -> u64 {
+        (1..)
+            .find(|i| !self.records.contains_key(i))
+            .expect("ids left")
+    }
+
+    fn read_deadlist(&self, io: &ObjectIo, id: u64) -> Result<Vec<BlkPtr>, PoolError> {
+        let r = &self.records[&id];
+        let bytes = read_object(&r.deadlist, io)?;
+        decode_deadlist(&bytes).ok_or_else(|| {
+            invalid(format!(
+                "dataset record {id}: its deadlist has a partial entry"
+            ))
+        })
+    }
+
+    /// The record after snapshot `id` in its chain: the next snapshot, or the head.
+    fn next_of(&self, id: u64) -> u64 {
+        let p = &self.records[&id].phys;
+        match p.next_id.get() {
+            0 => p.head_id.get(),
+            n => n,
+        }
+    }
+
+    /// Loads the table of a pool's MOS slot 2 (`dn`, which may be unused in an older pool)
+    /// and checks every record: a snapshot's objset is read, and every link leads where it
+    /// must. The snapshots' datasets are named after their heads (`heads`: head record id →
+    /// volume name).
+    pub(super) fn load(
+        io: &ObjectIo,
+        dn: &DnodePhys,
+        heads: &BTreeMap<u64, String>,
+    ) -> Result<Table, PoolError> {
+        if dn.kind == 0 {
+            return Ok(Table::empty());
+        }
+        super::mos::check_dnode(dn, ObjectKind::DatasetTable)?;
+        let mut t = Table::with_object(Object::new(
+            *dn,
+            BlockKind::DatasetTable,
+            AllocClass::Recorded,
+        ));
+        let bytes = read_object(&t.object, io)?;
+        for (id, chunk) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
+            let phys = DatasetPhys::read_from_bytes(chunk).expect("exact size");
+            if phys.kind == 0 {
+                continue;
+            }
+            let id = id as u64;
+            let bad = |what: &str| invalid(format!("dataset record {id}: {what}"));
+            if id == 0 || !(phys.kind == KIND_HEAD || phys.kind == KIND_SNAPSHOT) {
+                return Err(bad("unknown kind"));
+            }
+            super::mos::check_dnode(&phys.deadlist, ObjectKind::Deadlist)?;
+            t.records.insert(
+                id,
+                Record {
+                    phys,
+                    deadlist: deadlist_object(phys.deadlist),
+                    dirty: false,
+                    snap: None,
+                },
+            );
+        }
+        // Links: every snapshot's head exists and names it in its chain, walked from the
+        // head back (at most as many steps as records: no cycle).
+        for (&id, vol) in heads {
+            let bad = |what: String| invalid(format!("volume {vol}'s dataset record {id}: {what}"));
+            let head = t.records.get(&id).ok_or_else(|| bad("missing".into()))?;
+            if head.phys.kind != KIND_HEAD || head.phys.head_id.get() != id {
+                return Err(bad("not a head's".into()));
+            }
+            let (mut at, mut after, mut after_txg) = (head.phys.prev_id.get(), 0u64, u64::MAX);
+            let mut steps = 0;
+            let mut expect_txg = head.phys.prev_txg.get();
+            while at != 0 {
+                steps += 1;
+                let r = t
+                    .records
+                    .get(&at)
+                    .ok_or_else(|| bad(format!("snapshot {at} missing")))?;
+                let p = &r.phys;
+                if steps > t.records.len()
+                    || p.kind != KIND_SNAPSHOT
+                    || p.head_id.get() != id
+                    || p.next_id.get() != after
+                    || p.creation_txg.get() != expect_txg
+                    || p.creation_txg.get() >= after_txg
+                    || p.prev_txg.get() >= p.creation_txg.get()
+                {
+                    return Err(bad(format!(
+                        "snapshot record {at} is not linked as it must be"
+                    )));
+                }
+                (after, after_txg, expect_txg) = (at, p.creation_txg.get(), p.prev_txg.get());
+                at = p.prev_id.get();
+            }
+            if expect_txg != 0 {
+                return Err(bad("its oldest snapshot names a txg before it".into()));
+            }
+        }
+        for (&id, r) in t.records.iter_mut() {
+            if r.phys.kind != KIND_SNAPSHOT {
+                continue;
+            }
+            let head = r.phys.head_id.get();
+            let Some(vol) = heads.get(&head) else {
+                return Err(invalid(format!(
+                    "snapshot record {id}: its head {head} is no volume's"
+                )));
+            };
+            let name = r
+                .phys
+                .name()
+                .filter(|n| valid_snapshot_name(n))
+                .ok_or_else(|| invalid(format!("snapshot record {id} of {vol}: invalid name")))?;
+            r.snap = Some(Arc::new(snapshot_dataset(
+                io,
+                &format!("{vol}@{name}"),
+                &r.phys,
+            )?));
+        }
+        Ok(t)
+    }
+}
+
+/// The read-only dataset of a loaded snapshot record: its objset read and checked.
+fn snapshot_dataset(io: &ObjectIo, name: &str, p: &DatasetPhys) -> Result<Dataset, PoolError> {
+    let bytes = io.zio.read(&p.objset)?;
+    let os = ObjsetPhys::decode(&bytes, OBJSET_VOLUME)
+        .ok_or_else(|| invalid(format!("snapshot {name}: malformed objset")))?;
+    let dn = os.dnodes[0];
+    super::mos::check_dnode(&dn, ObjectKind::VolumeData)?;
+    super::check_volsize(p.volsize.get(), dn.data_block_bytes.get())
+        .map_err(|_| invalid(format!("snapshot {name}: bad size")))?;
+    Ok(snapshot_dataset_of(name, p, dn, p.objset))
+}
+
+fn set_snap_figures(ds: &Dataset, p: &DatasetPhys) {
+    let mut f = ds.space.lock();
+    f.referenced = p.referenced.get();
+    f.unique = p.unique.get();
+    f.written = p.written.get();
+    f.creation_txg = p.creation_txg.get();
+    f.creation_time = p.creation_time.get();
+    drop(f);
+    // For scans: blocks born at or before this are the snapshot before's too.
+    ds.snap_prev_txg.store(p.prev_txg.get(), Ordering::Release);
+}
+
+impl Pool {
+    /// Takes snapshots `VOL@SNAP` of one or more volumes, all in one txg (`zfs snapshot a@s
+    /// b@s`): each holds its volume exactly as that txg commits it. Constant in time and space
+    /// whatever a volume's size: one objset block and one table record each.
+    pub fn snapshot(&self, names: &[&str]) -> Result<(), PoolError> {
+        self.check_writable()?;
+        if names.is_empty() {
+            return Err(invalid("no snapshot named"));
+        }
+        let mut pairs = Vec::new();
+        for name in names {
+            let (vol, snap) = split_snapshot(name)
+                .ok_or_else(|| invalid(format!("'{name}' is not a snapshot name (VOL@SNAP)")))?;
+            if !valid_snapshot_name(snap) {
+                return Err(invalid(format!(
+                    "invalid snapshot name '{snap}': use letters, digits, '-', '_', '.', ':'"
+                )));
+            }
+            let ds = self.dataset(vol)?;
+            if pairs.iter().any(|(v, _): &(String, String)| v == vol) {
+                return Err(invalid(format!(
+                    "two snapshots of volume '{vol}' at once: take them one after the other"
+                )));
+            }
+            if self.snapshots.read().contains_key(*name) {
+                return Err(PoolError::SnapshotExists(format!("{}/{name}", self.name)));
+            }
+            // A reserved volume keeps room for rewriting everything it holds now (OpenZFS's
+            // rule: its reservation then counts from its blocks born after the snapshot).
+            if ds.refreservation() > 0 {
+                let need = ds.object.used_bytes().min(ds.refreservation());
+                let grows = need.saturating_sub(ds.unused_reservation());
+                let avail = self.space().free.saturating_sub(self.reserved_bytes());
+                if grows > avail {
+                    return Err(PoolError::NoSpace(format!(
+                        "{} (a snapshot of reserved volume '{vol}' keeps {} more for its \
+                         reservation, and {} is free)",
+                        self.name,
+                        super::human(grows),
+                        super::human(avail)
+                    )));
+                }
+            }
+            pairs.push((vol.to_string(), snap.to_string()));
+        }
+        self.run_op(Op::Snapshot(pairs))?;
+        self.refresh_reservations();
+        Ok(())
+    }
+
+    /// Destroys snapshot `VOL@SNAP`: the blocks it alone held are freed, found from the
+    /// deadlists of the tree after it (never by walking a tree).
+    pub fn destroy_snapshot(&self, name: &str) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let (vol, snap) = split_snapshot(name)
+            .ok_or_else(|| invalid(format!("'{name}' is not a snapshot name (VOL@SNAP)")))?;
+        self.snapshot_dataset(name)?;
+        self.run_op(Op::Destroy(vol.to_string(), snap.to_string()))?;
+        self.sync_frees()
+    }
+
+    /// Queues `op` for the next sync and waits for it.
+    fn run_op(&self, op: Op) -> Result<(), PoolError> {
+        let reply: Reply = Arc::new(Mutex::new(None));
+        self.mos.lock().table.ops.push((op, reply.clone()));
+        self.sync_now()?;
+        let outcome = reply.lock().take();
+        outcome.unwrap_or_else(|| Err(invalid("the snapshot request was not taken by a sync")))
+    }
+
+    /// A snapshot's read-only dataset (`VOL@SNAP`).
+    pub fn snapshot_dataset(&self, name: &str) -> Result<Arc<Dataset>, PoolError> {
+        self.snapshots
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchSnapshot(format!("{}/{name}", self.name)))
+    }
+
+    /// A volume's head, or a snapshot's read-only dataset for `VOL@SNAP`.
+    pub fn dataset_or_snapshot(&self, name: &str) -> Result<Arc<Dataset>, PoolError> {
+        if name.contains('@') {
+            self.snapshot_dataset(name)
+        } else {
+            self.dataset(name)
+        }
+    }
+
+    /// Every snapshot, by volume and then by txg.
+    pub fn snapshots(&self) -> Vec<Arc<Dataset>> {
+        let mut v: Vec<Arc<Dataset>> = self.snapshots.read().values().cloned().collect();
+        v.sort_by_key(|d| {
+            (
+                split_snapshot(&d.name).map(|(v, _)| v.to_string()),
+                d.created_txg,
+            )
+        });
+        v
+    }
+
+    /// The snapshots of volume `vol`, oldest first.
+    pub fn snapshots_of(&self, vol: &str) -> Vec<Arc<Dataset>> {
+        let mut v: Vec<Arc<Dataset>> = (self.snapshots.read().values())
+            .filter(|d| split_snapshot(&d.name).is_some_and(|(v, _)| v == vol))
+            .cloned()
+            .collect();
+        v.sort_by_key(|d| d.created_txg);
+        v
+    }
+
+    /// Makes the snapshots the loaded table holds the pool's (at import).
+    pub(super) fn index_snapshots(&self) {
+        let mos = self.mos.lock();
+        let mut map = self.snapshots.write();
+        for ds in mos.table.snapshot_datasets() {
+            map.insert(ds.name.clone(), ds.clone());
+        }
+        drop(map);
+        for head in self.datasets() {
+            let id = head.dataset_id.load(Ordering::Acquire);
+            if let Some(r) = mos.table.records.get(&id) {
+                head.object
+                    .set_keep_upto(r.phys.prev_txg.get(), r.phys.written.get());
+                self.set_head_figures(&mos.table, &head, id);
+            }
+        }
+    }
+
+    fn set_head_figures(&self, table: &Table, head: &Dataset, id: u64) {
+        let mut used = 0;
+        let mut n = 0;
+        let mut at = id;
+        while let Some(r) = table.records.get(&at) {
+            used += r.phys.deadlist_bytes.get();
+            at = r.phys.prev_id.get();
+            if at == 0 {
+                break;
+            }
+            n += 1;
+        }
+        let mut f = head.space.lock();
+        f.usedbysnapshots = used;
+        f.snapshots = n;
+        f.creation_txg = head.created_txg;
+    }
+
+    /// The sync's part after head `ds`'s tree synced in `txg`: the blocks it let go of that
+    /// its latest snapshot holds go onto its deadlist; the latest snapshot alone holds those
+    /// born after the snapshot before it.
+    pub(super) fn head_synced(&self, table: &mut Table, ds: &Dataset) -> Result<(), PoolError> {
+        let id = ds.dataset_id.load(Ordering::Acquire);
+        if id == 0 {
+            return Ok(());
+        }
+        let kept = ds.object.take_kept();
+        let fresh = ds.object.fresh_bytes();
+        let Some(head) = table.records.get_mut(&id) else {
+            return Ok(());
+        };
+        if head.phys.written.get() != fresh {
+            head.phys.written = fresh.into();
+            head.dirty = true;
+        }
+        if kept.is_empty() {
+            return Ok(());
+        }
+        append_object(&head.deadlist, &self.io, &encode_deadlist(&kept))?;
+        let bytes: u64 = kept.iter().map(BlkPtr::asize_total).sum();
+        head.phys.deadlist_bytes = (head.phys.deadlist_bytes.get() + bytes).into();
+        head.dirty = true;
+        let latest = head.phys.prev_id.get();
+        if let Some(snap) = table.records.get_mut(&latest) {
+            let gain = bytes_born_in(&kept, snap.phys.prev_txg.get(), u64::MAX - 1);
+            snap.phys.unique = (snap.phys.unique.get() + gain).into();
+            snap.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// A destroyed volume's record goes with it (it has no snapshots: those go first).
+    pub(super) fn head_destroyed(
+        &self,
+        table: &mut Table,
+        ds: &Dataset,
+        txg: u64,
+    ) -> Result<(), PoolError> {
+        let id = ds.dataset_id.load(Ordering::Acquire);
+        if let Some(r) = table.records.remove(&id) {
+            r.deadlist.free_all(&self.io, txg)?;
+            table.zeroed.insert(id);
+        }
+        Ok(())
+    }
+
+    /// The requests queued since the last sync, taken in txg `txg`; each one's outcome goes
+    /// to its requester. Returns whether the directory must be rewritten (a head got its
+    /// record).
+    pub(super) fn apply_ops(&self, table: &mut Table, txg: u64) -> Result<bool, PoolError> {
+        let mut dir_dirty = false;
+        for (op, reply) in std::mem::take(&mut table.ops) {
+            let outcome = match op {
+                Op::Snapshot(pairs) => self.take_snapshots(table, txg, &pairs, &mut dir_dirty),
+                Op::Destroy(vol, snap) => self.destroy_one(table, txg, &vol, &snap),
+            };
+            *reply.lock() = Some(outcome);
+        }
+        Ok(dir_dirty)
+    }
+
+    fn take_snapshots(
+        &self,
+        table: &mut Table,
+        txg: u64,
+        pairs: &[(String, String)],
+        dir_dirty: &mut bool,
+    ) -> Result<(), PoolError> {
+        // Checked again in the sync: another request may have come first.
+        let mut heads = Vec::new();
+        for (vol, snap) in pairs {
+            let full = format!("{vol}@{snap}");
+            if self.snapshots.read().contains_key(&full) {
+                return Err(PoolError::SnapshotExists(format!("{}/{full}", self.name)));
+            }
+            heads.push(self.dataset(vol)?);
+        }
+        let checksum = self.config.lock().checksum;
+        for ((vol, snap), ds) in pairs.iter().zip(heads) {
+            let mut head_id = ds.dataset_id.load(Ordering::Acquire);
+            if head_id == 0 {
+                head_id = table.new_id();
+                let mut p = DatasetPhys::new_zeroed();
+                p.kind = KIND_HEAD;
+                p.guid = ds.guid.into();
+                p.head_id = head_id.into();
+                p.creation_txg = txg.into();
+                p.creation_time = now_secs().into();
+                // Everything the tree holds is born after the (no) snapshot before.
+                p.written = ds.object.used_bytes().into();
+                table.records.insert(
+                    head_id,
+                    Record {
+                        phys: p,
+                        deadlist: empty_deadlist(),
+                        dirty: true,
+                        snap: None,
+                    },
+                );
+                ds.dataset_id.store(head_id, Ordering::Release);
+                *dir_dirty = true;
+            }
+            // The head's tree as this txg commits it (its sync ran already), in an objset
+            // block of the snapshot's own.
+            let dn = ds.object.dnode();
+            let mut os = ObjsetPhys::new(OBJSET_VOLUME);
+            os.dnodes[0] = dn;
+            let objset = self.io.zio.write(
+                os.as_bytes(),
+                meta_props(BlockKind::Objset, checksum, AllocClass::Recorded),
+                txg,
+                dn.root.fill.get(),
+            )?;
+            let id = table.new_id();
+            let head = table.records.get_mut(&head_id).expect("made above");
+            let mut p = DatasetPhys::new_zeroed();
+            p.kind = KIND_SNAPSHOT;
+            p.guid = super::random_guid().into();
+            p.head_id = head_id.into();
+            p.creation_txg = txg.into();
+            p.creation_time = now_secs().into();
+            p.prev_id = head.phys.prev_id;
+            p.prev_txg = head.phys.prev_txg;
+            p.referenced = dn.used_bytes;
+            p.written = head.phys.written;
+            // Every block it holds the head holds too; what it holds alone grows as the
+            // head lets go of them.
+            p.unique = 0.into();
+            p.deadlist_bytes = head.phys.deadlist_bytes;
+            p.volsize = ds.volsize().into();
+            p.set_name(snap);
+            p.objset = objset;
+            let deadlist = std::mem::replace(&mut head.deadlist, empty_deadlist());
+            let prev = head.phys.prev_id.get();
+            head.phys.prev_id = id.into();
+            head.phys.prev_txg = txg.into();
+            head.phys.deadlist_bytes = 0.into();
+            head.phys.written = 0.into();
+            head.dirty = true;
+            if let Some(r) = table.records.get_mut(&prev) {
+                r.phys.next_id = id.into();
+                r.dirty = true;
+            }
+            ds.object.set_keep_upto(txg, 0);
+            let full = format!("{vol}@{snap}");
+            p.deadlist = deadlist.dnode();
+            let snap_ds = Arc::new(snapshot_dataset_of(&full, &p, dn, objset));
+            table.records.insert(
+                id,
+                Record {
+                    phys: p,
+                    deadlist,
+                    dirty: true,
+                    snap: Some(snap_ds.clone()),
+                },
+            );
+            self.snapshots.write().insert(full, snap_ds);
+        }
+        Ok(())
+    }
+
+    /// Destroys snapshot `vol@snap` in txg `txg`. Every deadlist it needs is read before
+    /// anything changes: a failed read refuses the request and leaves all as it was.
+    fn destroy_one(
+        &self,
+        table: &mut Table,
+        txg: u64,
+        vol: &str,
+        snap: &str,
+    ) -> Result<(), PoolError> {
+        let full = format!("{vol}@{snap}");
+        let sds = self.snapshot_dataset(&full)?;
+        let Some((&sid, _)) = (table.records.iter())
+            .find(|(_, r)| r.snap.as_ref().is_some_and(|d| Arc::ptr_eq(d, &sds)))
+        else {
+            return Err(PoolError::NoSuchSnapshot(format!("{}/{full}", self.name)));
+        };
+        // The table and the name index hold it; anyone else reads it now.
+        if Arc::strong_count(&sds) > 3 {
+            return Err(invalid(format!(
+                "snapshot '{}/{full}' is in use (served, or being read): close it first",
+                self.name
+            )));
+        }
+        let s = table.records[&sid].phys;
+        if s.num_clones.get() > 0 {
+            return Err(invalid(format!(
+                "snapshot '{}/{full}' has clones",
+                self.name
+            )));
+        }
+        let (pid, p) = (s.prev_id.get(), s.prev_txg.get());
+        let pp = table.records.get(&pid).map_or(0, |r| r.phys.prev_txg.get());
+        let nid = table.next_of(sid);
+        let n_is_snap = s.next_id.get() != 0;
+        let s_dl = table.read_deadlist(&self.io, sid)?;
+        let n_dl = table.read_deadlist(&self.io, nid)?;
+        let nn_dl = if n_is_snap {
+            Some(table.read_deadlist(&self.io, table.next_of(nid))?)
+        } else {
+            None
+        };
+        let m = merge_on_destroy(s_dl, &n_dl, p, pp);
+
+        if let Some(prev) = table.records.get_mut(&pid) {
+            prev.phys.unique = (prev.phys.unique.get() + m.prev_unique_gain).into();
+            prev.phys.next_id = s.next_id;
+            prev.dirty = true;
+        }
+        let written = (s.written.get() + table.records[&nid].phys.written.get())
+            .saturating_sub(m.freed_bytes);
+        {
+            let n = table.records.get_mut(&nid).expect("linked");
+            if let Some(nn_dl) = &nn_dl {
+                let gain = bytes_born_in(nn_dl, p, s.creation_txg.get());
+                n.phys.unique = (n.phys.unique.get() + gain).into();
+            }
+            n.phys.prev_id = s.prev_id;
+            n.phys.prev_txg = s.prev_txg;
+            n.phys.deadlist_bytes = (s.deadlist_bytes.get() + m.kept_bytes).into();
+            n.phys.written = written.into();
+            n.dirty = true;
+            rewrite_object(&n.deadlist, &encode_deadlist(&m.next_deadlist))?;
+        }
+        if !n_is_snap {
+            let head = self.dataset(vol)?;
+            // Blocks born after `p` are now the head's alone to free.
+            head.object.set_keep_upto(p, written);
+        }
+        for bp in &m.freed {
+            self.io.zio.free(bp, txg, AllocClass::Recorded);
+        }
+        let gone = table.records.remove(&sid).expect("found above");
+        self.io
+            .zio
+            .free(&gone.phys.objset, txg, AllocClass::Recorded);
+        gone.deadlist.free_all(&self.io, txg)?;
+        table.zeroed.insert(sid);
+        self.snapshots.write().remove(&full);
+        Ok(())
+    }
+
+    /// The sync's last part for the table, in txg `txg`: every changed deadlist, then every
+    /// changed record, then the table itself. Returns the table's dnode for MOS slot 2.
+    pub(super) fn sync_table(&self, table: &mut Table, txg: u64) -> Result<DnodePhys, PoolError> {
+        let io = &self.io;
+        for r in table.records.values_mut() {
+            if r.deadlist.has_open_changes() {
+                r.deadlist.begin_sync();
+                r.deadlist.sync(io, txg)?;
+                r.dirty = true;
+            }
+        }
+        let mut changed_heads = BTreeSet::new();
+        for &id in &table.zeroed {
+            if !table.records.contains_key(&id) {
+                write_object_bytes(
+                    &table.object,
+                    io,
+                    id * RECORD_BYTES as u64,
+                    &[0; RECORD_BYTES],
+                )?;
+            }
+        }
+        table.zeroed.clear();
+        for (&id, r) in table.records.iter_mut().filter(|(_, r)| r.dirty) {
+            r.phys.deadlist = r.deadlist.dnode();
+            write_object_bytes(
+                &table.object,
+                io,
+                id * RECORD_BYTES as u64,
+                r.phys.as_bytes(),
+            )?;
+            if let Some(ds) = &r.snap {
+                set_snap_figures(ds, &r.phys);
+            }
+            changed_heads.insert(r.phys.head_id.get());
+            r.dirty = false;
+        }
+        // A table left with no record is emptied, rather than kept as zeros.
+        if table.records.is_empty() && table.object.dnode().size_bytes.get() > 0 {
+            rewrite_object(&table.object, &[])?;
+        }
+        if table.object.has_open_changes() {
+            table.object.begin_sync();
+            table.object.sync(io, txg)?;
+        }
+        if !changed_heads.is_empty() {
+            for head in self.datasets() {
+                let id = head.dataset_id.load(Ordering::Acquire);
+                if changed_heads.contains(&id) {
+                    self.set_head_figures(table, &head, id);
+                }
+            }
+        }
+        Ok(table.object.dnode())
+    }
+}
+
+/// A new snapshot's read-only dataset, from its record and tree.
+fn snapshot_dataset_of(name: &str, p: &DatasetPhys, dn: DnodePhys, objset: BlkPtr) -> Dataset {
+    let ds = Dataset {
+        name: name.to_string(),
+        guid: p.guid.get(),
+        volblocksize: dn.data_block_bytes.get(),
+        // Checked at load, or the head's own.
+        checksum: ChecksumKind::from_u8(dn.checksum).unwrap_or(ChecksumKind::Fletcher4),
+        created_txg: p.creation_txg.get(),
+        volsize: AtomicU64::new(p.volsize.get()),
+        refreservation: AtomicU64::new(0),
+        object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+        objset_bp: Mutex::new(objset),
+        log: Log::off(),
+        replay_lock: Mutex::new(()),
+        replay_claims: Mutex::new(Vec::new()),
+        destroyed: AtomicBool::new(false),
+        dataset_id: AtomicU64::new(0),
+        snapshot: true,
+        snap_prev_txg: AtomicU64::new(0),
+        space: Mutex::new(SnapFigures::default()),
+    };
+    set_snap_figures(&ds, p);
+    ds
+}
+
+impl Pool {
+    /// `verify`'s part for snapshots: each snapshot's tree walked, its blocks born after the
+    /// snapshot before counted into `count` (the earlier blocks are that one's), its figures
+    /// recounted; every deadlist read and summed; each snapshot's `unique` recounted from
+    /// the deadlist after it (its entries born after the snapshot before are in this one
+    /// alone).
+    pub(super) fn verify_snapshots(
+        &self,
+        count: &mut dyn FnMut(&BlkPtr, u8) -> Result<(), crate::zio::ZioError>,
+    ) -> Result<(), PoolError> {
+        let mos = self.mos.lock();
+        let t = &mos.table;
+        for (&id, r) in &t.records {
+            let dl = t.read_deadlist(&self.io, id)?;
+            let sum: u64 = dl.iter().map(BlkPtr::asize_total).sum();
+            let bad = |what: String| {
+                invalid(format!("pool '{}': dataset record {id}: {what}", self.name))
+            };
+            if sum != r.phys.deadlist_bytes.get() {
+                return Err(bad(format!(
+                    "its deadlist holds {sum} bytes, its record says {}",
+                    r.phys.deadlist_bytes.get()
+                )));
+            }
+            let Some(ds) = &r.snap else { continue };
+            let prev = r.phys.prev_txg.get();
+            let (mut all, mut born) = (0u64, 0u64);
+            crate::dmu::object::walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
+                all += bp.asize_total();
+                if bp.birth_txg.get() > prev {
+                    if level == 0 {
+                        self.io.zio.read(bp)?;
+                    }
+                    born += bp.asize_total();
+                    count(bp, level)?;
+                }
+                Ok(())
+            })?;
+            let next_dl = t.read_deadlist(&self.io, t.next_of(id))?;
+            let unique = bytes_born_in(&next_dl, prev, u64::MAX - 1);
+            let f = (
+                r.phys.referenced.get(),
+                r.phys.written.get(),
+                r.phys.unique.get(),
+            );
+            if (all, born, unique) != f {
+                return Err(bad(format!(
+                    "snapshot {}: (referenced, written, unique) counted {:?}, recorded {f:?}",
+                    ds.name,
+                    (all, born, unique)
+                )));
+            }
+        }
+        Ok(())
+    }
+}

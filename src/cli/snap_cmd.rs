@@ -1,0 +1,234 @@
+//! `zeta snapshot`, `zeta list` and `zeta destroy`: the dataset commands, named as zfs names
+//! them, run where the pool is (here, or by the server that serves it).
+
+use std::io::Write;
+
+use serde_json::{json, Value};
+
+use super::args::{DestroyArgs, ListArgs, SnapshotArgs};
+use super::vol_cmd::{confirm, split_name};
+use super::{stdout_err, usage, Result};
+use crate::dsl::Pool;
+use zeta_server::fmt::human;
+use zeta_server::progress::Reporter;
+use zeta_server::state::Home;
+
+pub fn snapshot(home: &Home, a: SnapshotArgs, out: &mut dyn Write) -> Result<()> {
+    let mut pool = None;
+    let mut names = Vec::new();
+    for full in &a.names {
+        let (p, rest) = split_name(full)?;
+        if !rest.contains('@') {
+            return Err(usage(format!("'{full}' is not POOL/VOL@SNAP")));
+        }
+        if pool.is_some_and(|q| q != p) {
+            return Err(usage(format!(
+                "'{full}': snapshots taken together must be of one pool's volumes"
+            )));
+        }
+        pool = Some(p);
+        names.push(rest);
+    }
+    let pool = pool.ok_or_else(|| usage("no snapshot named"))?;
+    let p = home.open(pool)?;
+    let r = p.snapshot(&names);
+    p.close()?;
+    r?;
+    for full in &a.names {
+        writeln!(out, "created snapshot '{full}'").map_err(stdout_err)?;
+    }
+    Ok(())
+}
+
+pub fn destroy(home: &Home, a: DestroyArgs, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
+    let (pool, name) = split_name(&a.name)?;
+    let p = home.open(pool)?;
+    let r = destroy_in(&p, &a, name, reporter);
+    p.close()?;
+    for gone in r? {
+        writeln!(out, "destroyed '{pool}/{gone}'").map_err(stdout_err)?;
+    }
+    Ok(())
+}
+
+/// Destroys `name` in `p` as `a` asks; returns what it destroyed, in order.
+fn destroy_in(p: &Pool, a: &DestroyArgs, name: &str, reporter: Reporter) -> Result<Vec<String>> {
+    if name.contains('@') {
+        if a.recursive {
+            return Err(usage(
+                "-r destroys a volume's snapshots with it: name the volume",
+            ));
+        }
+        p.destroy_snapshot(name)?;
+        return Ok(vec![name.to_string()]);
+    }
+    let ds = p.dataset(name)?;
+    let snaps = p.snapshots_of(name);
+    if !snaps.is_empty() && !a.recursive {
+        return Err(usage(format!(
+            "'{}' has {} snapshot(s), the oldest '{}/{}': give -r to destroy them with it",
+            a.name,
+            snaps.len(),
+            p.name,
+            snaps[0].name
+        )));
+    }
+    if !a.force && (ds.holds_data() || !snaps.is_empty()) {
+        confirm(
+            reporter,
+            &a.name,
+            &format!("'{}' holds data, which destroying it loses", a.name),
+            "destroy it",
+        )?;
+    }
+    drop(ds);
+    // Let go of them: a snapshot someone holds is in use, and is not destroyed.
+    let names: Vec<String> = snaps.into_iter().map(|s| s.name.clone()).collect();
+    let mut gone = Vec::new();
+    // Newest first: each destroy then merges into the head's deadlist, the shortest walk.
+    for n in names.into_iter().rev() {
+        p.destroy_snapshot(&n)?;
+        gone.push(n);
+    }
+    p.destroy_volume(name)?;
+    gone.push(name.to_string());
+    Ok(gone)
+}
+
+/// Every volume and snapshot of `p` with its space, as `zeta list` shows it.
+pub fn dataset_rows(p: &Pool) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for ds in p.datasets() {
+        let f = ds.figures();
+        let used = f.referenced + f.usedbysnapshots + ds.unused_reservation();
+        rows.push(json!({
+            "name": format!("{}/{}", p.name, ds.name), "type": "volume", "used": used,
+            "usedbysnapshots": f.usedbysnapshots, "referenced": f.referenced,
+            "written": f.written, "volsize": ds.volsize(), "snapshots": f.snapshots,
+            "createtxg": ds.created_txg,
+        }));
+        for s in p.snapshots_of(&ds.name) {
+            let f = s.figures();
+            rows.push(json!({
+                "name": format!("{}/{}", p.name, s.name), "type": "snapshot", "used": f.unique,
+                "referenced": f.referenced, "written": f.written, "volsize": s.volsize(),
+                "createtxg": f.creation_txg, "creation": f.creation_time,
+            }));
+        }
+    }
+    rows
+}
+
+pub fn list(home: &Home, a: ListArgs, out: &mut dyn Write) -> Result<()> {
+    let (volumes, snapshots) = match a.kind.as_str() {
+        "volume" | "vol" => (true, false),
+        "snapshot" | "snap" => (false, true),
+        "all" => (true, true),
+        k => {
+            return Err(usage(format!(
+                "-t {k}: the types are volume, snapshot and all"
+            )))
+        }
+    };
+    // Which pools, and within a pool which volumes (none: all).
+    let mut wanted: Vec<(String, Option<String>)> = Vec::new();
+    if a.names.is_empty() {
+        wanted.extend(home.load()?.pools.keys().map(|p| (p.clone(), None)));
+    }
+    for n in &a.names {
+        match n.split_once('/') {
+            Some((p, v)) => wanted.push((p.to_string(), Some(v.to_string()))),
+            None => wanted.push((n.clone(), None)),
+        }
+    }
+    let mut rows = Vec::new();
+    let mut pools_done: Vec<(String, Vec<Value>)> = Vec::new();
+    for (pool, vol) in &wanted {
+        let all = match pools_done.iter().find(|(p, _)| p == pool) {
+            Some((_, r)) => r.clone(),
+            None => {
+                let served_here = home.served_pools().iter().any(|p| &p.name == pool);
+                let r = match zeta_server::control::connect(home, pool).filter(|_| !served_here) {
+                    Some(conn) => zeta_server::control::remote_datasets(conn, pool)?,
+                    None => {
+                        let p = home.open(pool)?;
+                        let r = dataset_rows(&p);
+                        p.close()?;
+                        r
+                    }
+                };
+                pools_done.push((pool.clone(), r.clone()));
+                r
+            }
+        };
+        let mut found = vol.is_none();
+        for r in all {
+            let name = r["name"].as_str().unwrap_or_default().to_string();
+            let head = name.split('@').next().unwrap_or_default().to_string();
+            if vol
+                .as_ref()
+                .is_some_and(|v| head != format!("{pool}/{v}") && name != format!("{pool}/{v}"))
+            {
+                continue;
+            }
+            found = true;
+            let is_snap = r["type"] == "snapshot";
+            if (is_snap && snapshots) || (!is_snap && volumes) {
+                rows.push(r);
+            }
+        }
+        if !found {
+            return Err(usage(format!(
+                "'{pool}/{}' is no volume or snapshot of pool '{pool}'",
+                vol.as_deref().unwrap_or_default()
+            )));
+        }
+    }
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows).unwrap()).map_err(stdout_err)?;
+        return Ok(());
+    }
+    let size = |v: &Value| match v.as_u64() {
+        None => "-".to_string(),
+        Some(n) if a.parsable => n.to_string(),
+        Some(n) => human(n),
+    };
+    let cols = ["NAME", "USED", "USEDSNAP", "REFER", "WRITTEN"];
+    let lines: Vec<[String; 5]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r["name"].as_str().unwrap_or_default().to_string(),
+                size(&r["used"]),
+                size(&r["usedbysnapshots"]),
+                size(&r["referenced"]),
+                size(&r["written"]),
+            ]
+        })
+        .collect();
+    if a.scripted {
+        for l in &lines {
+            writeln!(out, "{}", l.join("\t")).map_err(stdout_err)?;
+        }
+        return Ok(());
+    }
+    let width = (lines.iter().map(|l| l[0].len()))
+        .chain(std::iter::once(24))
+        .max()
+        .unwrap_or(24);
+    writeln!(
+        out,
+        "{:<width$} {:>8} {:>8} {:>8} {:>8}",
+        cols[0], cols[1], cols[2], cols[3], cols[4]
+    )
+    .map_err(stdout_err)?;
+    for l in &lines {
+        writeln!(
+            out,
+            "{:<width$} {:>8} {:>8} {:>8} {:>8}",
+            l[0], l[1], l[2], l[3], l[4]
+        )
+        .map_err(stdout_err)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! `zeta snapshot`, `zeta list` and `zeta destroy` as a user runs them, on a pool opened by
+//! the command and on one a `zeta serve` holds (the commands then run in the server): a
+//! snapshot reads back with `vol get` as it was, `list` shows its space, and every refusal
+//! says why.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::cli::{fails_with, ok, words, zeta};
+use common::procs::spawn_server;
+
+const MB: usize = 1 << 20;
+
+fn rows(home: &Path, d: &Path, args: &str) -> Vec<serde_json::Value> {
+    let line = format!("list --json {args}");
+    let out = ok(&zeta(home, d, &line.split_whitespace().collect::<Vec<_>>()));
+    serde_json::from_str::<serde_json::Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {rows:?}"))
+}
+
+#[test]
+fn snapshots_are_taken_listed_read_and_destroyed_from_the_command_line() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(
+        &home,
+        d,
+        &words("pool create -o size=128M tank mirror a b"),
+    ));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 16M")));
+    let first: Vec<u8> = (0..8 * MB).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.join("one"), &first).unwrap();
+    std::fs::write(d.join("two"), vec![0x77u8; 8 * MB]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    let out = ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    assert!(out.contains("created snapshot 'tank/v@s1'"), "{out}");
+    ok(&zeta(&home, d, &words("vol put tank/v two")));
+
+    let all = rows(&home, d, "-t all");
+    let (head, s1) = (row(&all, "tank/v"), row(&all, "tank/v@s1"));
+    let used = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    assert_eq!(s1["type"], "snapshot");
+    assert!(
+        used(s1, "used") >= 8 * MB as u64,
+        "the head rewrote all of it: {s1}"
+    );
+    assert_eq!(used(head, "usedbysnapshots"), used(s1, "used"));
+    assert!(used(head, "written") >= 8 * MB as u64);
+    assert_eq!(rows(&home, d, "").len(), 1, "volumes only by default");
+    assert_eq!(rows(&home, d, "-t snapshot tank/v").len(), 1);
+    let table = ok(&zeta(&home, d, &words("list -t all -Hp tank")));
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("tank/v@s1\t"))
+        .unwrap();
+    assert_eq!(
+        line.split('\t').nth(1).unwrap(),
+        used(s1, "used").to_string()
+    );
+
+    // The snapshot reads back as it was; it takes no write.
+    ok(&zeta(&home, d, &words("vol get tank/v@s1 back")));
+    assert!(std::fs::read(d.join("back")).unwrap()[..8 * MB] == first[..]);
+    fails_with(
+        &zeta(&home, d, &words("vol put tank/v@s1 two")),
+        "is a snapshot",
+    );
+
+    fails_with(
+        &zeta(&home, d, &words("snapshot tank/v@s1")),
+        "already exists",
+    );
+    fails_with(&zeta(&home, d, &words("snapshot tank/v")), "POOL/VOL@SNAP");
+    fails_with(
+        &zeta(&home, d, &words("snapshot tank/nope@x")),
+        "does not exist",
+    );
+    fails_with(&zeta(&home, d, &words("snapshot tank/v@a b")), "");
+    fails_with(
+        &zeta(&home, d, &words("list -t bogus")),
+        "volume, snapshot and all",
+    );
+    fails_with(&zeta(&home, d, &words("destroy tank/v")), "give -r");
+    fails_with(
+        &zeta(&home, d, &words("destroy -r tank/v@s1")),
+        "name the volume",
+    );
+    fails_with(
+        &zeta(&home, d, &words("destroy tank/v@nope")),
+        "does not exist",
+    );
+
+    let out = ok(&zeta(&home, d, &words("destroy tank/v@s1")));
+    assert!(out.contains("destroyed 'tank/v@s1'"), "{out}");
+    assert_eq!(
+        used(row(&rows(&home, d, "-t all"), "tank/v"), "usedbysnapshots"),
+        0
+    );
+    ok(&zeta(&home, d, &words("snapshot tank/v@s2")));
+    let out = ok(&zeta(&home, d, &words("destroy -r -f tank/v")));
+    assert!(
+        out.contains("'tank/v@s2'") && out.contains("'tank/v'"),
+        "{out}"
+    );
+    assert!(rows(&home, d, "-t all").is_empty());
+}
+
+#[test]
+fn a_served_pool_takes_snapshots_through_its_server() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 8M")));
+    std::fs::write(d.join("one"), vec![0x11u8; MB]).unwrap();
+    std::fs::write(d.join("two"), vec![0x22u8; MB]).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, _, _) = spawn_server(cmd);
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    ok(&zeta(&home, d, &words("vol put tank/v two")));
+    let snaps = rows(&home, d, "-t snapshot");
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    assert!(row(&snaps, "tank/v@s1")["used"].as_u64().unwrap() >= MB as u64);
+    ok(&zeta(&home, d, &words("vol get tank/v@s1 back")));
+    assert!(std::fs::read(d.join("back")).unwrap()[..MB]
+        .iter()
+        .all(|&b| b == 0x11));
+    ok(&zeta(&home, d, &words("destroy tank/v@s1")));
+    assert!(rows(&home, d, "-t snapshot").is_empty());
+    let _ = server.kill();
+    let _ = server.wait();
+}

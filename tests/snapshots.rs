@@ -1,0 +1,325 @@
+//! Snapshots: a snapshot reads as its volume was when it was taken while the head changes,
+//! survives export, import and a power cut, is scrubbed and repaired like a volume, and is
+//! never written; destroying snapshots in any order frees exactly the blocks no other tree
+//! holds (the pool's allocated space equals what its trees reach after every step), with
+//! `referenced`, `written`, `unique` and `usedbysnapshots` recounted by `verify`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use zeta::dsl::{Pool, PoolError};
+use zeta::vdev::mem::MemDevice;
+use zeta::vdev::RESERVE_BYTES;
+use zeta::zvol::{VolError, Volume};
+
+const VOL: u64 = 4 * MB;
+const BS: u64 = 16384;
+
+fn mirror_pool() -> (Vec<Arc<MemDevice>>, Arc<Pool>) {
+    let devs = mem_devs(2, 64 * MB);
+    let pool = Pool::create("tank", spec(Layout::Mirror, &devs), opts()).unwrap();
+    pool.create_volume("v", VOL, BS as u32, None).unwrap();
+    (devs, pool)
+}
+
+/// Commits everything and checks that every allocated byte is reached by exactly one tree
+/// (the pool at rest), and every figure `verify` recounts.
+fn at_rest(pool: &Pool) {
+    pool.sync_frees().unwrap();
+    let (reach, space) = pool.verify_space().unwrap();
+    assert_eq!(
+        reach, space.alloc,
+        "allocated space no tree reaches, or reached twice"
+    );
+}
+
+fn read_all(pool: &Arc<Pool>, name: &str) -> Vec<u8> {
+    let vol = Volume::open(pool, name).unwrap();
+    read(&vol, 0, vol.size() as usize)
+}
+
+#[test]
+fn a_snapshot_keeps_what_the_volume_held_while_the_head_changes() {
+    let (devs, pool) = mirror_pool();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let a = pattern(1, VOL as usize);
+    vol.write(0, &a).unwrap();
+    vol.flush().unwrap();
+    pool.snapshot(&["v@a"]).unwrap();
+    let b = pattern(2, VOL as usize / 2);
+    vol.write(0, &b).unwrap();
+    pool.snapshot(&["v@b"]).unwrap();
+    let c = pattern(3, VOL as usize / 4);
+    vol.write(VOL - VOL / 4, &c).unwrap();
+    vol.flush().unwrap();
+    let mut at_b = a.clone();
+    at_b[..b.len()].copy_from_slice(&b);
+    let mut head = at_b.clone();
+    head[(VOL - VOL / 4) as usize..].copy_from_slice(&c);
+    assert_eq!(read_all(&pool, "v@a"), a);
+    assert_eq!(read_all(&pool, "v@b"), at_b);
+    assert_eq!(read(&vol, 0, VOL as usize), head);
+    at_rest(&pool);
+
+    // Figures (a mirror's space counts once): v@a was written whole, and holds alone the
+    // first half, which v@b does not hold (with the indirect blocks over it).
+    let fa = pool.snapshot_dataset("v@a").unwrap().figures();
+    let fb = pool.snapshot_dataset("v@b").unwrap().figures();
+    assert!(
+        fa.referenced >= VOL && fa.written == fa.referenced,
+        "{fa:?}"
+    );
+    assert!(
+        fa.unique >= VOL / 2 && fa.unique < VOL / 2 + VOL / 8,
+        "{fa:?}"
+    );
+    assert!(
+        fb.written >= VOL / 2 && fb.written < fb.referenced,
+        "{fb:?}"
+    );
+    // The head let go of the last quarter since, which v@a holds too: v@b alone holds only
+    // indirect blocks.
+    assert!(fb.unique > 0 && fb.unique < VOL / 8, "{fb:?}");
+    let fh = pool.dataset("v").unwrap().figures();
+    assert_eq!(fh.snapshots, 2);
+    let shared = fh.usedbysnapshots - fa.unique - fb.unique;
+    assert!((VOL / 4..VOL / 4 + VOL / 8).contains(&shared), "{fh:?}");
+    assert!(fh.written >= VOL / 4 && fh.written < VOL / 2, "{fh:?}");
+
+    // A snapshot is never written, by any path.
+    let snap = Volume::open(&pool, "v@a").unwrap();
+    assert!(snap.read_only());
+    for r in [
+        snap.write(0, &[1u8; 4096]),
+        snap.trim(0, BS),
+        snap.write_zeroes(0, BS, true),
+    ] {
+        match r {
+            Err(VolError::Pool {
+                source: PoolError::ReadOnlySnapshot(_),
+                ..
+            }) => {}
+            other => panic!("a snapshot took a change: {other:?}"),
+        }
+    }
+    drop(snap);
+    // Names: taken twice, of no volume, badly formed.
+    assert!(matches!(
+        pool.snapshot(&["v@a"]),
+        Err(PoolError::SnapshotExists(_))
+    ));
+    assert!(matches!(
+        pool.snapshot(&["w@a"]),
+        Err(PoolError::NoSuchVolume(_))
+    ));
+    for bad in ["v", "v@", "v@a b", "v@x@y"] {
+        assert!(pool.snapshot(&[bad]).is_err(), "{bad}");
+    }
+    let e = pool.destroy_volume("v").unwrap_err().to_string();
+    assert!(e.contains("has 2 snapshot") && e.contains("v@a"), "{e}");
+
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    assert_eq!(read_all(&pool, "v@a"), a);
+    assert_eq!(read_all(&pool, "v@b"), at_b);
+    assert_eq!(read_all(&pool, "v"), head);
+    assert_eq!(pool.snapshot_dataset("v@a").unwrap().figures(), fa);
+    at_rest(&pool);
+    // The head goes on letting go of blocks its snapshots hold after the import.
+    let vol = Volume::open(&pool, "v").unwrap();
+    vol.write(0, &c).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    assert_eq!(read_all(&pool, "v@b"), at_b);
+    at_rest(&pool);
+}
+
+#[test]
+fn snapshots_of_several_volumes_are_taken_in_one_txg() {
+    let (_devs, pool) = mirror_pool();
+    pool.create_volume("w", VOL, 8192, None).unwrap();
+    for (name, seed) in [("v", 4), ("w", 5)] {
+        let vol = Volume::open(&pool, name).unwrap();
+        vol.write(0, &pattern(seed, VOL as usize)).unwrap();
+        vol.flush().unwrap();
+    }
+    pool.snapshot(&["v@s", "w@s"]).unwrap();
+    let (v, w) = (
+        pool.snapshot_dataset("v@s").unwrap(),
+        pool.snapshot_dataset("w@s").unwrap(),
+    );
+    assert_eq!(v.figures().creation_txg, w.figures().creation_txg);
+    assert_eq!(pool.snapshots().len(), 2);
+    // One bad name refuses them all.
+    assert!(pool.snapshot(&["v@t", "w@s"]).is_err());
+    assert!(pool.snapshot_dataset("v@t").is_err());
+    at_rest(&pool);
+}
+
+/// Random writes, snapshots and destroys against a model of every tree: after each step the
+/// snapshots read as the model says, and the pool's allocated space is exactly what its
+/// trees reach. At the end, with every snapshot gone, the pool holds the head alone.
+#[test]
+fn destroying_snapshots_in_any_order_frees_exactly_what_they_alone_held() {
+    for seed in 0..6u64 {
+        let (devs, pool) = mirror_pool();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let vol = Volume::open(&pool, "v").unwrap();
+        let mut head = vec![0u8; VOL as usize];
+        let mut snaps: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut n = 0;
+        for step in 0..40 {
+            match rng.gen_range(0..10) {
+                0..=5 => {
+                    let blocks = VOL / BS;
+                    let first = rng.gen_range(0..blocks);
+                    let count = rng.gen_range(1..=(blocks - first).min(24));
+                    let mut data = vec![0u8; (count * BS) as usize];
+                    rng.fill_bytes(&mut data);
+                    let at = (first * BS) as usize;
+                    vol.write(at as u64, &data).unwrap();
+                    head[at..at + data.len()].copy_from_slice(&data);
+                    if rng.gen_bool(0.3) {
+                        vol.flush().unwrap();
+                        pool.sync_now().unwrap();
+                    }
+                }
+                6 | 7 => {
+                    n += 1;
+                    let name = format!("v@s{n}");
+                    pool.snapshot(&[&name]).unwrap();
+                    snaps.insert(name, head.clone());
+                }
+                _ => {
+                    if let Some(name) = snaps
+                        .keys()
+                        .nth(rng.gen_range(0..snaps.len().max(1)))
+                        .cloned()
+                    {
+                        pool.destroy_snapshot(&name).unwrap();
+                        snaps.remove(&name);
+                        assert!(pool.snapshot_dataset(&name).is_err());
+                        at_rest(&pool);
+                    }
+                }
+            }
+            if step % 10 == 9 {
+                at_rest(&pool);
+                for (name, want) in &snaps {
+                    assert!(
+                        read_all(&pool, name) == *want,
+                        "seed {seed} step {step}: {name}"
+                    );
+                }
+            }
+        }
+        at_rest(&pool);
+        // Export and import keep it all.
+        drop(vol);
+        pool.close().unwrap();
+        drop(pool);
+        let pool = import(&devs);
+        at_rest(&pool);
+        for (name, want) in &snaps {
+            assert!(
+                read_all(&pool, name) == *want,
+                "seed {seed}, after import: {name}"
+            );
+        }
+        let names: Vec<String> = snaps.keys().cloned().collect();
+        for name in names {
+            pool.destroy_snapshot(&name).unwrap();
+            at_rest(&pool);
+        }
+        let f = pool.dataset("v").unwrap().figures();
+        assert_eq!(
+            (f.usedbysnapshots, f.snapshots),
+            (0, 0),
+            "seed {seed}: {f:?}"
+        );
+        assert!(read_all(&pool, "v") == head, "seed {seed}: the head");
+        // With no snapshot left, an overwrite frees what it replaces again.
+        let before = pool.space().alloc;
+        let vol = Volume::open(&pool, "v").unwrap();
+        vol.write(0, &pattern(9, VOL as usize)).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        at_rest(&pool);
+        let after = pool.space().alloc;
+        assert!(after <= before + VOL, "seed {seed}: {before} -> {after}");
+        pool.destroy_volume("v").unwrap();
+        at_rest(&pool);
+    }
+}
+
+#[test]
+fn a_snapshot_survives_a_power_cut_and_the_head_replays_after_it() {
+    let (devs, pool) = mirror_pool();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let a = pattern(6, VOL as usize);
+    vol.write(0, &a).unwrap();
+    pool.snapshot(&["v@a"]).unwrap();
+    let b = pattern(7, 64 * 1024);
+    vol.write(0, &b).unwrap();
+    vol.flush().unwrap(); // in the log, not yet in a txg
+    let cut = power_cut(&devs, zeta::vdev::mem::PowerCut::DropUnflushed);
+    drop(vol);
+    drop(pool);
+    let pool = import(&cut);
+    assert_eq!(read_all(&pool, "v@a"), a);
+    let mut head = a.clone();
+    head[..b.len()].copy_from_slice(&b);
+    assert_eq!(read_all(&pool, "v"), head);
+    at_rest(&pool);
+    assert_eq!(read_all(&pool, "v@a"), a);
+}
+
+/// A block only a snapshot holds is scrubbed: rotted on one side of a mirror, the scrub
+/// repairs it, and the snapshot reads right with the other side gone.
+#[test]
+fn a_scrub_checks_and_repairs_blocks_only_a_snapshot_holds() {
+    let (devs, pool) = mirror_pool();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let a = pattern(8, VOL as usize);
+    vol.write(0, &a).unwrap();
+    pool.snapshot(&["v@a"]).unwrap();
+    vol.write(0, &pattern(9, VOL as usize)).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    pool.sync_frees().unwrap();
+    // Every data block of the snapshot: none is the head's any more.
+    let snap = pool.snapshot_dataset("v@a").unwrap();
+    let mut offsets = Vec::new();
+    zeta::dmu::object::walk(&pool.io, &snap.object.dnode(), &mut |bp, level| {
+        if level == 0 {
+            offsets.push(bp.dva[0].offset.get());
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop(snap);
+    assert_eq!(offsets.len() as u64, VOL / BS);
+    for &off in offsets.iter().step_by(16) {
+        devs[0].corrupt(RESERVE_BYTES + off, &[0xA5; 4096]);
+    }
+    pool.start_scrub().unwrap();
+    pool.wait_scrub();
+    let st = pool.scan_status();
+    assert_eq!(st.errors, 0, "{st:?}");
+    assert!(
+        st.repaired_bytes >= 4096 * offsets.len() as u64 / 16,
+        "{st:?}"
+    );
+    pool.close().unwrap();
+    drop(pool);
+    // Side 1 alone: the repaired side 0 must hold every block now.
+    let pool = Pool::import(as_leaves(&devs[..1]), None, opts()).unwrap();
+    assert_eq!(read_all(&pool, "v@a"), a);
+}
