@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::cli::{fails_with, ok, words, zeta};
+use common::nbd_client::Client;
 use common::procs::spawn_server;
 
 const MB: usize = 1 << 20;
@@ -141,6 +142,60 @@ fn a_served_pool_takes_snapshots_through_its_server() {
         .all(|&b| b == 0x11));
     ok(&zeta(&home, d, &words("destroy tank/v@s1")));
     assert!(rows(&home, d, "-t snapshot").is_empty());
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// `zeta rollback` of a served volume: refused while a client is connected to its export,
+/// naming why; once the client has gone, the volume reads as the snapshot to the next one.
+#[test]
+fn a_served_volume_is_rolled_back_only_with_no_client_connected() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 8M")));
+    std::fs::write(d.join("one"), vec![0x11u8; MB]).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, addr, _) = spawn_server(cmd);
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s2")));
+    let mut c = Client::open(addr, "tank/v");
+    assert_eq!(c.write(0, &vec![0x22u8; 65536]), 0);
+    fails_with(
+        &zeta(&home, d, &words("rollback tank/v@s1")),
+        "not the latest",
+    );
+    fails_with(
+        &zeta(&home, d, &words("rollback -r tank/v@s1")),
+        "is open (1 handle",
+    );
+    fails_with(
+        &zeta(&home, d, &words("rollback tank/v@s2")),
+        "is open (1 handle",
+    );
+    drop(c);
+    // The server lets go of the volume once it has seen the client go.
+    let mut out = zeta(&home, d, &words("rollback -r tank/v@s1"));
+    for _ in 0..50 {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        out = zeta(&home, d, &words("rollback -r tank/v@s1"));
+    }
+    let said = ok(&out);
+    assert!(
+        said.contains("destroyed 'tank/v@s2'") && said.contains("rolled 'tank/v' back"),
+        "{said}"
+    );
+    let mut c = Client::open(addr, "tank/v");
+    assert!(c.read(0, 65536).unwrap().iter().all(|&b| b == 0x11));
+    drop(c);
+    assert_eq!(rows(&home, d, "-t snapshot").len(), 1);
     let _ = server.kill();
     let _ = server.wait();
 }

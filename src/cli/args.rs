@@ -77,6 +77,21 @@ pub enum Command {
     /// Destroy a snapshot (POOL/VOL@SNAP), freeing the blocks it alone held; or a volume
     /// (POOL/VOL), which -r destroys with its snapshots.
     Destroy(DestroyArgs),
+    /// Roll a volume back to its latest snapshot (as `zfs rollback`): what was written since
+    /// is freed, and the volume reads as the snapshot at once. Refused while the volume is
+    /// open (a client connected to its export, a copy in or out): disconnect them first.
+    #[command(after_help = "Examples:\n  zeta rollback tank/vm0@before\n  \
+                            zeta rollback -r tank/vm0@monday   (destroys the newer snapshots)")]
+    Rollback(RollbackArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RollbackArgs {
+    /// POOL/VOL@SNAP
+    pub name: String,
+    /// Destroy the snapshots newer than SNAP first.
+    #[arg(short = 'r')]
+    pub recursive: bool,
 }
 
 const LIST_HELP: &str = "Columns:\n  \
@@ -481,6 +496,9 @@ pub enum VolCmd {
     /// `zeta destroy`, likewise.
     #[command(skip)]
     DsDestroy(DestroyArgs),
+    /// `zeta rollback`, likewise.
+    #[command(skip)]
+    DsRollback(RollbackArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

@@ -100,10 +100,11 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
                 Command::Snapshot(a) => VolCmd::Snapshot(a),
                 Command::List(a) => VolCmd::DsList(a),
                 Command::Destroy(a) => VolCmd::DsDestroy(a),
+                Command::Rollback(a) => VolCmd::DsRollback(a),
                 _ => {
                     return Err(usage(format!(
                         "pool '{}' is served by this `zeta serve`; only `zeta vol`, `zeta \
-                         get|set|snapshot|list|destroy` and `zeta pool status|list` reach it (stop the server to \
+                         get|set|snapshot|list|destroy|rollback` and `zeta pool status|list` reach it (stop the server to \
                          export or destroy it)",
                         pool.name
                     )))

@@ -35,6 +35,7 @@ pub fn main() -> i32 {
             | args::Command::Snapshot(_)
             | args::Command::List(_)
             | args::Command::Destroy(_)
+            | args::Command::Rollback(_)
     ) {
         die_on_closed_pipe();
     }
@@ -47,6 +48,7 @@ pub fn main() -> i32 {
         args::Command::Snapshot(a) => vol_cmd::run(&home, args::VolCmd::Snapshot(a)),
         args::Command::List(a) => vol_cmd::run(&home, args::VolCmd::DsList(a)),
         args::Command::Destroy(a) => vol_cmd::run(&home, args::VolCmd::DsDestroy(a)),
+        args::Command::Rollback(a) => vol_cmd::run(&home, args::VolCmd::DsRollback(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

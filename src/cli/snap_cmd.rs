@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::args::{DestroyArgs, ListArgs, SnapshotArgs};
+use super::args::{DestroyArgs, ListArgs, RollbackArgs, SnapshotArgs};
 use super::vol_cmd::{confirm, split_name};
 use super::{stdout_err, usage, Result};
 use crate::dsl::Pool;
@@ -49,6 +49,50 @@ pub fn destroy(home: &Home, a: DestroyArgs, out: &mut dyn Write, reporter: Repor
         writeln!(out, "destroyed '{pool}/{gone}'").map_err(stdout_err)?;
     }
     Ok(())
+}
+
+pub fn rollback(home: &Home, a: RollbackArgs, out: &mut dyn Write) -> Result<()> {
+    let (pool, name) = split_name(&a.name)?;
+    let Some((vol, _)) = name.split_once('@') else {
+        return Err(usage(format!("'{}' is not POOL/VOL@SNAP", a.name)));
+    };
+    let p = home.open(pool)?;
+    let r = rollback_in(&p, &a, vol, name);
+    p.close()?;
+    for gone in r? {
+        writeln!(out, "destroyed '{pool}/{gone}'").map_err(stdout_err)?;
+    }
+    writeln!(out, "rolled '{pool}/{vol}' back to '{}'", a.name).map_err(stdout_err)?;
+    Ok(())
+}
+
+/// Rolls `vol` back to `name`, with -r destroying the newer snapshots first (newest first);
+/// returns those it destroyed.
+fn rollback_in(p: &Pool, a: &RollbackArgs, vol: &str, name: &str) -> Result<Vec<String>> {
+    p.snapshot_dataset(name)?;
+    let newer: Vec<String> = (p.snapshots_of(vol).into_iter())
+        .map(|s| s.name.clone())
+        .skip_while(|n| n != name)
+        .skip(1)
+        .collect();
+    let mut gone = Vec::new();
+    if a.recursive {
+        // Checked before the newer snapshots go: the rollback would be refused after.
+        let open = p.dataset(vol)?.handles();
+        if open > 0 {
+            return Err(usage(format!(
+                "volume '{}/{vol}' is open ({open} handle(s): a connected client, or a copy \
+                 in or out): disconnect them first",
+                p.name
+            )));
+        }
+        for n in newer.into_iter().rev() {
+            p.destroy_snapshot(&n)?;
+            gone.push(n);
+        }
+    }
+    p.rollback(name)?;
+    Ok(gone)
 }
 
 /// Destroys `name` in `p` as `a` asks; returns what it destroyed, in order.

@@ -42,6 +42,7 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
             .and_then(|n| split_name(n).ok())
             .map(|(p, _)| p),
         VolCmd::DsDestroy(a) => split_name(&a.name).ok().map(|(p, _)| p),
+        VolCmd::DsRollback(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::List { .. } | VolCmd::DsList(_) => None,
     }
 }
@@ -116,6 +117,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
         VolCmd::Snapshot(a) => super::snap_cmd::snapshot(home, a, out),
         VolCmd::DsList(a) => super::snap_cmd::list(home, a, out),
         VolCmd::DsDestroy(a) => super::snap_cmd::destroy(home, a, out, reporter),
+        VolCmd::DsRollback(a) => super::snap_cmd::rollback(home, a, out),
         VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;

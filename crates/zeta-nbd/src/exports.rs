@@ -2,7 +2,7 @@
 //! the pools on every request, so volumes created while serving become exports at once.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -14,7 +14,9 @@ pub struct PoolExports {
     pools: Vec<Arc<Pool>>,
     /// One `Volume` per export, shared by every connection to it: its range locks are what
     /// keep concurrent partial-block writes from different connections from losing bytes.
-    open: Mutex<HashMap<String, Arc<Volume>>>,
+    /// Held by the connections alone (weak here), so a volume no client has open counts no
+    /// handle (`Dataset::handles`): a rollback then goes ahead.
+    open: Mutex<HashMap<String, Weak<Volume>>>,
     /// The export an empty name selects.
     default: Option<String>,
 }
@@ -81,13 +83,14 @@ impl Exports for PoolExports {
         }
         let pool = self.pools.iter().find(|p| p.name == pool_name)?;
         let mut open = self.open.lock();
-        if let Some(v) = open.get(&name) {
+        if let Some(v) = open.get(&name).and_then(Weak::upgrade) {
             if v.is_current() {
-                return Some(v.clone());
+                return Some(v);
             }
         }
+        open.retain(|_, w| w.strong_count() > 0);
         let v = Arc::new(Volume::open(pool, vol).ok()?);
-        open.insert(name, v.clone());
+        open.insert(name, Arc::downgrade(&v));
         Some(v)
     }
 }

@@ -131,6 +131,7 @@ pub struct Extent {
 /// be kept as it is: the slack of an allocator's size classes, not a larger buffer reused.
 const OWNED_SLACK_BYTES: usize = 512;
 
+/// An open volume or snapshot: counted on its dataset while it lives (`Dataset::handles`).
 pub struct Volume {
     pool: Arc<Pool>,
     ds: Arc<Dataset>,
@@ -139,11 +140,18 @@ pub struct Volume {
     vol_name: String,
 }
 
+impl Drop for Volume {
+    fn drop(&mut self) {
+        self.ds.note_handle(false);
+    }
+}
+
 impl Volume {
     /// Opens a volume, replaying its intent log first if it holds writes from before a crash;
     /// or a snapshot (`VOL@SNAP`), read-only.
     pub fn open(pool: &Arc<Pool>, name: &str) -> Result<Volume, PoolError> {
         let ds = pool.dataset_or_snapshot(name)?;
+        ds.note_handle(true);
         let vol = Volume {
             full_name: format!("{}/{}", pool.name, name),
             vol_name: name.to_string(),

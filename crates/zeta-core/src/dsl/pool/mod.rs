@@ -25,7 +25,7 @@ mod sync;
 mod write;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -390,6 +390,9 @@ pub struct Dataset {
     snap_prev_txg: AtomicU64,
     /// Its dataset record's figures, as of the last sync that changed them.
     space: Mutex<SnapFigures>,
+    /// `zvol::Volume`s open on it (`Volume::open` to its drop): a rollback is refused while
+    /// any is.
+    handles: AtomicUsize,
 }
 
 impl Dataset {
@@ -417,6 +420,20 @@ impl Dataset {
             self.object.used_bytes()
         };
         self.refreservation().saturating_sub(held)
+    }
+
+    /// How many `zvol::Volume`s are open on it.
+    pub fn handles(&self) -> usize {
+        self.handles.load(Ordering::Acquire)
+    }
+
+    /// A `zvol::Volume` opens on it, or lets go of it.
+    pub fn note_handle(&self, open: bool) {
+        if open {
+            self.handles.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.handles.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Its record in the dataset table, 0 if none.
@@ -1173,6 +1190,7 @@ impl Pool {
             snapshot: false,
             snap_prev_txg: AtomicU64::new(0),
             space: Mutex::new(SnapFigures::default()),
+            handles: AtomicUsize::new(0),
         });
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;

@@ -275,6 +275,7 @@ pub(super) fn load_mos(
                 snapshot: false,
                 snap_prev_txg: AtomicU64::new(0),
                 space: Mutex::new(super::SnapFigures::default()),
+                handles: std::sync::atomic::AtomicUsize::new(0),
             },
             zil: ZilHeader::decode(&e.zil),
             replay_after: e.replay_after.get(),

@@ -8,7 +8,7 @@
 //! (`merge_on_destroy`), never a tree.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -66,9 +66,22 @@ enum Op {
     /// `(volume, snapshot name)` pairs, taken together.
     Snapshot(Vec<(String, String)>),
     Destroy(String, String),
+    /// Back to the volume's latest snapshot.
+    Rollback(String, String),
 }
 
 type Reply = Arc<Mutex<Option<Result<(), PoolError>>>>;
+
+/// What the requests a sync took leave it to do.
+#[derive(Default)]
+pub(super) struct Applied {
+    /// The directory must be rewritten (a head got its record, or was rolled back).
+    pub(super) dir_dirty: bool,
+    /// Heads rolled back: their logs are discarded once the txg has committed.
+    pub(super) retired: Vec<Arc<Dataset>>,
+    /// The dirty bytes of their changes not synced, which no sync will write.
+    pub(super) syncing: crate::dmu::object::SyncBytes,
+}
 
 /// The dataset table in memory (MOS slot 2).
 pub(super) struct Table {
@@ -350,6 +363,47 @@ impl Pool {
         self.sync_frees()
     }
 
+    /// Rolls volume `VOL` back to its latest snapshot `VOL@SNAP` (`zfs rollback`): what was
+    /// written since is freed, and the volume reads as the snapshot at once. Refused while
+    /// the volume is open (a client connected to its export, a copy in or out): they would
+    /// go on from data that is gone. The snapshot stays.
+    pub fn rollback(&self, name: &str) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let (vol, snap) = split_snapshot(name)
+            .ok_or_else(|| invalid(format!("'{name}' is not a snapshot name (VOL@SNAP)")))?;
+        self.snapshot_dataset(name)?;
+        let head = self.dataset(vol)?;
+        let snaps = self.snapshots_of(vol);
+        if let Some(latest) = snaps.last().filter(|l| l.name != name) {
+            return Err(invalid(format!(
+                "'{}/{name}' is not the latest snapshot of '{}/{vol}': '{}/{}' and {} more are \
+                 newer; destroy them first, or use -r",
+                self.name,
+                self.name,
+                self.name,
+                latest.name,
+                snaps.iter().rev().take_while(|s| s.name != name).count() - 1
+            )));
+        }
+        drop(snaps);
+        self.check_closed(&head)?;
+        drop(head);
+        self.run_op(Op::Rollback(vol.to_string(), snap.to_string()))?;
+        self.refresh_reservations();
+        self.sync_frees()
+    }
+
+    fn check_closed(&self, head: &Dataset) -> Result<(), PoolError> {
+        match head.handles() {
+            0 => Ok(()),
+            n => Err(invalid(format!(
+                "volume '{}/{}' is open ({n} handle(s): a connected client, or a copy in or \
+                 out): disconnect them first",
+                self.name, head.name
+            ))),
+        }
+    }
+
     /// Queues `op` for the next sync and waits for it.
     fn run_op(&self, op: Op) -> Result<(), PoolError> {
         let reply: Reply = Arc::new(Mutex::new(None));
@@ -486,16 +540,114 @@ impl Pool {
     /// The requests queued since the last sync, taken in txg `txg`; each one's outcome goes
     /// to its requester. Returns whether the directory must be rewritten (a head got its
     /// record).
-    pub(super) fn apply_ops(&self, table: &mut Table, txg: u64) -> Result<bool, PoolError> {
-        let mut dir_dirty = false;
+    pub(super) fn apply_ops(&self, table: &mut Table, txg: u64) -> Result<Applied, PoolError> {
+        let mut done = Applied::default();
         for (op, reply) in std::mem::take(&mut table.ops) {
             let outcome = match op {
-                Op::Snapshot(pairs) => self.take_snapshots(table, txg, &pairs, &mut dir_dirty),
+                Op::Snapshot(pairs) => self.take_snapshots(table, txg, &pairs, &mut done),
                 Op::Destroy(vol, snap) => self.destroy_one(table, txg, &vol, &snap),
+                Op::Rollback(vol, snap) => self.roll_back(table, txg, &vol, &snap, &mut done),
             };
             *reply.lock() = Some(outcome);
         }
-        Ok(dir_dirty)
+        Ok(done)
+    }
+
+    /// Rolls head `vol` back to its latest snapshot in txg `txg`: the old head is retired as
+    /// a destroyed volume is (its handles, none when this was asked, cannot dirty it), its
+    /// blocks born after the snapshot freed; its deadlist's blocks are the snapshot's, back in
+    /// the new head, so the list goes and its entries stay. The new head takes the
+    /// snapshot's tree, the old one's name, guid and properties, and a new intent-log chain:
+    /// what the old log holds was written after the snapshot, and must never replay.
+    fn roll_back(
+        &self,
+        table: &mut Table,
+        txg: u64,
+        vol: &str,
+        snap: &str,
+        done: &mut Applied,
+    ) -> Result<(), PoolError> {
+        let full = format!("{vol}@{snap}");
+        let head = self.dataset(vol)?;
+        let sds = self.snapshot_dataset(&full)?;
+        let hid = head.dataset_id();
+        let sid = table.records.get(&hid).map_or(0, |h| h.phys.prev_id.get());
+        if !table
+            .records
+            .get(&sid)
+            .and_then(|r| r.snap.as_ref())
+            .is_some_and(|d| Arc::ptr_eq(d, &sds))
+        {
+            return Err(invalid(format!(
+                "'{}/{full}' is no longer the latest snapshot of '{}/{vol}'",
+                self.name, self.name
+            )));
+        }
+        // Under the open txg's lock, as a destroy marks a volume: a change either sees the
+        // flag, or is in the open txg, which the old head never syncs.
+        let hold = self.txgs.open_txg.write();
+        if let Err(e) = self.check_closed(&head) {
+            drop(hold);
+            return Err(e);
+        }
+        head.destroyed.store(true, Ordering::Release);
+        drop(hold);
+        let s = table.records[&sid].phys;
+        let io = &self.io;
+        // Its changes since this txg closed die with it; they no longer count as dirty.
+        done.syncing += head.object.begin_sync();
+        head.object.free_all(io, txg)?;
+        let old_os = *head.objset_bp.lock();
+        if !old_os.is_hole() {
+            io.zio.free(&old_os, txg, AllocClass::Recorded);
+        }
+        {
+            let h = table.records.get_mut(&hid).expect("linked");
+            let dl = std::mem::replace(&mut h.deadlist, empty_deadlist());
+            dl.free_all(io, txg)?;
+            h.phys.deadlist_bytes = 0.into();
+            h.phys.written = 0.into();
+            h.dirty = true;
+        }
+        let r = table.records.get_mut(&sid).expect("linked");
+        r.phys.unique = 0.into();
+        r.dirty = true;
+
+        let dn = sds.object.dnode();
+        let mut os = ObjsetPhys::new(OBJSET_VOLUME);
+        os.dnodes[0] = dn;
+        let checksum = self.config.lock().checksum;
+        let objset = io.zio.write(
+            os.as_bytes(),
+            meta_props(BlockKind::Objset, checksum, AllocClass::Recorded),
+            txg,
+            dn.root.fill.get(),
+        )?;
+        let new = Arc::new(Dataset {
+            name: head.name.clone(),
+            guid: head.guid,
+            volblocksize: head.volblocksize,
+            checksum: head.checksum,
+            created_txg: head.created_txg,
+            volsize: AtomicU64::new(s.volsize.get()),
+            refreservation: AtomicU64::new(head.refreservation()),
+            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(objset),
+            log: Log::new_chain(&self.zil),
+            replay_lock: Mutex::new(()),
+            replay_claims: Mutex::new(Vec::new()),
+            destroyed: AtomicBool::new(false),
+            dataset_id: AtomicU64::new(hid),
+            snapshot: false,
+            snap_prev_txg: AtomicU64::new(0),
+            space: Mutex::new(*head.space.lock()),
+            handles: AtomicUsize::new(0),
+        });
+        new.object.set_keep_upto(s.creation_txg.get(), 0);
+        self.datasets.write().insert(vol.to_string(), new);
+        done.dir_dirty = true;
+        done.retired.push(head);
+        Ok(())
     }
 
     fn take_snapshots(
@@ -503,7 +655,7 @@ impl Pool {
         table: &mut Table,
         txg: u64,
         pairs: &[(String, String)],
-        dir_dirty: &mut bool,
+        done: &mut Applied,
     ) -> Result<(), PoolError> {
         // Checked again in the sync: another request may have come first.
         let mut heads = Vec::new();
@@ -537,7 +689,7 @@ impl Pool {
                     },
                 );
                 ds.dataset_id.store(head_id, Ordering::Release);
-                *dir_dirty = true;
+                done.dir_dirty = true;
             }
             // The head's tree as this txg commits it (its sync ran already), in an objset
             // block of the snapshot's own.
@@ -614,8 +766,9 @@ impl Pool {
         else {
             return Err(PoolError::NoSuchSnapshot(format!("{}/{full}", self.name)));
         };
-        // The table and the name index hold it; anyone else reads it now.
-        if Arc::strong_count(&sds) > 3 {
+        // A scan reading it meanwhile holds the frees of its chunk (`hold_frees`); a
+        // `Volume` open on it could read blocks freed here and reused.
+        if sds.handles() > 0 {
             return Err(invalid(format!(
                 "snapshot '{}/{full}' is in use (served, or being read): close it first",
                 self.name
@@ -757,6 +910,7 @@ fn snapshot_dataset_of(name: &str, p: &DatasetPhys, dn: DnodePhys, objset: BlkPt
         snapshot: true,
         snap_prev_txg: AtomicU64::new(0),
         space: Mutex::new(SnapFigures::default()),
+        handles: AtomicUsize::new(0),
     };
     set_snap_figures(&ds, p);
     ds

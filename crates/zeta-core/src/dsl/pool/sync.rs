@@ -389,9 +389,9 @@ impl Pool {
 
         // Snapshots taken and destroyed, on the trees as this txg commits them; then the
         // deadlists and the dataset records they changed.
-        if self.apply_ops(&mut mos.table, txg)? {
-            mos.dir_dirty = true;
-        }
+        let applied = self.apply_ops(&mut mos.table, txg)?;
+        mos.dir_dirty |= applied.dir_dirty;
+        syncing_bytes += applied.syncing;
         let table_dn = self.sync_table(&mut mos.table, txg)?;
 
         // 2. The directory (MOS), with each volume's log header moved past the log blocks
@@ -538,7 +538,7 @@ impl Pool {
         for ds in datasets {
             ds.log.txg_committed(&self.zil, txg);
         }
-        for ds in &destroyed {
+        for ds in destroyed.iter().chain(&applied.retired) {
             ds.log.discard(&self.zil);
         }
         Ok(Committed { txg, whole })
