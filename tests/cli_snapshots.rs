@@ -199,3 +199,83 @@ fn a_served_volume_is_rolled_back_only_with_no_client_connected() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `zeta send` to stdout and to a file, `zeta receive` from stdin and from a file, locally
+/// and through a server: the copy's snapshots read as the originals; a served pool needs a
+/// file, since its server writes and reads the stream.
+#[test]
+fn send_and_receive_copy_snapshots_between_pools() {
+    use std::process::Stdio;
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("pool create -o size=128M bk b")));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 8M")));
+    std::fs::write(d.join("one"), vec![0x11u8; 2 * MB]).unwrap();
+    std::fs::write(d.join("two"), vec![0x22u8; MB / 2]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    // Full, through stdout and stdin.
+    let bin = env!("CARGO_BIN_EXE_zeta");
+    let out = std::fs::File::create(d.join("full.zs")).unwrap();
+    let st = Command::new(bin)
+        .args(["send", "tank/v@s1"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d)
+        .stdout(Stdio::from(out))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let input = std::fs::File::open(d.join("full.zs")).unwrap();
+    let o = Command::new(bin)
+        .args(["receive", "bk/v"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d)
+        .stdin(Stdio::from(input))
+        .output()
+        .unwrap();
+    let said = ok(&o);
+    assert!(said.contains("received 'bk/v@s1' (full"), "{said}");
+    fails_with(
+        &zeta(&home, d, &words("receive bk/v -f full.zs")),
+        "already exists",
+    );
+    fails_with(
+        &zeta(&home, d, &words("send tank/v@s1 -o full.zs")),
+        "full.zs",
+    );
+
+    // Incremental, through files and a server holding the source pool.
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, _, _) = spawn_server(cmd);
+    ok(&zeta(&home, d, &words("vol put tank/v two")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s2")));
+    fails_with(
+        &zeta(&home, d, &words("send -i @s1 tank/v@s2")),
+        "give -o FILE",
+    );
+    let said = ok(&zeta(&home, d, &words("send -i @s1 tank/v@s2 -o incr.zs")));
+    assert!(said.contains("sent 'tank/v@s2'"), "{said}");
+    ok(&zeta(&home, d, &words("vol get tank/v@s2 want")));
+    let _ = server.kill();
+    let _ = server.wait();
+    let mut rotten = std::fs::read(d.join("incr.zs")).unwrap();
+    let at = rotten.len() / 2;
+    rotten[at] ^= 4;
+    std::fs::write(d.join("rotten.zs"), &rotten).unwrap();
+    fails_with(
+        &zeta(&home, d, &words("receive bk/v -f rotten.zs")),
+        "checksum",
+    );
+    let said = ok(&zeta(&home, d, &words("receive bk/v -f incr.zs")));
+    assert!(said.contains("received 'bk/v@s2' (incremental"), "{said}");
+    ok(&zeta(&home, d, &words("vol get bk/v@s2 got")));
+    assert!(std::fs::read(d.join("got")).unwrap() == std::fs::read(d.join("want")).unwrap());
+    fails_with(
+        &zeta(&home, d, &words("receive bk/v@x -f incr.zs")),
+        "name the volume",
+    );
+}

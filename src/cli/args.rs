@@ -83,6 +83,48 @@ pub enum Command {
     #[command(after_help = "Examples:\n  zeta rollback tank/vm0@before\n  \
                             zeta rollback -r tank/vm0@monday   (destroys the newer snapshots)")]
     Rollback(RollbackArgs),
+    /// Write a snapshot as a stream (to stdout, or -o FILE): whole, or with -i the changes
+    /// since an earlier snapshot of the same volume, read from the blocks born since it only.
+    /// The stream is versioned and every record checksummed (docs/format.md).
+    #[command(after_help = "Examples:\n  zeta send tank/vm0@mon > mon.zs\n  \
+                            zeta send -i @mon tank/vm0@tue > mon-tue.zs\n  \
+                            zeta send tank/vm0@mon | zeta receive backup/vm0\n\n\
+                            On a pool `zeta serve` holds, the server writes the stream: \
+                            give -o FILE.")]
+    Send(SendArgs),
+    /// Make a volume from a stream (stdin, or -f FILE) that `zeta send` wrote, ending in the
+    /// snapshot it carries: a full stream makes a new volume; an incremental one applies to
+    /// the volume whose latest snapshot is its base. A stream refused part-way (damaged, cut
+    /// short) leaves no new volume, or the volume as it was.
+    #[command(after_help = "Examples:\n  zeta receive backup/vm0 < mon.zs\n  \
+                            zeta receive backup/vm0 < mon-tue.zs\n  \
+                            zeta receive -F backup/vm0 -f mon-tue.zs   (rolls back changes made since @mon)")]
+    Receive(ReceiveArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SendArgs {
+    /// POOL/VOL@SNAP
+    pub name: String,
+    /// Send the changes since this earlier snapshot (@SNAP, or POOL/VOL@SNAP).
+    #[arg(short = 'i', value_name = "BASE")]
+    pub from: Option<String>,
+    /// Write the stream to FILE instead of stdout (refused if it exists).
+    #[arg(short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReceiveArgs {
+    /// POOL/VOL to make, or to apply an incremental stream to.
+    pub name: String,
+    /// Read the stream from FILE instead of stdin.
+    #[arg(short = 'f', value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// For an incremental stream: roll the volume back to its latest snapshot first if it
+    /// was written since.
+    #[arg(short = 'F')]
+    pub force: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -499,6 +541,12 @@ pub enum VolCmd {
     /// `zeta rollback`, likewise.
     #[command(skip)]
     DsRollback(RollbackArgs),
+    /// `zeta send`, likewise.
+    #[command(skip)]
+    DsSend(SendArgs),
+    /// `zeta receive`, likewise.
+    #[command(skip)]
+    DsReceive(ReceiveArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

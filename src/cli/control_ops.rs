@@ -101,10 +101,12 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
                 Command::List(a) => VolCmd::DsList(a),
                 Command::Destroy(a) => VolCmd::DsDestroy(a),
                 Command::Rollback(a) => VolCmd::DsRollback(a),
+                Command::Send(a) => VolCmd::DsSend(a),
+                Command::Receive(a) => VolCmd::DsReceive(a),
                 _ => {
                     return Err(usage(format!(
                         "pool '{}' is served by this `zeta serve`; only `zeta vol`, `zeta \
-                         get|set|snapshot|list|destroy|rollback` and `zeta pool status|list` reach it (stop the server to \
+                         get|set|snapshot|list|destroy|rollback|send|receive` and `zeta pool status|list` reach it (stop the server to \
                          export or destroy it)",
                         pool.name
                     )))
@@ -112,6 +114,17 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
             };
             // The server's working directory is not the client's.
             if let VolCmd::Put { file, .. } | VolCmd::Get { file, .. } = &mut cmd {
+                if file.is_relative() {
+                    *file = cwd.join(&*file);
+                }
+            }
+            if let VolCmd::DsSend(super::args::SendArgs {
+                output: Some(file), ..
+            })
+            | VolCmd::DsReceive(super::args::ReceiveArgs {
+                file: Some(file), ..
+            }) = &mut cmd
+            {
                 if file.is_relative() {
                     *file = cwd.join(&*file);
                 }

@@ -36,6 +36,7 @@ pub fn main() -> i32 {
             | args::Command::List(_)
             | args::Command::Destroy(_)
             | args::Command::Rollback(_)
+            | args::Command::Receive(_)
     ) {
         die_on_closed_pipe();
     }
@@ -49,6 +50,8 @@ pub fn main() -> i32 {
         args::Command::List(a) => vol_cmd::run(&home, args::VolCmd::DsList(a)),
         args::Command::Destroy(a) => vol_cmd::run(&home, args::VolCmd::DsDestroy(a)),
         args::Command::Rollback(a) => vol_cmd::run(&home, args::VolCmd::DsRollback(a)),
+        args::Command::Send(a) => vol_cmd::run(&home, args::VolCmd::DsSend(a)),
+        args::Command::Receive(a) => vol_cmd::run(&home, args::VolCmd::DsReceive(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

@@ -5,9 +5,9 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::args::{DestroyArgs, ListArgs, RollbackArgs, SnapshotArgs};
+use super::args::{DestroyArgs, ListArgs, ReceiveArgs, RollbackArgs, SendArgs, SnapshotArgs};
 use super::vol_cmd::{confirm, split_name};
-use super::{stdout_err, usage, Result};
+use super::{stdout_err, usage, CliError, Result};
 use crate::dsl::Pool;
 use zeta_server::fmt::human;
 use zeta_server::progress::Reporter;
@@ -274,5 +274,130 @@ pub fn list(home: &Home, a: ListArgs, out: &mut dyn Write) -> Result<()> {
         )
         .map_err(stdout_err)?;
     }
+    Ok(())
+}
+
+pub fn send(home: &Home, a: SendArgs, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
+    use std::io::IsTerminal;
+    let (pool, name) = split_name(&a.name)?;
+    let Some((vol, _)) = name.split_once('@') else {
+        return Err(usage(format!("'{}' is not POOL/VOL@SNAP", a.name)));
+    };
+    let from = match a.from.as_deref() {
+        None => None,
+        Some(f) if f.starts_with('@') => Some(format!("{vol}{f}")),
+        Some(f) => match split_name(f) {
+            Ok((p, rest)) if p == pool && rest.contains('@') => Some(rest.to_string()),
+            _ => return Err(usage(format!("-i {f}: name @SNAP, or {pool}/{vol}@SNAP"))),
+        },
+    };
+    let mut file = match &a.output {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| CliError::io(path, e))?,
+        ),
+        None if !matches!(reporter, Reporter::Local) => {
+            return Err(usage(format!(
+                "pool '{pool}' is served: its server writes the stream; give -o FILE"
+            )))
+        }
+        None if std::io::stdout().is_terminal() => {
+            return Err(usage(
+                "the stream is binary: redirect stdout to a file or a pipe, or give -o FILE",
+            ))
+        }
+        None => None,
+    };
+    let p = home.open(pool)?;
+    let total = p
+        .snapshot_dataset(name)
+        .map(|d| d.figures().referenced)
+        .unwrap_or(0);
+    let mut progress = reporter.start(&format!("send {}", a.name), total);
+    let mut buffered;
+    let sink: &mut dyn Write = match &mut file {
+        Some(f) => {
+            buffered = std::io::BufWriter::with_capacity(1 << 20, f);
+            &mut buffered
+        }
+        None => out,
+    };
+    let r = p.send(name, from.as_deref(), sink, &mut |done| {
+        progress.advance(done)
+    });
+    drop(progress);
+    p.close()?;
+    let sum = r?;
+    if let Some(path) = &a.output {
+        writeln!(
+            out,
+            "sent '{}' to {}: {} records, {} of data, {} of stream",
+            a.name,
+            path.display(),
+            sum.records,
+            human(sum.data_bytes),
+            human(sum.stream_bytes)
+        )
+        .map_err(stdout_err)?;
+    }
+    Ok(())
+}
+
+pub fn receive(home: &Home, a: ReceiveArgs, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
+    use std::io::IsTerminal;
+    let (pool, vol) = split_name(&a.name)?;
+    if vol.contains('@') {
+        return Err(usage(format!(
+            "'{}': name the volume (POOL/VOL); the snapshot's name comes from the stream",
+            a.name
+        )));
+    }
+    let (mut input, total): (Box<dyn std::io::Read>, u64) = match &a.file {
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|e| CliError::io(path, e))?;
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            (Box::new(std::io::BufReader::with_capacity(1 << 20, f)), len)
+        }
+        None if !matches!(reporter, Reporter::Local) => {
+            return Err(usage(format!(
+                "pool '{pool}' is served: its server reads the stream; give -f FILE"
+            )))
+        }
+        None if std::io::stdin().is_terminal() => {
+            return Err(usage("redirect stdin from a stream, or give -f FILE"))
+        }
+        None => (
+            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
+            0,
+        ),
+    };
+    let p = home.open(pool)?;
+    let mut progress = reporter.start(&format!("receive {}", a.name), total);
+    let r = crate::zvol::receive::receive(&p, vol, &mut input, a.force, &mut |done| {
+        progress.advance(done)
+    });
+    drop(progress);
+    p.close()?;
+    let sum = r?;
+    let snap = p
+        .snapshots_of(vol)
+        .last()
+        .map(|s| s.name.clone())
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "received '{pool}/{snap}' ({}, {} records, {} of data)",
+        if sum.incremental {
+            "incremental"
+        } else {
+            "full"
+        },
+        sum.records,
+        human(sum.data_bytes)
+    )
+    .map_err(stdout_err)?;
     Ok(())
 }

@@ -43,6 +43,8 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
             .map(|(p, _)| p),
         VolCmd::DsDestroy(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsRollback(a) => split_name(&a.name).ok().map(|(p, _)| p),
+        VolCmd::DsSend(a) => split_name(&a.name).ok().map(|(p, _)| p),
+        VolCmd::DsReceive(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::List { .. } | VolCmd::DsList(_) => None,
     }
 }
@@ -118,6 +120,8 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
         VolCmd::DsList(a) => super::snap_cmd::list(home, a, out),
         VolCmd::DsDestroy(a) => super::snap_cmd::destroy(home, a, out, reporter),
         VolCmd::DsRollback(a) => super::snap_cmd::rollback(home, a, out),
+        VolCmd::DsSend(a) => super::snap_cmd::send(home, a, out, reporter),
+        VolCmd::DsReceive(a) => super::snap_cmd::receive(home, a, out, reporter),
         VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;

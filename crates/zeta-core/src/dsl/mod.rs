@@ -8,6 +8,7 @@
 pub mod dataset;
 pub mod dir;
 pub mod pool;
+pub mod stream;
 
 /// What the layers above name when they build, import and inspect a pool, so that they reach
 /// the engine through `dsl` and `zvol` alone: the devices a pool is made of, the shape of a

@@ -10,6 +10,8 @@
 //! Architecture invariant: `zvol` sees blocks only through `dsl`/`dmu`; it never learns where
 //! a block lives on disk.
 
+pub mod receive;
+
 use std::sync::Arc;
 
 use crate::dmu::object::{spans, Fetched};

@@ -20,6 +20,7 @@ mod labels;
 mod mos;
 mod reserve;
 mod scan;
+mod send;
 mod snapshot;
 mod sync;
 mod write;
@@ -57,6 +58,7 @@ use write::Admission;
 pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
 pub use reserve::human;
+pub use send::SendSummary;
 pub use snapshot::SnapFigures;
 pub use write::OpenTxg;
 

@@ -63,8 +63,9 @@ pub(super) struct Record {
 
 /// A change asked for, with where its outcome goes.
 enum Op {
-    /// `(volume, snapshot name)` pairs, taken together.
-    Snapshot(Vec<(String, String)>),
+    /// `(volume, snapshot name, guid)`: taken together; a guid is given for a received
+    /// snapshot (the sender's), else drawn.
+    Snapshot(Vec<(String, String, Option<u64>)>),
     Destroy(String, String),
     /// Back to the volume's latest snapshot.
     Rollback(String, String),
@@ -307,6 +308,16 @@ impl Pool {
     /// b@s`): each holds its volume exactly as that txg commits it. Constant in time and space
     /// whatever a volume's size: one objset block and one table record each.
     pub fn snapshot(&self, names: &[&str]) -> Result<(), PoolError> {
+        self.snapshot_with(names, None)
+    }
+
+    /// `snapshot` of one volume for `zeta receive`: the snapshot takes the sent one's guid,
+    /// which the next incremental stream names as its base.
+    pub fn snapshot_received(&self, name: &str, guid: u64) -> Result<(), PoolError> {
+        self.snapshot_with(&[name], Some(guid))
+    }
+
+    fn snapshot_with(&self, names: &[&str], guid: Option<u64>) -> Result<(), PoolError> {
         self.check_writable()?;
         if names.is_empty() {
             return Err(invalid("no snapshot named"));
@@ -321,7 +332,7 @@ impl Pool {
                 )));
             }
             let ds = self.dataset(vol)?;
-            if pairs.iter().any(|(v, _): &(String, String)| v == vol) {
+            if pairs.iter().any(|(v, _, _): &(String, String, _)| v == vol) {
                 return Err(invalid(format!(
                     "two snapshots of volume '{vol}' at once: take them one after the other"
                 )));
@@ -345,7 +356,7 @@ impl Pool {
                     )));
                 }
             }
-            pairs.push((vol.to_string(), snap.to_string()));
+            pairs.push((vol.to_string(), snap.to_string(), guid));
         }
         self.run_op(Op::Snapshot(pairs))?;
         self.refresh_reservations();
@@ -614,15 +625,7 @@ impl Pool {
         r.dirty = true;
 
         let dn = sds.object.dnode();
-        let mut os = ObjsetPhys::new(OBJSET_VOLUME);
-        os.dnodes[0] = dn;
-        let checksum = self.config.lock().checksum;
-        let objset = io.zio.write(
-            os.as_bytes(),
-            meta_props(BlockKind::Objset, checksum, AllocClass::Recorded),
-            txg,
-            dn.root.fill.get(),
-        )?;
+        let objset = self.write_objset(dn, txg)?;
         let new = Arc::new(Dataset {
             name: head.name.clone(),
             guid: head.guid,
@@ -654,20 +657,19 @@ impl Pool {
         &self,
         table: &mut Table,
         txg: u64,
-        pairs: &[(String, String)],
+        pairs: &[(String, String, Option<u64>)],
         done: &mut Applied,
     ) -> Result<(), PoolError> {
         // Checked again in the sync: another request may have come first.
         let mut heads = Vec::new();
-        for (vol, snap) in pairs {
+        for (vol, snap, _) in pairs {
             let full = format!("{vol}@{snap}");
             if self.snapshots.read().contains_key(&full) {
                 return Err(PoolError::SnapshotExists(format!("{}/{full}", self.name)));
             }
             heads.push(self.dataset(vol)?);
         }
-        let checksum = self.config.lock().checksum;
-        for ((vol, snap), ds) in pairs.iter().zip(heads) {
+        for ((vol, snap, guid), ds) in pairs.iter().zip(heads) {
             let mut head_id = ds.dataset_id.load(Ordering::Acquire);
             if head_id == 0 {
                 head_id = table.new_id();
@@ -694,19 +696,12 @@ impl Pool {
             // The head's tree as this txg commits it (its sync ran already), in an objset
             // block of the snapshot's own.
             let dn = ds.object.dnode();
-            let mut os = ObjsetPhys::new(OBJSET_VOLUME);
-            os.dnodes[0] = dn;
-            let objset = self.io.zio.write(
-                os.as_bytes(),
-                meta_props(BlockKind::Objset, checksum, AllocClass::Recorded),
-                txg,
-                dn.root.fill.get(),
-            )?;
+            let objset = self.write_objset(dn, txg)?;
             let id = table.new_id();
             let head = table.records.get_mut(&head_id).expect("made above");
             let mut p = DatasetPhys::new_zeroed();
             p.kind = KIND_SNAPSHOT;
-            p.guid = super::random_guid().into();
+            p.guid = guid.unwrap_or_else(super::random_guid).into();
             p.head_id = head_id.into();
             p.creation_txg = txg.into();
             p.creation_time = now_secs().into();
@@ -748,6 +743,19 @@ impl Pool {
             self.snapshots.write().insert(full, snap_ds);
         }
         Ok(())
+    }
+
+    /// Writes an objset block of its own for tree `dn` in txg `txg` (a snapshot's, or a
+    /// rolled-back head's): one 4K block, whatever the tree holds.
+    fn write_objset(&self, dn: DnodePhys, txg: u64) -> Result<BlkPtr, PoolError> {
+        let mut os = ObjsetPhys::new(OBJSET_VOLUME);
+        os.dnodes[0] = dn;
+        let checksum = self.config.lock().checksum;
+        let props = meta_props(BlockKind::Objset, checksum, AllocClass::Recorded);
+        Ok(self
+            .io
+            .zio
+            .write(os.as_bytes(), props, txg, dn.root.fill.get())?)
     }
 
     /// Destroys snapshot `vol@snap` in txg `txg`. Every deadlist it needs is read before
