@@ -29,6 +29,17 @@ pub enum BenchCmd {
     /// A scrub of a pool on file vdevs against `cat` reading the same files to /dev/null:
     /// GB/s and the ratio (median of --runs).
     Scrub(BenchScrubArgs),
+    /// Snapshots of a filled volume against btrfs (a read-only subvolume snapshot on a loop
+    /// device) and qcow2 (`qemu-img snapshot`): the time to take one, to destroy one after a
+    /// tenth of the volume was rewritten, and a full send's rate against `btrfs send`, with
+    /// zeta's one-write txg commit beside them (median of --runs).
+    #[command(
+        after_help = "btrfs needs root (a loop mount) and btrfs-progs; qcow2 needs qemu-utils. \
+                      A peer that cannot run is shown as skipped, with why. Every snapshot \
+                      and destroy is durable when it returns: zeta's commits its txg, btrfs's \
+                      commit their transaction (--commit-after), qemu-img's close the image."
+    )]
+    Snap(BenchSnapArgs),
     /// The group-commit paper's sync-write experiment: 3 volumes on a pool of 3 file vdevs,
     /// served over NBD, one client per volume with 100 random writes in flight and a flush
     /// every N writes. Per-request commits with a log per volume (the baseline) against group
@@ -214,6 +225,22 @@ pub struct BenchFragArgs {
     /// Picture format of the plots and maps: svg or png.
     #[arg(long, default_value = "svg")]
     pub format: String,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchSnapArgs {
+    /// The volume's size (each peer holds the same bytes).
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Directory for the files (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Times each measurement is repeated; the figures are the median run.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Print the results as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -9,6 +9,7 @@ pub mod load;
 pub mod parity;
 pub mod raidz;
 pub mod scrub;
+pub mod snap;
 pub mod sync;
 pub mod vol;
 
@@ -21,6 +22,7 @@ pub fn run(cmd: BenchCmd) -> zeta_server::Result<()> {
         BenchCmd::Parity(a) => parity::parity(a),
         BenchCmd::Raidz(a) => raidz::raidz(a),
         BenchCmd::Scrub(a) => scrub::scrub_bench(a),
+        BenchCmd::Snap(a) => snap::snap_bench(a),
         BenchCmd::Checksum(a) => checksum::checksum(a),
         BenchCmd::Sync(a) => sync::sync_bench(a),
         BenchCmd::Frag(a) => frag::frag_bench(a),
