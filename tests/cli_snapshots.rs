@@ -279,3 +279,50 @@ fn send_and_receive_copy_snapshots_between_pools() {
         "name the volume",
     );
 }
+
+/// `zeta clone` while the pool is served: the clone is an export at once, reads as its
+/// origin, takes writes, and `list` names its origin; the origin's destruction is refused
+/// naming the clone.
+#[test]
+fn a_clone_is_served_like_any_volume() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create -s tank/golden 8M")));
+    std::fs::write(d.join("one"), vec![0x33u8; MB]).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, addr, _) = spawn_server(cmd);
+    ok(&zeta(&home, d, &words("vol put tank/golden one")));
+    ok(&zeta(&home, d, &words("snapshot tank/golden@v1")));
+    let said = ok(&zeta(&home, d, &words("clone tank/golden@v1 tank/vm7")));
+    assert!(said.contains("a clone of 'tank/golden@v1'"), "{said}");
+    fails_with(
+        &zeta(&home, d, &words("clone tank/golden@v1 tank/vm7")),
+        "already exists",
+    );
+    fails_with(
+        &zeta(&home, d, &words("clone tank/golden tank/x")),
+        "POOL/VOL@SNAP",
+    );
+    let mut c = Client::open(addr, "tank/vm7");
+    assert!(c.read(0, 65536).unwrap().iter().all(|&b| b == 0x33));
+    assert_eq!(c.write(0, &vec![0x44u8; 65536]), 0);
+    assert!(c.read(0, 65536).unwrap().iter().all(|&b| b == 0x44));
+    drop(c);
+    let all = rows(&home, d, "-t all");
+    assert_eq!(row(&all, "tank/vm7")["origin"], "tank/golden@v1");
+    assert!(row(&all, "tank/golden")["origin"].is_null());
+    fails_with(
+        &zeta(&home, d, &words("destroy tank/golden@v1")),
+        "'tank/vm7'",
+    );
+    ok(&zeta(&home, d, &words("vol get tank/golden@v1 back")));
+    assert!(std::fs::read(d.join("back")).unwrap()[..MB]
+        .iter()
+        .all(|&b| b == 0x33));
+    let _ = server.kill();
+    let _ = server.wait();
+}

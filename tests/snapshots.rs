@@ -373,3 +373,213 @@ fn a_rollback_returns_the_volume_to_its_latest_snapshot_and_forgets_its_log() {
     assert_eq!(read_all(&pool, "v"), a);
     at_rest(&pool);
 }
+
+/// A clone reads as its origin, takes writes of its own while the origin's volume goes on
+/// apart, keeps the origin from being destroyed (named in the refusal), takes snapshots,
+/// rollbacks and snapshot destroys of its own, survives export and import, and once it and
+/// every snapshot are gone the pool holds the first volume alone; `verify` recounts what the
+/// clone shares with its origin at every step.
+#[test]
+fn a_clone_shares_its_origin_and_lives_apart_from_it() {
+    let (devs, pool) = mirror_pool();
+    let vol = Volume::open(&pool, "v").unwrap();
+    let a = pattern(20, VOL as usize);
+    vol.write(0, &a).unwrap();
+    vol.flush().unwrap();
+    pool.snapshot(&["v@a"]).unwrap();
+    pool.sync_frees().unwrap();
+    let before = pool.space().alloc;
+    pool.clone_snapshot("v@a", "c").unwrap();
+    assert!(
+        pool.space().alloc < before + 64 * 1024,
+        "a clone takes no copy"
+    );
+    assert_eq!(pool.origin_of("c").as_deref(), Some("v@a"));
+    assert_eq!(read_all(&pool, "c"), a);
+    let f = pool.dataset("c").unwrap().figures();
+    assert_eq!(
+        f.origin_shared, f.referenced,
+        "all of it is the origin's: {f:?}"
+    );
+    at_rest(&pool);
+
+    // Each goes its own way.
+    let c = Volume::open(&pool, "c").unwrap();
+    let b = pattern(21, VOL as usize / 4);
+    c.write(0, &b).unwrap();
+    c.flush().unwrap();
+    vol.write(VOL / 2, &pattern(22, VOL as usize / 4)).unwrap();
+    vol.flush().unwrap();
+    let mut want_c = a.clone();
+    want_c[..b.len()].copy_from_slice(&b);
+    assert!(read(&c, 0, VOL as usize) == want_c);
+    assert_eq!(read_all(&pool, "v@a"), a);
+    at_rest(&pool);
+    let f = pool.dataset("c").unwrap().figures();
+    assert!(
+        f.origin_shared < f.referenced && f.written >= VOL / 4,
+        "{f:?}"
+    );
+
+    let e = pool.destroy_snapshot("v@a").unwrap_err().to_string();
+    assert!(e.contains("clone") && e.contains("'tank/c'"), "{e}");
+
+    // The clone's own snapshots, destroy and rollback.
+    pool.snapshot(&["c@1"]).unwrap();
+    c.write(VOL - BS, &[7u8; BS as usize]).unwrap();
+    c.flush().unwrap();
+    pool.snapshot(&["c@2"]).unwrap();
+    c.write(BS, &[8u8; BS as usize]).unwrap();
+    c.flush().unwrap();
+    at_rest(&pool);
+    pool.destroy_snapshot("c@1").unwrap();
+    at_rest(&pool);
+    drop(c);
+    pool.rollback("c@2").unwrap();
+    let mut at_2 = want_c.clone();
+    at_2[(VOL - BS) as usize..].copy_from_slice(&[7u8; BS as usize]);
+    assert!(read_all(&pool, "c") == at_2);
+    at_rest(&pool);
+
+    drop(vol);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    assert!(read_all(&pool, "c") == at_2);
+    assert_eq!(read_all(&pool, "v@a"), a);
+    assert_eq!(pool.origin_of("c").as_deref(), Some("v@a"));
+    at_rest(&pool);
+    // Rewritten whole, the clone shares nothing with its origin any more.
+    let c = Volume::open(&pool, "c").unwrap();
+    c.write(0, &pattern(23, VOL as usize)).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    at_rest(&pool);
+    assert!(pool.snapshot_dataset("c@2").unwrap().figures().unique > 0);
+
+    pool.destroy_snapshot("c@2").unwrap();
+    at_rest(&pool);
+    assert_eq!(pool.dataset("c").unwrap().figures().origin_shared, 0);
+    pool.destroy_volume("c").unwrap();
+    at_rest(&pool);
+    pool.destroy_snapshot("v@a").unwrap();
+    at_rest(&pool);
+    assert!(pool.snapshots().is_empty());
+    let f = pool.dataset("v").unwrap().figures();
+    assert_eq!(f.usedbysnapshots, 0);
+    // Names: taken, invalid, of no snapshot.
+    pool.snapshot(&["v@b"]).unwrap();
+    assert!(matches!(
+        pool.clone_snapshot("v@b", "v"),
+        Err(PoolError::VolumeExists(_))
+    ));
+    assert!(pool.clone_snapshot("v@b", "bad name").is_err());
+    assert!(matches!(
+        pool.clone_snapshot("v@zz", "d"),
+        Err(PoolError::NoSuchSnapshot(_))
+    ));
+}
+
+/// Random writes, snapshots, clones, destroys and rollbacks over a volume and its clones,
+/// against a model of every volume and snapshot: each reads as the model says, and after
+/// every step the pool's allocated space is what its trees reach, with every figure recounted.
+#[test]
+fn clones_snapshots_and_rollbacks_in_any_order_keep_the_accounts_exact() {
+    for seed in 0..4u64 {
+        let (devs, pool) = mirror_pool();
+        let mut rng = StdRng::seed_from_u64(100 + seed);
+        let mut heads: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut snaps: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        heads.insert("v".into(), vec![0u8; VOL as usize]);
+        let mut n = 0;
+        for step in 0..60 {
+            n += 1;
+            let vols: Vec<String> = heads.keys().cloned().collect();
+            let vol = vols[rng.gen_range(0..vols.len())].clone();
+            let snaps_of = |v: &str, s: &BTreeMap<String, Vec<u8>>| -> Vec<String> {
+                let mut l: Vec<String> = (s.keys())
+                    .filter(|k| k.split('@').next() == Some(v))
+                    .cloned()
+                    .collect();
+                l.sort_by_key(|k| pool.snapshot_dataset(k).unwrap().created_txg);
+                l
+            };
+            match rng.gen_range(0..12) {
+                0..=4 => {
+                    let first = rng.gen_range(0..VOL / BS);
+                    let count = rng.gen_range(1..=(VOL / BS - first).min(16));
+                    let mut data = vec![0u8; (count * BS) as usize];
+                    rng.fill_bytes(&mut data);
+                    let v = Volume::open(&pool, &vol).unwrap();
+                    v.write(first * BS, &data).unwrap();
+                    v.flush().unwrap();
+                    let at = (first * BS) as usize;
+                    heads.get_mut(&vol).unwrap()[at..at + data.len()].copy_from_slice(&data);
+                }
+                5 | 6 => {
+                    let name = format!("{vol}@s{n}");
+                    pool.snapshot(&[&name]).unwrap();
+                    snaps.insert(name, heads[&vol].clone());
+                }
+                7 if !snaps.is_empty() => {
+                    let s = snaps
+                        .keys()
+                        .nth(rng.gen_range(0..snaps.len()))
+                        .unwrap()
+                        .clone();
+                    let c = format!("c{n}");
+                    pool.clone_snapshot(&s, &c).unwrap();
+                    heads.insert(c, snaps[&s].clone());
+                }
+                8 | 9 if !snaps.is_empty() => {
+                    let s = snaps
+                        .keys()
+                        .nth(rng.gen_range(0..snaps.len()))
+                        .unwrap()
+                        .clone();
+                    let has_clones = pool.snapshot_dataset(&s).is_ok()
+                        && heads
+                            .keys()
+                            .any(|h| pool.origin_of(h).as_deref() == Some(&s));
+                    match pool.destroy_snapshot(&s) {
+                        Ok(()) => {
+                            assert!(!has_clones, "{s} went with clones");
+                            snaps.remove(&s);
+                        }
+                        Err(e) => assert!(has_clones, "{s}: {e}"),
+                    }
+                }
+                10 => {
+                    if let Some(latest) = snaps_of(&vol, &snaps).last() {
+                        pool.rollback(latest).unwrap();
+                        heads.insert(vol.clone(), snaps[latest].clone());
+                    }
+                }
+                _ if vol != "v" && snaps_of(&vol, &snaps).is_empty() => {
+                    pool.destroy_volume(&vol).unwrap();
+                    heads.remove(&vol);
+                }
+                _ => {}
+            }
+            at_rest(&pool);
+            if step % 15 == 14 {
+                for (name, want) in heads.iter().chain(snaps.iter()) {
+                    assert!(
+                        read_all(&pool, name) == *want,
+                        "seed {seed} step {step}: {name}"
+                    );
+                }
+            }
+        }
+        pool.close().unwrap();
+        drop(pool);
+        let pool = import(&devs);
+        at_rest(&pool);
+        for (name, want) in heads.iter().chain(snaps.iter()) {
+            assert!(
+                read_all(&pool, name) == *want,
+                "seed {seed}, imported: {name}"
+            );
+        }
+    }
+}

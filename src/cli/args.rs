@@ -100,6 +100,19 @@ pub enum Command {
                             zeta receive backup/vm0 < mon-tue.zs\n  \
                             zeta receive -F backup/vm0 -f mon-tue.zs   (rolls back changes made since @mon)")]
     Receive(ReceiveArgs),
+    /// Make a writable volume from a snapshot (as `zfs clone`): it shares every block with the
+    /// snapshot until it rewrites it, in constant time, and reserves nothing. The snapshot
+    /// cannot be destroyed while the clone exists.
+    #[command(after_help = "Example:\n  zeta clone tank/golden@v1 tank/vm7")]
+    Clone(CloneArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CloneArgs {
+    /// POOL/VOL@SNAP to clone.
+    pub origin: String,
+    /// POOL/NEW, of the same pool.
+    pub name: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -547,6 +560,9 @@ pub enum VolCmd {
     /// `zeta receive`, likewise.
     #[command(skip)]
     DsReceive(ReceiveArgs),
+    /// `zeta clone`, likewise.
+    #[command(skip)]
+    DsClone(CloneArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

@@ -37,6 +37,7 @@ pub fn main() -> i32 {
             | args::Command::Destroy(_)
             | args::Command::Rollback(_)
             | args::Command::Receive(_)
+            | args::Command::Clone(_)
     ) {
         die_on_closed_pipe();
     }
@@ -52,6 +53,7 @@ pub fn main() -> i32 {
         args::Command::Rollback(a) => vol_cmd::run(&home, args::VolCmd::DsRollback(a)),
         args::Command::Send(a) => vol_cmd::run(&home, args::VolCmd::DsSend(a)),
         args::Command::Receive(a) => vol_cmd::run(&home, args::VolCmd::DsReceive(a)),
+        args::Command::Clone(a) => vol_cmd::run(&home, args::VolCmd::DsClone(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

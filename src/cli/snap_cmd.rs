@@ -5,7 +5,9 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::args::{DestroyArgs, ListArgs, ReceiveArgs, RollbackArgs, SendArgs, SnapshotArgs};
+use super::args::{
+    CloneArgs, DestroyArgs, ListArgs, ReceiveArgs, RollbackArgs, SendArgs, SnapshotArgs,
+};
 use super::vol_cmd::{confirm, split_name};
 use super::{stdout_err, usage, CliError, Result};
 use crate::dsl::Pool;
@@ -37,6 +39,31 @@ pub fn snapshot(home: &Home, a: SnapshotArgs, out: &mut dyn Write) -> Result<()>
     for full in &a.names {
         writeln!(out, "created snapshot '{full}'").map_err(stdout_err)?;
     }
+    Ok(())
+}
+
+pub fn clone(home: &Home, a: CloneArgs, out: &mut dyn Write) -> Result<()> {
+    let (pool, origin) = split_name(&a.origin)?;
+    if !origin.contains('@') {
+        return Err(usage(format!("'{}' is not POOL/VOL@SNAP", a.origin)));
+    }
+    let (to_pool, vol) = split_name(&a.name)?;
+    if to_pool != pool {
+        return Err(usage(format!(
+            "'{}': a clone is made in its origin's pool ('{pool}')",
+            a.name
+        )));
+    }
+    let p = home.open(pool)?;
+    let r = p.clone_snapshot(origin, vol);
+    p.close()?;
+    r?;
+    writeln!(
+        out,
+        "created volume '{}', a clone of '{}'",
+        a.name, a.origin
+    )
+    .map_err(stdout_err)?;
     Ok(())
 }
 
@@ -144,12 +171,15 @@ pub fn dataset_rows(p: &Pool) -> Vec<Value> {
     let mut rows = Vec::new();
     for ds in p.datasets() {
         let f = ds.figures();
-        let used = f.referenced + f.usedbysnapshots + ds.unused_reservation();
+        // A clone's blocks its origin holds are the origin's space, not its own.
+        let own = f.referenced.saturating_sub(f.origin_shared);
+        let used = own + f.usedbysnapshots + ds.unused_reservation();
+        let origin = p.origin_of(&ds.name).map(|o| format!("{}/{o}", p.name));
         rows.push(json!({
             "name": format!("{}/{}", p.name, ds.name), "type": "volume", "used": used,
             "usedbysnapshots": f.usedbysnapshots, "referenced": f.referenced,
             "written": f.written, "volsize": ds.volsize(), "snapshots": f.snapshots,
-            "createtxg": ds.created_txg,
+            "createtxg": ds.created_txg, "origin": origin,
         }));
         for s in p.snapshots_of(&ds.name) {
             let f = s.figures();

@@ -43,9 +43,11 @@ pub struct DatasetPhys {
     pub prev_txg: U64,
     /// A snapshot: the next snapshot of its head, 0 if it is the latest (the head is next).
     pub next_id: U64,
-    /// Reserved for clones: the snapshot a head was cloned from, 0 if none.
+    /// A clone's head: the snapshot (of another volume) it was cloned from, 0 if none. Its
+    /// oldest record's `prev_txg` is that snapshot's txg: the blocks born at or before it are
+    /// the origin's, never the clone's to free.
     pub origin_id: U64,
-    /// Reserved for clones: how many heads were cloned from this snapshot.
+    /// A snapshot: how many heads were cloned from it (it is not destroyed while any is).
     pub num_clones: U64,
     /// A snapshot: the bytes its tree takes (`DnodePhys::used_bytes` when it was taken).
     pub referenced: U64,
@@ -58,7 +60,10 @@ pub struct DatasetPhys {
     pub deadlist_bytes: U64,
     /// A snapshot: the volume's size when it was taken.
     pub volsize: U64,
-    pub reserved: [u8; 136],
+    /// A clone's head: the bytes of its tree born at or before its origin's txg (the
+    /// origin's blocks it still shares; not its own space).
+    pub origin_shared: U64,
+    pub reserved: [u8; 128],
     /// A snapshot's name after the `@`, UTF-8, NUL-padded; empty for a head.
     pub name: [u8; SNAP_NAME_BYTES],
     /// The deadlist: an object (`ObjectKind::Deadlist`) of 128-byte block pointers.

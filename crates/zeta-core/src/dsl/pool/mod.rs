@@ -1459,9 +1459,14 @@ impl Pool {
             // at or before its latest snapshot are that snapshot's too: counted there.
             let dn = ds.object.dnode();
             let after = ds.born_after();
-            let (mut used, mut fresh) = (0u64, 0u64);
+            let origin = self.origin_figures(&ds);
+            let floor = origin.map_or(0, |o| o.0);
+            let (mut used, mut fresh, mut shared) = (0u64, 0u64, 0u64);
             walk(&self.io, &dn, &mut |bp, level| {
                 used += bp.asize_total();
+                if bp.birth_txg.get() <= floor {
+                    shared += bp.asize_total();
+                }
                 if bp.birth_txg.get() <= after {
                     return Ok(());
                 }
@@ -1477,6 +1482,12 @@ impl Pool {
                     self.name,
                     ds.name,
                     dn.used_bytes.get()
+                )));
+            }
+            if origin.is_some_and(|o| o.1 != shared) {
+                return Err(invalid(format!(
+                    "clone '{}/{}': shares {shared} bytes with its origin, its record says {:?}",
+                    self.name, ds.name, origin
                 )));
             }
             if after > 0 && fresh != ds.object.fresh_bytes() {

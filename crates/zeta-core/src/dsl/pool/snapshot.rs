@@ -48,6 +48,8 @@ pub struct SnapFigures {
     pub creation_time: u64,
     /// A head: how many snapshots it has.
     pub snapshots: u64,
+    /// A clone's head: the bytes of its tree its origin holds (born at or before it).
+    pub origin_shared: u64,
 }
 
 /// One record as the pool holds it.
@@ -69,6 +71,8 @@ enum Op {
     Destroy(String, String),
     /// Back to the volume's latest snapshot.
     Rollback(String, String),
+    /// A new volume (the second name) from a snapshot (`VOL@SNAP`).
+    Clone(String, String),
 }
 
 type Reply = Arc<Mutex<Option<Result<(), PoolError>>>>;
@@ -150,6 +154,35 @@ impl Table {
     /// The snapshots' objset blocks, labelled `VOL@SNAP`.
     pub(super) fn snapshot_datasets(&self) -> impl Iterator<Item = &Arc<Dataset>> {
         self.records.values().filter_map(|r| r.snap.as_ref())
+    }
+
+    /// The record id of snapshot dataset `d`.
+    fn id_of(&self, d: &Arc<Dataset>) -> Option<u64> {
+        (self.records.iter())
+            .find(|(_, r)| r.snap.as_ref().is_some_and(|s| Arc::ptr_eq(s, d)))
+            .map(|(&id, _)| id)
+    }
+
+    /// The txg of the origin of head `id`'s volume, if it is a clone (0 if not): its blocks
+    /// born at or before it are the origin's.
+    pub(super) fn origin_txg(&self, id: u64) -> u64 {
+        let origin = self.records.get(&id).map_or(0, |r| r.phys.origin_id.get());
+        self.records
+            .get(&origin)
+            .map_or(0, |o| o.phys.creation_txg.get())
+    }
+
+    /// The names of the volumes cloned from snapshot record `id`.
+    fn clones_of(&self, id: u64, heads: &[Arc<Dataset>]) -> Vec<String> {
+        heads
+            .iter()
+            .filter(|h| {
+                self.records
+                    .get(&h.dataset_id())
+                    .is_some_and(|r| r.phys.origin_id.get() == id)
+            })
+            .map(|h| h.name.clone())
+            .collect()
     }
 
     fn new_id(&self) -> u64 {
@@ -250,8 +283,35 @@ impl Table {
                 (after, after_txg, expect_txg) = (at, p.creation_txg.get(), p.prev_txg.get());
                 at = p.prev_id.get();
             }
-            if expect_txg != 0 {
-                return Err(bad("its oldest snapshot names a txg before it".into()));
+            // The oldest names no txg before it, or a clone's its origin's.
+            let origin = head.phys.origin_id.get();
+            let floor = match origin {
+                0 => 0,
+                o => match t.records.get(&o) {
+                    Some(r) if r.phys.kind == KIND_SNAPSHOT => r.phys.creation_txg.get(),
+                    _ => return Err(bad(format!("its origin {o} is no snapshot"))),
+                },
+            };
+            if expect_txg != floor {
+                return Err(bad(
+                    "its oldest record names a txg before it that is not its origin's".into(),
+                ));
+            }
+        }
+        for (&id, r) in &t.records {
+            let clones = heads
+                .keys()
+                .filter(|h| {
+                    t.records
+                        .get(h)
+                        .is_some_and(|c| c.phys.origin_id.get() == id)
+                })
+                .count() as u64;
+            if r.phys.kind == KIND_SNAPSHOT && r.phys.num_clones.get() != clones {
+                return Err(invalid(format!(
+                    "snapshot record {id}: counts {} clones, {clones} name it",
+                    r.phys.num_clones.get()
+                )));
             }
         }
         for (&id, r) in t.records.iter_mut() {
@@ -415,6 +475,46 @@ impl Pool {
         }
     }
 
+    /// Makes volume `vol` a clone of snapshot `origin` (`VOL@SNAP`, `zfs clone`): writable,
+    /// sharing every block with the snapshot until it rewrites it, in constant time. The
+    /// snapshot cannot be destroyed while the clone exists. A clone reserves nothing.
+    pub fn clone_snapshot(&self, origin: &str, vol: &str) -> Result<(), PoolError> {
+        self.check_writable()?;
+        if !crate::dsl::dir::valid_volume_name(vol) {
+            return Err(invalid(format!(
+                "invalid volume name '{vol}': use letters, digits, '-', '_', '.', ':'"
+            )));
+        }
+        self.snapshot_dataset(origin)?;
+        if self.dataset(vol).is_ok() {
+            return Err(PoolError::VolumeExists(format!("{}/{vol}", self.name)));
+        }
+        self.run_op(Op::Clone(origin.to_string(), vol.to_string()))
+    }
+
+    /// For `verify`: a clone head's origin txg and the bytes its record says it shares with
+    /// the origin; `None` for a volume that is no clone.
+    pub(super) fn origin_figures(&self, head: &Dataset) -> Option<(u64, u64)> {
+        let mos = self.mos.lock();
+        let t = &mos.table;
+        let id = head.dataset_id();
+        let floor = t.origin_txg(id);
+        (floor > 0).then(|| (floor, t.records[&id].phys.origin_shared.get()))
+    }
+
+    /// The snapshot volume `vol` was cloned from (`VOL@SNAP`), if it is a clone.
+    pub fn origin_of(&self, vol: &str) -> Option<String> {
+        let head = self.dataset(vol).ok()?;
+        let mos = self.mos.lock();
+        let t = &mos.table;
+        let origin = t.records.get(&head.dataset_id())?.phys.origin_id.get();
+        t.records
+            .get(&origin)?
+            .snap
+            .as_ref()
+            .map(|d| d.name.clone())
+    }
+
     /// Queues `op` for the next sync and waits for it.
     fn run_op(&self, op: Op) -> Result<(), PoolError> {
         let reply: Reply = Arc::new(Mutex::new(None));
@@ -498,6 +598,10 @@ impl Pool {
         f.usedbysnapshots = used;
         f.snapshots = n;
         f.creation_txg = head.created_txg;
+        f.origin_shared = table
+            .records
+            .get(&id)
+            .map_or(0, |r| r.phys.origin_shared.get());
     }
 
     /// The sync's part after head `ds`'s tree synced in `txg`: the blocks it let go of that
@@ -508,11 +612,24 @@ impl Pool {
         if id == 0 {
             return Ok(());
         }
-        let kept = ds.object.take_kept();
+        let mut kept = ds.object.take_kept();
         let fresh = ds.object.fresh_bytes();
+        let floor = table.origin_txg(id);
         let Some(head) = table.records.get_mut(&id) else {
             return Ok(());
         };
+        if floor > 0 {
+            // A clone's blocks born at or before its origin are the origin's: let go, they
+            // go on no deadlist of the clone, and are no longer shared.
+            let (theirs, mine): (Vec<BlkPtr>, Vec<BlkPtr>) =
+                kept.into_iter().partition(|bp| bp.birth_txg.get() <= floor);
+            kept = mine;
+            if !theirs.is_empty() {
+                let b: u64 = theirs.iter().map(BlkPtr::asize_total).sum();
+                head.phys.origin_shared = head.phys.origin_shared.get().saturating_sub(b).into();
+                head.dirty = true;
+            }
+        }
         if head.phys.written.get() != fresh {
             head.phys.written = fresh.into();
             head.dirty = true;
@@ -544,7 +661,81 @@ impl Pool {
         if let Some(r) = table.records.remove(&id) {
             r.deadlist.free_all(&self.io, txg)?;
             table.zeroed.insert(id);
+            if let Some(o) = table.records.get_mut(&r.phys.origin_id.get()) {
+                o.phys.num_clones = o.phys.num_clones.get().saturating_sub(1).into();
+                o.dirty = true;
+            }
         }
+        Ok(())
+    }
+
+    /// Makes volume `vol` a clone of snapshot `origin` in txg `txg`: a head whose tree is the
+    /// snapshot's, shared block for block (one objset block and one record, whatever the
+    /// size), whose own blocks are those born after the origin's txg.
+    fn make_clone(
+        &self,
+        table: &mut Table,
+        txg: u64,
+        origin: &str,
+        vol: &str,
+        done: &mut Applied,
+    ) -> Result<(), PoolError> {
+        if self.dataset(vol).is_ok() {
+            return Err(PoolError::VolumeExists(format!("{}/{vol}", self.name)));
+        }
+        let o = self.snapshot_dataset(origin)?;
+        let Some(oid) = table.id_of(&o) else {
+            return Err(PoolError::NoSuchSnapshot(format!("{}/{origin}", self.name)));
+        };
+        let dn = o.object.dnode();
+        let objset = self.write_objset(dn, txg)?;
+        let id = table.new_id();
+        let o_txg = o.created_txg;
+        let mut p = DatasetPhys::new_zeroed();
+        p.kind = KIND_HEAD;
+        let guid = super::random_guid();
+        p.guid = guid.into();
+        p.head_id = id.into();
+        p.creation_txg = txg.into();
+        p.creation_time = now_secs().into();
+        p.prev_txg = o_txg.into();
+        p.origin_id = oid.into();
+        p.origin_shared = dn.used_bytes;
+        table.records.insert(
+            id,
+            Record {
+                phys: p,
+                deadlist: empty_deadlist(),
+                dirty: true,
+                snap: None,
+            },
+        );
+        let r = table.records.get_mut(&oid).expect("found above");
+        r.phys.num_clones = (r.phys.num_clones.get() + 1).into();
+        r.dirty = true;
+        let ds = Arc::new(Dataset {
+            name: vol.to_string(),
+            guid,
+            volblocksize: o.volblocksize,
+            checksum: o.checksum,
+            created_txg: txg,
+            volsize: AtomicU64::new(o.volsize()),
+            refreservation: AtomicU64::new(0),
+            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(objset),
+            log: Log::new_chain(&self.zil),
+            replay_lock: Mutex::new(()),
+            replay_claims: Mutex::new(Vec::new()),
+            destroyed: AtomicBool::new(false),
+            dataset_id: AtomicU64::new(id),
+            snapshot: false,
+            snap_prev_txg: AtomicU64::new(0),
+            space: Mutex::new(SnapFigures::default()),
+            handles: AtomicUsize::new(0),
+        });
+        ds.object.set_keep_upto(o_txg, 0);
+        self.datasets.write().insert(vol.to_string(), ds);
+        done.dir_dirty = true;
         Ok(())
     }
 
@@ -558,6 +749,7 @@ impl Pool {
                 Op::Snapshot(pairs) => self.take_snapshots(table, txg, &pairs, &mut done),
                 Op::Destroy(vol, snap) => self.destroy_one(table, txg, &vol, &snap),
                 Op::Rollback(vol, snap) => self.roll_back(table, txg, &vol, &snap, &mut done),
+                Op::Clone(origin, vol) => self.make_clone(table, txg, &origin, &vol, &mut done),
             };
             *reply.lock() = Some(outcome);
         }
@@ -618,6 +810,7 @@ impl Pool {
             dl.free_all(io, txg)?;
             h.phys.deadlist_bytes = 0.into();
             h.phys.written = 0.into();
+            h.phys.origin_shared = s.origin_shared;
             h.dirty = true;
         }
         let r = table.records.get_mut(&sid).expect("linked");
@@ -713,6 +906,7 @@ impl Pool {
             // head lets go of them.
             p.unique = 0.into();
             p.deadlist_bytes = head.phys.deadlist_bytes;
+            p.origin_shared = head.phys.origin_shared;
             p.volsize = ds.volsize().into();
             p.set_name(snap);
             p.objset = objset;
@@ -784,9 +978,17 @@ impl Pool {
         }
         let s = table.records[&sid].phys;
         if s.num_clones.get() > 0 {
+            let clones = table.clones_of(sid, &self.datasets());
+            let named: Vec<String> = clones
+                .iter()
+                .map(|c| format!("'{}/{c}'", self.name))
+                .collect();
             return Err(invalid(format!(
-                "snapshot '{}/{full}' has clones",
-                self.name
+                "snapshot '{}/{full}' has {} clone(s), which depend on it: {}; destroy them \
+                 first",
+                self.name,
+                s.num_clones.get(),
+                named.join(", ")
             )));
         }
         let (pid, p) = (s.prev_id.get(), s.prev_txg.get());
@@ -950,9 +1152,13 @@ impl Pool {
             }
             let Some(ds) = &r.snap else { continue };
             let prev = r.phys.prev_txg.get();
-            let (mut all, mut born) = (0u64, 0u64);
+            let floor = t.origin_txg(r.phys.head_id.get());
+            let (mut all, mut born, mut shared) = (0u64, 0u64, 0u64);
             crate::dmu::object::walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
                 all += bp.asize_total();
+                if bp.birth_txg.get() <= floor {
+                    shared += bp.asize_total();
+                }
                 if bp.birth_txg.get() > prev {
                     if level == 0 {
                         self.io.zio.read(bp)?;
@@ -964,6 +1170,13 @@ impl Pool {
             })?;
             let next_dl = t.read_deadlist(&self.io, t.next_of(id))?;
             let unique = bytes_born_in(&next_dl, prev, u64::MAX - 1);
+            if floor > 0 && shared != r.phys.origin_shared.get() {
+                return Err(bad(format!(
+                    "snapshot {}: shares {shared} bytes with its origin, its record says {}",
+                    ds.name,
+                    r.phys.origin_shared.get()
+                )));
+            }
             let f = (
                 r.phys.referenced.get(),
                 r.phys.written.get(),
