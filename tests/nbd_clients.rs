@@ -1109,3 +1109,77 @@ fn a_full_file_system_suspends_with_enospc_and_resumes_when_room_is_made() {
     sigterm(child.id());
     assert!(child.wait().unwrap().success());
 }
+
+/// A snapshot is an export of its own, read-only: listed, read by qemu-img and nbdinfo as the
+/// volume was when it was taken, every write refused; it cannot be destroyed while a client
+/// is connected to it, and can once the client has gone.
+#[test]
+fn a_snapshot_is_served_read_only() {
+    if !have("nbdinfo") || !have("qemu-io") {
+        return;
+    }
+    let s = Served::new();
+    let home = s.home();
+    run(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x61 0 1M", &s.uri("tank/a")]),
+        "qemu-io write",
+    );
+    run(zeta(&home).args(["snapshot", "tank/a@s1"]), "snapshot");
+    run(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x62 0 1M", &s.uri("tank/a")]),
+        "qemu-io write",
+    );
+    let list = run(
+        Command::new("nbdinfo").args(["--list", &format!("nbd://{}", s.addr)]),
+        "nbdinfo --list",
+    );
+    assert!(list.contains("tank/a@s1"), "{list}");
+    let snap = s.uri("tank/a@s1");
+    let can = Command::new("nbdinfo")
+        .args(["--can", "write", &snap])
+        .status()
+        .unwrap();
+    assert!(!can.success(), "a snapshot export says it takes writes");
+    run(
+        Command::new("qemu-io").args(["-f", "raw", "-r", "-c", "read -P 0x61 0 1M", &snap]),
+        "qemu-io read of the snapshot",
+    );
+    run(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x62 0 1M", &s.uri("tank/a")]),
+        "qemu-io read of the volume",
+    );
+    let w = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x63 0 4k", &snap])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&w.stdout).to_string() + &String::from_utf8_lossy(&w.stderr);
+    assert!(
+        !w.status.success() || said.contains("failed") || said.contains("ermission"),
+        "{said}"
+    );
+    // Held by a client: not destroyed; once it has gone, destroyed.
+    let mut c = Client::open(s.addr, "tank/a@s1");
+    assert!(c.read(0, 4096).unwrap().iter().all(|&b| b == 0x61));
+    let out = zeta(&home).args(["destroy", "tank/a@s1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{out:?}"
+    );
+    drop(c);
+    let mut gone = false;
+    for _ in 0..50 {
+        if zeta(&home)
+            .args(["destroy", "tank/a@s1"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+        {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(gone, "the snapshot stayed in use after its client left");
+}

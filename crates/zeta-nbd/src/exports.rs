@@ -1,5 +1,6 @@
-//! Exports backed by the volumes of imported pools, named `POOL/VOL`. The list is read from
-//! the pools on every request, so volumes created while serving become exports at once.
+//! Exports backed by the volumes of imported pools, named `POOL/VOL`, and by their snapshots,
+//! read-only, named `POOL/VOL@SNAP`. The list is read from the pools on every request, so
+//! volumes and snapshots made while serving become exports at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -54,6 +55,17 @@ impl Exports for PoolExports {
                     ),
                 });
             }
+            for s in p.snapshots() {
+                out.push(ExportInfo {
+                    name: format!("{}/{}", p.name, s.name),
+                    size: s.volsize(),
+                    description: format!(
+                        "zeta snapshot (read-only), {} bytes, {} KiB blocks",
+                        s.volsize(),
+                        s.volblocksize / 1024
+                    ),
+                });
+            }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -76,11 +88,6 @@ impl Exports for PoolExports {
             name.to_string()
         };
         let (pool_name, vol) = name.split_once('/')?;
-        // Snapshots are not exported yet: a volume held open here would keep one from being
-        // destroyed for as long as the server runs.
-        if vol.contains('@') {
-            return None;
-        }
         let pool = self.pools.iter().find(|p| p.name == pool_name)?;
         let mut open = self.open.lock();
         if let Some(v) = open.get(&name).and_then(Weak::upgrade) {
