@@ -1157,6 +1157,24 @@ fn a_snapshot_is_served_read_only() {
         !w.status.success() || said.contains("failed") || said.contains("ermission"),
         "{said}"
     );
+    // What changed since the snapshot, as a backup tool asks for it.
+    let map = run(
+        Command::new("nbdinfo").args(["--map=zeta:changed:s1", &s.uri("tank/a")]),
+        "nbdinfo --map=zeta:changed:s1",
+    );
+    let first: Vec<&str> = map
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(first[..3], ["0", "1048576", "1"], "{map}");
+    assert!(
+        map.lines()
+            .skip(1)
+            .all(|l| l.split_whitespace().nth(2) == Some("0")),
+        "{map}"
+    );
     // Held by a client: not destroyed; once it has gone, destroyed.
     let mut c = Client::open(s.addr, "tank/a@s1");
     assert!(c.read(0, 4096).unwrap().iter().all(|&b| b == 0x61));

@@ -21,8 +21,10 @@ pub struct Reply {
     pub cookie: u64,
     pub error: u32,
     pub data: Vec<u8>,
-    /// For BLOCK_STATUS: (length, flags) descriptors.
+    /// For BLOCK_STATUS: (length, flags) descriptors, of every chunk in turn.
     pub extents: Vec<(u32, u32)>,
+    /// For BLOCK_STATUS: each chunk's context id and its descriptors.
+    pub contexts: Vec<(u32, Vec<(u32, u32)>)>,
 }
 
 impl Client {
@@ -98,6 +100,32 @@ impl Client {
         assert_eq!(r.last().unwrap().0, REP_ACK);
     }
 
+    /// NBD_OPT_{LIST,SET}_META_CONTEXT with `queries`: the contexts the server names, as
+    /// (id, name).
+    pub fn meta_contexts(
+        &mut self,
+        opt: u32,
+        export: &str,
+        queries: &[&str],
+    ) -> Vec<(u32, String)> {
+        let mut d = (export.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(export.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        let r = self.option(opt, &d);
+        assert_eq!(r.last().unwrap().0, REP_ACK, "{r:?}");
+        r.iter()
+            .filter(|(k, _)| *k == REP_META_CONTEXT)
+            .map(|(_, d)| {
+                let id = u32::from_be_bytes(d[0..4].try_into().unwrap());
+                (id, String::from_utf8(d[4..].to_vec()).unwrap())
+            })
+            .collect()
+    }
+
     pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(name.as_bytes());
@@ -159,6 +187,7 @@ impl Client {
             error: 0,
             data: Vec::new(),
             extents: Vec::new(),
+            contexts: Vec::new(),
         };
         loop {
             let mut m = [0u8; 4];
@@ -188,12 +217,17 @@ impl Client {
                     match kind {
                         REPLY_TYPE_OFFSET_DATA => reply.data.extend_from_slice(&p[8..]),
                         REPLY_TYPE_BLOCK_STATUS => {
+                            let id = u32::from_be_bytes(p[0..4].try_into().unwrap());
+                            let mut list = Vec::new();
                             for d in p[4..].chunks(8) {
-                                reply.extents.push((
+                                let x = (
                                     u32::from_be_bytes(d[0..4].try_into().unwrap()),
                                     u32::from_be_bytes(d[4..8].try_into().unwrap()),
-                                ));
+                                );
+                                reply.extents.push(x);
+                                list.push(x);
                             }
+                            reply.contexts.push((id, list));
                         }
                         REPLY_TYPE_ERROR => {
                             reply.error = u32::from_be_bytes(p[0..4].try_into().unwrap())

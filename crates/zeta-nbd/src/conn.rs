@@ -59,7 +59,8 @@ fn reply_cost(req: &Request) -> u64 {
     const SMALL_REPLY_BYTES: u64 = 256;
     match req.kind {
         CMD_READ => req.length as u64 + SMALL_REPLY_BYTES,
-        CMD_BLOCK_STATUS => 8 * MAX_STATUS_EXTENTS as u64 + SMALL_REPLY_BYTES,
+        // One descriptor list per context (`base:allocation`, `zeta:changed:`).
+        CMD_BLOCK_STATUS => 2 * (8 * MAX_STATUS_EXTENTS as u64 + SMALL_REPLY_BYTES),
         _ => SMALL_REPLY_BYTES,
     }
 }
@@ -415,7 +416,7 @@ fn admit(sh: &Shared, req: &Request) -> Admit {
     if writes && s.read_only {
         return Admit::Refuse(EPERM, format!("{name} on read-only export {}", s.name));
     }
-    if req.kind == CMD_BLOCK_STATUS && !s.base_allocation {
+    if req.kind == CMD_BLOCK_STATUS && !s.base_allocation && s.changed_since.is_none() {
         return Admit::Refuse(
             EINVAL,
             "BLOCK_STATUS without a negotiated meta context".into(),
@@ -729,22 +730,71 @@ fn flush(sh: Arc<Shared>, req: Request, held: Held, workers: &Workers) {
 fn block_status(sh: &Arc<Shared>, req: &Request, held: Held) {
     let vol = sh.volume();
     let len = (req.length as u64).min(MAX_STATUS_SPAN);
-    let extents = match vol.allocation(req.offset, len) {
-        Ok(x) => x,
-        Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string(), held),
+    let take = |n: usize| {
+        if req.flags & CMD_FLAG_REQ_ONE != 0 {
+            1
+        } else {
+            n.min(MAX_STATUS_EXTENTS)
+        }
     };
-    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
-        1
-    } else {
-        extents.len().min(MAX_STATUS_EXTENTS)
+    // One descriptor list per context selected, each `(length, flags)`.
+    let mut lists: Vec<Vec<u8>> = Vec::new();
+    let mut list = |id: u32, runs: &mut dyn Iterator<Item = (u64, u32)>| {
+        let mut p = id.to_be_bytes().to_vec();
+        for (len, flags) in runs {
+            // Each descriptor's length is a u32; runs are at most MAX_STATUS_SPAN (1 GiB).
+            p.extend_from_slice(&(len as u32).to_be_bytes());
+            p.extend_from_slice(&flags.to_be_bytes());
+        }
+        lists.push(p);
     };
-    let mut p = Vec::with_capacity(4 + 8 * take);
-    p.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-    for x in extents.iter().take(take) {
-        // Each descriptor's length is a u32; extents are at most MAX_STATUS_SPAN (1 GiB).
-        p.extend_from_slice(&(x.len as u32).to_be_bytes());
-        let flags = if x.hole { STATE_HOLE | STATE_ZERO } else { 0 };
-        p.extend_from_slice(&flags.to_be_bytes());
+    if sh.session.base_allocation {
+        let extents = match vol.allocation(req.offset, len) {
+            Ok(x) => x,
+            Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string(), held),
+        };
+        let n = take(extents.len());
+        list(
+            BASE_ALLOCATION_ID,
+            &mut extents.iter().take(n).map(|x| {
+                let flags = if x.hole { STATE_HOLE | STATE_ZERO } else { 0 };
+                (x.len, flags)
+            }),
+        );
     }
-    sh.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &[&p], held);
+    if let Some(base) = &sh.session.changed_since {
+        let runs = match vol.changes(base, req.offset, len) {
+            Ok(x) => x,
+            Err(e) => return sh.reply_err(req, error_code(&e), &e.to_string(), held),
+        };
+        let n = take(runs.len());
+        list(
+            ZETA_CHANGED_ID,
+            &mut runs
+                .iter()
+                .take(n)
+                .map(|c| (c.len, if c.changed { STATE_CHANGED } else { 0 })),
+        );
+    }
+    // Every list but the last in a chunk of its own; the last one ends the reply.
+    let mut headers = Vec::with_capacity(lists.len());
+    for (i, p) in lists.iter().enumerate() {
+        let flags = if i + 1 == lists.len() {
+            REPLY_FLAG_DONE
+        } else {
+            0
+        };
+        headers.push(chunk_header(
+            req.cookie,
+            flags,
+            REPLY_TYPE_BLOCK_STATUS,
+            p.len() as u32,
+        ));
+    }
+    let mut bufs: Vec<&[u8]> = Vec::with_capacity(2 * lists.len());
+    for (h, p) in headers.iter().zip(&lists) {
+        bufs.push(h);
+        bufs.push(p);
+    }
+    sh.send(&bufs, held);
 }

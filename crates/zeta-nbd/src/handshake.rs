@@ -15,8 +15,10 @@ pub struct Session {
     pub volume: Arc<Volume>,
     pub read_only: bool,
     pub structured: bool,
-    /// `base:allocation` was selected for this export, so BLOCK_STATUS is allowed.
+    /// `base:allocation` was selected for this export.
     pub base_allocation: bool,
+    /// `zeta:changed:SNAP` was selected: SNAP. BLOCK_STATUS is allowed when a context is.
+    pub changed_since: Option<String>,
     /// The client asked for NBD_INFO_BLOCK_SIZE with NBD_OPT_GO and so promised to honour the
     /// minimum block size: misaligned requests are then errors.
     pub promised_alignment: bool,
@@ -75,6 +77,8 @@ struct State {
     structured: bool,
     /// The export name `base:allocation` was last selected for.
     meta_for: Option<String>,
+    /// The export name and base snapshot of the `zeta:changed:` context last selected.
+    changed_for: Option<(String, String)>,
 }
 
 /// The greeting, then option haggling in the clear.
@@ -118,6 +122,7 @@ fn haggle<S: Read + Write>(
     let mut st = State {
         structured: false,
         meta_for: None,
+        changed_for: None,
     };
     loop {
         let mut h = [0u8; 16];
@@ -274,10 +279,9 @@ fn haggle<S: Read + Write>(
                     reply_err(s, opt, REP_ERR_UNKNOWN, &msg)?;
                     continue;
                 }
-                let selects = |q: &str| {
-                    q == BASE_ALLOCATION || (opt == OPT_LIST_META_CONTEXT && q == "base:")
-                };
-                let chosen = if opt == OPT_LIST_META_CONTEXT && queries.is_empty() {
+                let listing = opt == OPT_LIST_META_CONTEXT;
+                let selects = |q: &str| q == BASE_ALLOCATION || (listing && q == "base:");
+                let chosen = if listing && queries.is_empty() {
                     true
                 } else {
                     queries.iter().any(|q| selects(q))
@@ -287,8 +291,36 @@ fn haggle<S: Read + Write>(
                     d.extend_from_slice(BASE_ALLOCATION.as_bytes());
                     write_option_reply(s, opt, REP_META_CONTEXT, &d)?;
                 }
+                // `zeta:changed:SNAP` for each older snapshot SNAP of the export's volume: a
+                // listing names them all (for no query, `zeta:` or `zeta:changed:`); a
+                // selection takes the first one named that exists (one such context at a
+                // time).
+                let bases = exports
+                    .open(&name)
+                    .map(|v| v.change_bases())
+                    .unwrap_or_default();
+                let wanted = |snap: &str| {
+                    let ctx = format!("{ZETA_CHANGED_PREFIX}{snap}");
+                    (listing
+                        && (queries.is_empty()
+                            || queries
+                                .iter()
+                                .any(|q| q == "zeta:" || q == ZETA_CHANGED_PREFIX)))
+                        || queries.contains(&ctx)
+                };
+                let mut changed = None;
+                for (snap, _) in &bases {
+                    if !wanted(snap) || (!listing && changed.is_some()) {
+                        continue;
+                    }
+                    let mut d = ZETA_CHANGED_ID.to_be_bytes().to_vec();
+                    d.extend_from_slice(format!("{ZETA_CHANGED_PREFIX}{snap}").as_bytes());
+                    write_option_reply(s, opt, REP_META_CONTEXT, &d)?;
+                    changed = Some(snap.clone());
+                }
                 if opt == OPT_SET_META_CONTEXT {
-                    st.meta_for = chosen.then_some(name);
+                    st.meta_for = chosen.then(|| name.clone());
+                    st.changed_for = changed.map(|t| (name, t));
                 }
                 write_option_reply(s, opt, REP_ACK, &[])?;
             }
@@ -312,6 +344,9 @@ fn session(
     Session {
         _slot: slot,
         base_allocation: st.structured && st.meta_for.as_deref() == Some(name.as_str()),
+        changed_since: (st.changed_for.as_ref())
+            .filter(|(n, _)| st.structured && *n == name)
+            .map(|(_, t)| t.clone()),
         name,
         volume,
         read_only,

@@ -81,8 +81,14 @@ pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 pub const BASE_ALLOCATION: &str = "base:allocation";
-/// The one metadata context this server offers; its id on the wire.
+/// Its id on the wire.
 pub const BASE_ALLOCATION_ID: u32 = 1;
+/// `zeta:changed:SNAP`: which ranges may differ from snapshot SNAP of the export's volume
+/// (changed-block tracking for incremental backups, as `qemu:dirty-bitmap:` offers it).
+pub const ZETA_CHANGED_PREFIX: &str = "zeta:changed:";
+pub const ZETA_CHANGED_ID: u32 = 2;
+/// `zeta:changed:` flag: the range may differ from the snapshot.
+pub const STATE_CHANGED: u32 = 1 << 0;
 
 // Error values.
 pub const EPERM: u32 = 1;

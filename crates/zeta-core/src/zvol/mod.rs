@@ -121,6 +121,14 @@ impl VolError {
     }
 }
 
+/// A run of a volume that changed since a snapshot, or did not (`Volume::changes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub offset: u64,
+    pub len: u64,
+    pub changed: bool,
+}
+
 /// A run of a volume that is all data or all hole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
@@ -492,6 +500,80 @@ impl Volume {
         }
         if pos < end {
             push(&mut out, pos, end, true);
+        }
+        Ok(out)
+    }
+
+    /// The snapshots of this volume older than what it reads now (its head: every snapshot;
+    /// a snapshot: those before it), as (name after the `@`, txg), oldest first: the bases a
+    /// changed-blocks map (`changes`) may be asked against.
+    pub fn change_bases(&self) -> Vec<(String, u64)> {
+        let (vol, mine) = match self.vol_name.split_once('@') {
+            Some((v, _)) => (v, self.ds.created_txg),
+            None => (self.vol_name.as_str(), u64::MAX),
+        };
+        (self.pool.snapshots_of(vol).into_iter())
+            .filter(|s| s.created_txg < mine)
+            .filter_map(|s| {
+                let name = s.name.split_once('@')?.1.to_string();
+                Some((name, s.created_txg))
+            })
+            .collect()
+    }
+
+    /// Which of the range differs from base snapshot `base` (a name from `change_bases`):
+    /// runs of blocks, in order, each changed or not. A hole now is changed where the base
+    /// held data.
+    pub fn changes(&self, base: &str, offset: u64, len: u64) -> Result<Vec<Change>, VolError> {
+        self.check("block status", offset, len)?;
+        let mut out: Vec<Change> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        let vol = self.vol_name.split('@').next().unwrap_or_default();
+        let snap = self
+            .pool
+            .snapshot_dataset(&format!("{vol}@{base}"))
+            .map_err(|e| self.err(e))?;
+        let bs = self.block_size();
+        let end = offset + len;
+        let io = &self.pool.io;
+        let (from, to) = (offset / bs, end.div_ceil(bs));
+        let (mut changed, holes) = (self.ds.object)
+            .changed_blocks(io, from, to, snap.created_txg)
+            .map_err(|e| self.err(e.into()))?;
+        for (a, b) in holes {
+            let held = snap
+                .object
+                .allocated_blocks(io, a, b)
+                .map_err(|e| self.err(e.into()))?;
+            changed.extend(held);
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        let push =
+            |out: &mut Vec<Change>, start: u64, stop: u64, changed: bool| match out.last_mut() {
+                Some(last) if last.changed == changed && last.offset + last.len == start => {
+                    last.len = stop - last.offset
+                }
+                _ => out.push(Change {
+                    offset: start,
+                    len: stop - start,
+                    changed,
+                }),
+            };
+        let mut pos = offset;
+        for blkid in changed {
+            let start = (blkid * bs).max(offset);
+            let stop = ((blkid + 1) * bs).min(end);
+            if start > pos {
+                push(&mut out, pos, start, false);
+            }
+            push(&mut out, start, stop, true);
+            pos = stop;
+        }
+        if pos < end {
+            push(&mut out, pos, end, false);
         }
         Ok(out)
     }
