@@ -326,3 +326,45 @@ fn a_clone_is_served_like_any_volume() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `zeta get` on volumes and snapshots: the dataset properties agree with `zeta list`, a
+/// snapshot's `type` says so and `set` refuses it.
+#[test]
+fn get_shows_a_snapshots_properties_and_set_refuses_them() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 8M")));
+    std::fs::write(d.join("one"), vec![0x11u8; 2 * MB]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("clone tank/v@s1 tank/c")));
+    let out = ok(&zeta(
+        &home,
+        d,
+        &words("get --json all tank/v tank/v@s1 tank/c"),
+    ));
+    let got: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let all = rows(&home, d, "-t all");
+    let s1 = row(&all, "tank/v@s1");
+    assert_eq!(got["tank/v@s1"]["type"], "snapshot");
+    assert_eq!(got["tank/v"]["type"], "volume");
+    for k in ["used", "referenced", "written"] {
+        assert_eq!(got["tank/v@s1"][k], s1[k], "{k}");
+    }
+    assert_eq!(
+        got["tank/v"]["usedbysnapshots"],
+        row(&all, "tank/v")["usedbysnapshots"]
+    );
+    assert_eq!(got["tank/c"]["origin"], "tank/v@s1");
+    assert_eq!(got["tank/v"]["origin"], "-");
+    fails_with(
+        &zeta(&home, d, &words("set volsize=16M tank/v@s1")),
+        "read-only",
+    );
+    fails_with(
+        &zeta(&home, d, &words("get all tank/v@nope")),
+        "does not exist",
+    );
+}

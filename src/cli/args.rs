@@ -200,17 +200,22 @@ pub struct DestroyArgs {
 }
 
 const PROPERTIES_HELP: &str = "Properties:\n  \
-    type            volume\n  \
+    type            volume or snapshot (POOL/VOL@SNAP: every property read-only)\n  \
     volsize         the volume's size (settable: grows it; shrink with `zeta vol resize -f`)\n  \
     volblocksize    its block size, fixed when it is created\n  \
     checksum        the algorithm of its blocks, fixed when it is created\n  \
     refreservation  the raw bytes the pool keeps for it (0: sparse), set by `vol create [-s]`\n  \
-    used            the bytes its blocks take on the devices\n  \
+    used            the bytes its blocks take on the devices (a snapshot: those it alone holds)\n  \
+    referenced      the bytes its tree holds\n  \
+    usedbysnapshots what its snapshots hold that it no longer does\n  \
+    written         bytes written since its latest snapshot (a snapshot: since the one before)\n  \
+    origin          a clone's snapshot of origin, - otherwise\n  \
     guid            its unique identifier\n  \
     createtxg       the txg it was created in\n\n\
     Examples:\n  \
     zeta get all tank/vm0\n  \
     zeta get -Hp volsize,used tank/vm0 tank/vm1\n  \
+    zeta get written,referenced tank/vm0@monday\n  \
     zeta set volsize=20G tank/vm0";
 
 #[derive(Args, Debug, Clone)]

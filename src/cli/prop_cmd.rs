@@ -19,6 +19,10 @@ const PROPERTIES: &[&str] = &[
     "checksum",
     "refreservation",
     "used",
+    "referenced",
+    "usedbysnapshots",
+    "written",
+    "origin",
     "guid",
     "createtxg",
 ];
@@ -47,14 +51,26 @@ impl Val {
     }
 }
 
-fn value(ds: &Dataset, prop: &str) -> Val {
+/// A property of volume or snapshot `ds` of pool `p`. A volume's `used` is what its blocks
+/// take (as `vol list` shows it); a snapshot's, what it alone holds (as `zeta list`).
+fn value(p: &Pool, ds: &Dataset, prop: &str) -> Val {
+    let f = ds.figures();
     match prop {
+        "type" if ds.snapshot => Val::Text("snapshot".into()),
         "type" => Val::Text("volume".into()),
         "volsize" => Val::Bytes(ds.volsize()),
         "volblocksize" => Val::Bytes(ds.volblocksize as u64),
         "checksum" => Val::Text(ds.checksum.name().into()),
         "refreservation" => Val::Bytes(ds.refreservation()),
+        "used" if ds.snapshot => Val::Bytes(f.unique),
         "used" => Val::Bytes(ds.object.used_bytes()),
+        "referenced" => Val::Bytes(f.referenced),
+        "usedbysnapshots" => Val::Bytes(f.usedbysnapshots),
+        "written" => Val::Bytes(f.written),
+        "origin" => Val::Text(match ds.snapshot {
+            true => "-".into(),
+            false => (p.origin_of(&ds.name)).map_or("-".into(), |o| format!("{}/{o}", p.name)),
+        }),
         "guid" => Val::Number(ds.guid),
         "createtxg" => Val::Number(ds.created_txg),
         _ => unreachable!("properties are checked against PROPERTIES first"),
@@ -139,8 +155,8 @@ fn rows(p: &Pool, names: &[String], props: &[&'static str]) -> Result<Vec<Row>> 
         .iter()
         .map(|full| {
             let (_, vol) = split_name(full)?;
-            let ds = p.dataset(vol)?;
-            let vals = props.iter().map(|&k| (k, value(&ds, k))).collect();
+            let ds = p.dataset_or_snapshot(vol)?;
+            let vals = props.iter().map(|&k| (k, value(p, &ds, k))).collect();
             Ok((full.clone(), vals))
         })
         .collect()
@@ -151,6 +167,12 @@ pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
         return Err(usage(format!("'{}' is not PROP=VALUE", a.assignment)));
     };
     let (pool, vol) = split_name(&a.name)?;
+    if vol.contains('@') {
+        return Err(usage(format!(
+            "'{}' is a snapshot: its properties are read-only",
+            a.name
+        )));
+    }
     match prop {
         "volsize" => {}
         "volblocksize" => {
