@@ -297,6 +297,11 @@ pub(super) fn load_mos(
         }
     }
     mos.table = super::snapshot::Table::load(io, &os.dnodes[2], &heads)?;
+    // Before any sync can run on them: from their first, a head lets go of the blocks its
+    // latest snapshot (or its origin) holds onto its deadlist, never to be freed.
+    for v in &datasets {
+        mos.table.arm_head(&v.ds);
+    }
     Ok((mos, datasets))
 }
 

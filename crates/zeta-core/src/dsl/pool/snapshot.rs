@@ -139,6 +139,15 @@ impl Table {
         }
     }
 
+    /// Sets a loaded head's kill rule from its record: blocks born at or before its latest
+    /// snapshot's txg (or its origin's) are kept, not freed.
+    pub(super) fn arm_head(&self, head: &Dataset) {
+        if let Some(r) = self.records.get(&head.dataset_id()) {
+            head.object
+                .set_keep_upto(r.phys.prev_txg.get(), r.phys.written.get());
+        }
+    }
+
     /// Whether the next sync has work here even if no volume changed.
     pub(super) fn has_work(&self) -> bool {
         !self.ops.is_empty() || !self.zeroed.is_empty() || self.records.values().any(|r| r.dirty)
@@ -574,9 +583,7 @@ impl Pool {
         drop(map);
         for head in self.datasets() {
             let id = head.dataset_id.load(Ordering::Acquire);
-            if let Some(r) = mos.table.records.get(&id) {
-                head.object
-                    .set_keep_upto(r.phys.prev_txg.get(), r.phys.written.get());
+            if mos.table.records.contains_key(&id) {
                 self.set_head_figures(&mos.table, &head, id);
             }
         }
