@@ -30,9 +30,11 @@ pub enum BenchCmd {
     /// GB/s and the ratio (median of --runs).
     Scrub(BenchScrubArgs),
     /// Snapshots of a filled volume against btrfs (a read-only subvolume snapshot on a loop
-    /// device) and qcow2 (`qemu-img snapshot`): the time to take one, to destroy one after a
-    /// tenth of the volume was rewritten, and a full send's rate against `btrfs send`, with
-    /// zeta's one-write txg commit beside them (median of --runs).
+    /// device) and qcow2 (`qemu-img snapshot`), at each --size: the time to take one (median
+    /// of --runs), to destroy one after 1 % and after 50 % of the volume was rewritten, a full
+    /// send against reading the volume and `btrfs send`, a receive against writing it, an
+    /// incremental stream's size against the bytes changed; then random 4K overwrites with 0,
+    /// 1, 10 and 100 snapshots held.
     #[command(
         after_help = "btrfs needs root (a loop mount) and btrfs-progs; qcow2 needs qemu-utils. \
                       A peer that cannot run is shown as skipped, with why. Every snapshot \
@@ -229,9 +231,12 @@ pub struct BenchFragArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchSnapArgs {
-    /// The volume's size (each peer holds the same bytes).
-    #[arg(long, default_value = "1G")]
+    /// The volume's sizes, comma-separated (each peer holds the same bytes at each).
+    #[arg(long, default_value = "1G,16G")]
     pub size: String,
+    /// Seconds of random 4K overwrites at each snapshot count (on the first size).
+    #[arg(long, default_value_t = 3.0)]
+    pub iops_secs: f64,
     /// Directory for the files (on the disk to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,

@@ -1,15 +1,17 @@
 //! `zeta bench snap`: snapshots of a filled volume against btrfs (a read-only subvolume
 //! snapshot of a file holding the same bytes, on a loop device) and qcow2 (`qemu-img
-//! snapshot` of an image holding them), in the same run: the time to take one, to destroy one
-//! after a tenth of the volume was rewritten, and a full send's rate (`btrfs send`). Beside
-//! them, zeta's txg commit of one 4K write: the floor a snapshot, which is one txg, sits on.
+//! snapshot` of an image holding them), in the same run, at each size asked for: the time to
+//! take one (median of --runs), to destroy one after 1 % and after 50 % of the volume was
+//! rewritten, a full send's rate against reading the volume (`vol get`) and `btrfs send`, a
+//! receive's rate against writing it (`vol put`), and an incremental stream's size against the
+//! bytes changed. Then random 4K overwrites with 0, 1, 10 and 100 snapshots held.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use rand::{RngCore, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::args::BenchSnapArgs;
@@ -20,14 +22,8 @@ use zeta_server::fmt::{human, parse_size};
 use zeta_server::{usage, Error, Result};
 
 const CHUNK: usize = 1 << 20;
-
-/// One peer's medians, in milliseconds and MB/s; `None` where it has no such operation.
-#[derive(Default, Clone)]
-struct Figures {
-    snapshot_ms: Vec<f64>,
-    destroy_ms: Vec<f64>,
-    send_mbps: Vec<f64>,
-}
+/// The snapshot counts the overwrite test holds.
+const SNAPSHOT_COUNTS: [usize; 4] = [0, 1, 10, 100];
 
 fn median(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
@@ -35,22 +31,19 @@ fn median(v: &[f64]) -> Option<f64> {
     v.get(v.len() / 2).copied()
 }
 
-impl Figures {
-    fn json(&self) -> Value {
-        json!({"snapshot_ms": median(&self.snapshot_ms), "destroy_ms": median(&self.destroy_ms),
-               "send_mbps": median(&self.send_mbps)})
-    }
-}
-
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// The offsets of the chunks a run rewrites: a tenth of the volume, spread over it.
-fn tenth(size: u64, run: usize) -> impl Iterator<Item = u64> {
+fn mbps(bytes: u64, t: Instant) -> f64 {
+    bytes as f64 / 1e6 / t.elapsed().as_secs_f64()
+}
+
+/// The offsets of the 1M chunks a rewrite of `percent` of the volume touches, spread over it.
+fn share(size: u64, percent: u64, salt: u64) -> impl Iterator<Item = u64> {
     let chunks = size / CHUNK as u64;
     (0..chunks)
-        .filter(move |c| (c + run as u64).is_multiple_of(10))
+        .filter(move |c| (c * 7919 + salt) % 100 < percent)
         .map(|c| c * CHUNK as u64)
 }
 
@@ -70,10 +63,16 @@ fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
 }
 
 pub fn snap_bench(args: BenchSnapArgs) -> Result<()> {
-    let size = parse_size(&args.size)?;
-    if size < 64 << 20 || !size.is_multiple_of(CHUNK as u64) {
+    let sizes: Vec<u64> = (args.size.split(','))
+        .map(parse_size)
+        .collect::<Result<_>>()?;
+    if sizes.is_empty()
+        || sizes
+            .iter()
+            .any(|&s| s < 64 << 20 || !s.is_multiple_of(CHUNK as u64))
+    {
         return Err(usage(
-            "bench size must be a whole number of MiB, at least 64M",
+            "bench sizes must be whole numbers of MiB, at least 64M",
         ));
     }
     if args.runs == 0 {
@@ -83,90 +82,127 @@ pub fn snap_bench(args: BenchSnapArgs) -> Result<()> {
         .dir
         .join(format!("zeta-bench-snap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let result = run(&dir, size, &args);
+    let result = run(&dir, &sizes, &args);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run(dir: &Path, size: u64, args: &BenchSnapArgs) -> Result<()> {
-    let mut data = vec![0u8; CHUNK];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(59);
-    let (z, floor) = zeta(dir, size, args.runs, &mut rng, &mut data)?;
-    let b = btrfs(dir, size, args.runs, &mut rng, &mut data);
-    let q = qcow2(dir, size, args.runs);
-    let row = |r: &std::result::Result<Figures, String>| match r {
-        Ok(f) => f.json(),
-        Err(why) => json!({"skipped": why}),
+type Peer = std::result::Result<Value, String>;
+
+fn run(dir: &Path, sizes: &[u64], args: &BenchSnapArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let z = zeta(dir, size, args.runs)?;
+        let b = btrfs(dir, size, args.runs).map_err(|e| e.to_string());
+        let q = qcow2(dir, size, args.runs).map_err(|e| e.to_string());
+        rows.push(json!({"size": size, "zeta": z, "btrfs": peer(b), "qcow2": peer(q)}));
+    }
+    let overwrite = overwrites(dir, sizes[0], args.iops_secs)?;
+    let ratio = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) if b > 0.0 => json!(a / b),
+        _ => Value::Null,
     };
-    let ratio = |f: fn(&Figures) -> &Vec<f64>, peer: &std::result::Result<Figures, String>| {
-        let p = peer.as_ref().ok().and_then(|p| median(f(p)))?;
-        Some(median(f(&z))? / p)
-    };
-    let v = json!({
-        "size": size, "runs": args.runs, "txg_commit_ms": floor,
-        "zeta": z.json(), "btrfs": row(&b), "qcow2": row(&q),
-        "ratio_snapshot_btrfs": ratio(|f| &f.snapshot_ms, &b),
-        "ratio_destroy_btrfs": ratio(|f| &f.destroy_ms, &b),
-        "ratio_send_btrfs": ratio(|f| &f.send_mbps, &b),
-        "ratio_snapshot_qcow2": ratio(|f| &f.snapshot_ms, &q),
-        "ratio_destroy_qcow2": ratio(|f| &f.destroy_ms, &q),
-    });
+    for r in rows.iter_mut() {
+        let z = r["zeta"].clone();
+        let mut ratios = json!({
+            "send_vs_read": ratio(&z["send_mbps"], &z["read_mbps"]),
+            "receive_vs_write": ratio(&z["receive_mbps"], &z["write_mbps"]),
+            "destroy_1_vs_50": ratio(&z["destroy_1_ms"], &z["destroy_50_ms"]),
+            "incremental_vs_changed": ratio(&z["incremental_stream_bytes"], &z["incremental_changed_bytes"]),
+        });
+        for p in ["btrfs", "qcow2"] {
+            ratios[format!("snapshot_vs_{p}")] = ratio(&z["snapshot_ms"], &r[p]["snapshot_ms"]);
+            ratios[format!("destroy_1_vs_{p}")] = ratio(&z["destroy_1_ms"], &r[p]["destroy_1_ms"]);
+        }
+        ratios["send_vs_btrfs"] = ratio(&z["send_mbps"], &r["btrfs"]["send_mbps"]);
+        r["ratios"] = ratios;
+    }
+    let base = overwrite[0]["iops"].clone();
+    let overwrite: Vec<Value> = (overwrite.into_iter())
+        .map(|mut o| {
+            o["ratio_to_none"] = ratio(&o["iops"], &base);
+            o
+        })
+        .collect();
+    let v = json!({"runs": args.runs, "sizes": rows, "overwrite_4k": overwrite});
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
         return Ok(());
     }
-    println!(
-        "zeta bench snap: a {} volume (16K blocks) filled, on a file under {}; median of {} runs",
-        human(size),
-        dir.parent().unwrap_or(dir).display(),
-        args.runs
-    );
-    println!(
-        "{:<22} {:>12} {:>20} {:>14}",
-        "", "snapshot ms", "destroy ms (10% new)", "send MB/s"
-    );
-    let show = |name: &str, r: &std::result::Result<Figures, String>| match r {
-        Ok(f) => {
-            let c =
-                |v: &Vec<f64>, p: usize| median(v).map_or("-".to_string(), |x| format!("{x:.p$}"));
-            println!(
-                "{name:<22} {:>12} {:>20} {:>14}",
-                c(&f.snapshot_ms, 1),
-                c(&f.destroy_ms, 1),
-                c(&f.send_mbps, 0)
-            );
-        }
-        Err(why) => println!("{name:<22} skipped: {why}"),
-    };
-    show("zeta", &Ok(z.clone()));
-    show("btrfs (loop device)", &b);
-    show("qcow2 (qemu-img)", &q);
-    println!("zeta txg commit of one 4K write: {floor:.1} ms (a snapshot is one txg)");
-    for (k, label) in [
-        ("ratio_snapshot_btrfs", "snapshot time, zeta / btrfs"),
-        ("ratio_destroy_btrfs", "destroy time, zeta / btrfs"),
-        ("ratio_send_btrfs", "send rate, zeta / btrfs"),
-        ("ratio_snapshot_qcow2", "snapshot time, zeta / qcow2"),
-        ("ratio_destroy_qcow2", "destroy time, zeta / qcow2"),
-    ] {
-        if let Some(r) = v[k].as_f64() {
-            println!("{label:<30} {r:>6.2}");
-        }
-    }
+    print_table(&v, dir);
     Ok(())
 }
 
-/// zeta: a pool of one file, the volume filled; each run a snapshot, a tenth rewritten, a
-/// full send to nowhere, the snapshot destroyed. Also returns the median txg commit.
-fn zeta(
-    dir: &Path,
-    size: u64,
-    runs: usize,
-    rng: &mut rand::rngs::StdRng,
-    data: &mut [u8],
-) -> Result<(Figures, f64)> {
-    let path = dir.join("zeta-leaf");
-    let dev = FileDevice::create(&path, size * 2 + (256 << 20))?;
+fn peer(p: Peer) -> Value {
+    p.unwrap_or_else(|why| json!({"skipped": why}))
+}
+
+fn print_table(v: &Value, dir: &Path) {
+    let f = |x: &Value, p: usize| x.as_f64().map_or("-".to_string(), |x| format!("{x:.p$}"));
+    println!(
+        "zeta bench snap: a volume (16K blocks) filled, on files under {}; snapshot times the \
+         median of {} runs, the rest one run each",
+        dir.parent().unwrap_or(dir).display(),
+        v["runs"]
+    );
+    for r in v["sizes"].as_array().into_iter().flatten() {
+        println!("\n{} volume", human(r["size"].as_u64().unwrap_or(0)));
+        println!(
+            "{:<20} {:>11} {:>12} {:>13} {:>10}",
+            "", "snapshot ms", "destroy ms,", "destroy ms,", "send MB/s"
+        );
+        println!(
+            "{:<20} {:>11} {:>12} {:>13} {:>10}",
+            "", "", "1% new", "50% new", ""
+        );
+        for (name, key) in [
+            ("zeta", "zeta"),
+            ("btrfs (loop)", "btrfs"),
+            ("qcow2", "qcow2"),
+        ] {
+            let p = &r[key];
+            if let Some(why) = p["skipped"].as_str() {
+                println!("{name:<20} skipped: {why}");
+                continue;
+            }
+            println!(
+                "{name:<20} {:>11} {:>12} {:>13} {:>10}",
+                f(&p["snapshot_ms"], 1),
+                f(&p["destroy_1_ms"], 1),
+                f(&p["destroy_50_ms"], 1),
+                f(&p["send_mbps"], 0)
+            );
+        }
+        let z = &r["zeta"];
+        println!(
+            "zeta: read {} MB/s (vol get), write {} MB/s (vol put), receive {} MB/s; \
+             incremental stream {} for {} changed",
+            f(&z["read_mbps"], 0),
+            f(&z["write_mbps"], 0),
+            f(&z["receive_mbps"], 0),
+            human(z["incremental_stream_bytes"].as_u64().unwrap_or(0)),
+            human(z["incremental_changed_bytes"].as_u64().unwrap_or(0))
+        );
+        for (k, x) in r["ratios"].as_object().into_iter().flatten() {
+            println!("  {k:<26} {}", f(x, 2));
+        }
+    }
+    println!("\nrandom 4K overwrites with snapshots held");
+    for o in v["overwrite_4k"].as_array().into_iter().flatten() {
+        println!(
+            "  {:>3} snapshots: {:>8} IOPS  ({}x none)",
+            o["snapshots"],
+            f(&o["iops"], 0),
+            f(&o["ratio_to_none"], 2)
+        );
+    }
+}
+
+/// A pool of one file under `dir`; `prealloc`: its blocks allocated at once, so that writes
+/// into new parts of it do not pay the host file system's first-write cost.
+fn file_pool(dir: &Path, name: &str, bytes: u64, prealloc: bool) -> Result<Arc<Pool>> {
+    let path = dir.join(format!("{name}-leaf"));
+    let dev = FileDevice::create_with(&path, bytes, prealloc)?;
     let spec = vec![TopSpec::stripe((
         Arc::new(dev) as Arc<dyn BlockDevice>,
         path.display().to_string(),
@@ -175,46 +211,189 @@ fn zeta(
         force: true,
         ..Default::default()
     };
-    let pool = Pool::create("bench", spec, opts)?;
-    pool.create_volume("v", size, 16384, None)?;
-    let vol = Volume::open(&pool, "v")?;
+    Ok(Pool::create(name, spec, opts)?)
+}
+
+fn reopen(dir: &Path, name: &str) -> Result<Arc<Pool>> {
+    let path = dir.join(format!("{name}-leaf"));
+    let dev = FileDevice::open(&path)?;
+    let leaves = vec![(
+        Arc::new(dev) as Arc<dyn BlockDevice>,
+        path.display().to_string(),
+    )];
+    Ok(Pool::import(leaves, Some(name), PoolOptions::default())?)
+}
+
+fn fill(vol: &Volume, size: u64, rng: &mut rand::rngs::StdRng) -> Result<()> {
+    let mut data = vec![0u8; CHUNK];
     for off in (0..size).step_by(CHUNK) {
-        rng.fill_bytes(data);
-        vol.write(off, data)?;
+        rng.fill_bytes(&mut data);
+        vol.write(off, &data)?;
     }
     vol.flush()?;
+    Ok(())
+}
+
+fn rewrite(
+    vol: &Volume,
+    size: u64,
+    percent: u64,
+    salt: u64,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<u64> {
+    let mut data = vec![0u8; CHUNK];
+    let mut n = 0;
+    for off in share(size, percent, salt) {
+        rng.fill_bytes(&mut data);
+        vol.write(off, &data)?;
+        n += CHUNK as u64;
+    }
+    vol.flush()?;
+    Ok(n)
+}
+
+/// zeta at one size: a pool of one file holding the volume and room for a received copy.
+fn zeta(dir: &Path, size: u64, runs: usize) -> Result<Value> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(59);
+    let pool = file_pool(dir, "bench", size * 4 + (512 << 20), false)?;
+    pool.create_volume("v", size, 16384, None)?;
+    let vol = Volume::open(&pool, "v")?;
+    let t = Instant::now();
+    fill(&vol, size, &mut rng)?;
+    pool.sync_now()?;
+    let write = mbps(size, t);
     pool.sync_frees()?;
-    let mut f = Figures::default();
-    let mut floors = Vec::new();
+    let mut snap = Vec::new();
     for run in 0..runs {
-        let t = Instant::now();
-        vol.write(0, &data[..4096])?;
-        pool.sync_now()?;
-        floors.push(ms(t));
         let name = format!("v@r{run}");
         let t = Instant::now();
         pool.snapshot(&[&name])?;
-        f.snapshot_ms.push(ms(t));
+        snap.push(ms(t));
+        pool.destroy_snapshot(&name)?;
+    }
+    // A read of the whole volume, as `vol get` reads it, against a full send: both from a
+    // pool opened afresh (nothing in its block cache; the files in the page cache for both).
+    drop(vol);
+    pool.close()?;
+    drop(pool);
+    let pool = reopen(dir, "bench")?;
+    let vol = Volume::open(&pool, "v")?;
+    let t = Instant::now();
+    let mut buf = vec![0u8; CHUNK];
+    for off in (0..size).step_by(CHUNK) {
+        vol.read(off, &mut buf)?;
+    }
+    let read = mbps(size, t);
+    pool.snapshot(&["v@base"])?;
+    // A full send to nowhere (`> /dev/null`); then again into a file, for the receive.
+    let t = Instant::now();
+    pool.send("v@base", None, &mut std::io::sink(), &mut |_| true)?;
+    let send = mbps(size, t);
+    let stream = dir.join("full.zs");
+    {
+        let f = std::fs::File::create(&stream).map_err(|e| Error::io(&stream, e))?;
+        let mut w = std::io::BufWriter::with_capacity(CHUNK, f);
+        pool.send("v@base", None, &mut w, &mut |_| true)?;
+    }
+    let t = Instant::now();
+    {
+        let f = std::fs::File::open(&stream).map_err(|e| Error::io(&stream, e))?;
+        let mut r = std::io::BufReader::with_capacity(CHUNK, f);
+        zeta_core::zvol::receive::receive(&pool, "copy", &mut r, false, &mut |_| true)?;
+        pool.sync_now()?;
+    }
+    let receive = mbps(size, t);
+    let _ = std::fs::remove_file(&stream);
+    pool.destroy_snapshot("copy@base")?;
+    pool.destroy_volume("copy")?;
+    // Destroys after 1 % and after 50 % rewritten, and the incremental stream of the 1 %.
+    let changed = rewrite(&vol, size, 1, 1, &mut rng)?;
+    pool.snapshot(&["v@one"])?;
+    let mut counter = Counter(0);
+    pool.send("v@one", Some("v@base"), &mut counter, &mut |_| true)?;
+    pool.destroy_snapshot("v@one")?;
+    pool.sync_now()?;
+    let t = Instant::now();
+    pool.destroy_snapshot("v@base")?;
+    let destroy_1 = ms(t);
+    pool.snapshot(&["v@half"])?;
+    rewrite(&vol, size, 50, 2, &mut rng)?;
+    pool.sync_now()?;
+    let t = Instant::now();
+    pool.destroy_snapshot("v@half")?;
+    let destroy_50 = ms(t);
+    drop(vol);
+    pool.close()?;
+    drop(pool);
+    let _ = std::fs::remove_file(dir.join("bench-leaf"));
+    Ok(json!({
+        "snapshot_ms": median(&snap), "destroy_1_ms": destroy_1, "destroy_50_ms": destroy_50,
+        "send_mbps": send, "read_mbps": read, "receive_mbps": receive, "write_mbps": write,
+        "incremental_stream_bytes": counter.0, "incremental_changed_bytes": changed,
+    }))
+}
+
+/// Counts the bytes written to it.
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Random 4K overwrites of a filled volume for `secs` each, with 0, 1, 10 and 100 snapshots
+/// held (each taken after its share of the writes, so every one holds blocks the head
+/// rewrote since): writes per second, each txg committing as it comes.
+fn overwrites(dir: &Path, size: u64, secs: f64) -> Result<Vec<Value>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(61);
+    // Room for what the snapshots keep of the overwrites, allocated up front: with
+    // snapshots held nothing is freed, every write goes to space never written before, and
+    // in a sparse file that costs the host file system a first write the run without
+    // snapshots, reusing its freed space, does not pay.
+    let pool = file_pool(dir, "iops", size * 4 + (8 << 30), true)?;
+    pool.create_volume("v", size, 16384, None)?;
+    let vol = Volume::open(&pool, "v")?;
+    fill(&vol, size, &mut rng)?;
+    pool.sync_frees()?;
+    let blocks = size / 4096;
+    let mut data = vec![0u8; 4096];
+    let mut out = Vec::new();
+    let mut held = 0;
+    for &n in &SNAPSHOT_COUNTS {
+        while held < n {
+            for _ in 0..64 {
+                rng.fill_bytes(&mut data);
+                vol.write(rng.gen_range(0..blocks) * 4096, &data)?;
+            }
+            held += 1;
+            pool.snapshot(&[&format!("v@h{held}")])?;
+        }
+        pool.sync_now()?;
         let t = Instant::now();
-        let sent = pool.send(&name, None, &mut std::io::sink(), &mut |_| true)?;
-        f.send_mbps
-            .push(sent.data_bytes as f64 / 1e6 / t.elapsed().as_secs_f64());
-        for off in tenth(size, run) {
-            rng.fill_bytes(data);
-            vol.write(off, data)?;
+        let mut done = 0u64;
+        while t.elapsed() < Duration::from_secs_f64(secs) {
+            for _ in 0..256 {
+                rng.fill_bytes(&mut data[..8]);
+                vol.write(rng.gen_range(0..blocks) * 4096, &data)?;
+            }
+            done += 256;
         }
         vol.flush()?;
         pool.sync_now()?;
-        let t = Instant::now();
-        pool.destroy_snapshot(&name)?;
-        f.destroy_ms.push(ms(t));
+        let iops = done as f64 / t.elapsed().as_secs_f64();
+        out.push(json!({"snapshots": n, "iops": iops}));
     }
     drop(vol);
     pool.close()?;
-    Ok((f, median(&floors).unwrap_or(0.0)))
+    Ok(out)
 }
 
-/// Unmounts and detaches a loop mount when dropped.
+/// Unmounts a loop mount when dropped.
 struct Mounted(PathBuf);
 
 impl Drop for Mounted {
@@ -223,46 +402,39 @@ impl Drop for Mounted {
     }
 }
 
-/// btrfs on a loop device: a file of the volume's bytes in a subvolume; each run a read-only
-/// snapshot (`btrfs subvolume snapshot -r`, which commits a transaction), a tenth rewritten
-/// and fsynced, `btrfs send` of the snapshot to /dev/null, and the snapshot deleted with
-/// `--commit-after` (so its space is freed, as zeta's destroy frees it).
-fn btrfs(
-    dir: &Path,
-    size: u64,
-    runs: usize,
-    rng: &mut rand::rngs::StdRng,
-    data: &mut [u8],
-) -> std::result::Result<Figures, String> {
+/// btrfs on a loop device: a file of the volume's bytes in a subvolume. Snapshots are
+/// `btrfs subvolume snapshot -r` (a transaction commit), deletes `subvolume delete
+/// --commit-after` (their space freed, as zeta's destroy frees it), and `btrfs send` of a
+/// snapshot goes to /dev/null.
+fn btrfs(dir: &Path, size: u64, runs: usize) -> Result<Value> {
     use std::os::unix::fs::FileExt;
     // SAFETY: geteuid has no preconditions and only reads the process's credentials.
     if unsafe { libc::geteuid() } != 0 {
-        return Err("needs root (a loop mount)".into());
+        return Err(usage("needs root (a loop mount)"));
     }
     if Command::new("mkfs.btrfs")
         .arg("--version")
         .output()
         .is_err()
     {
-        return Err("mkfs.btrfs not found (apt-get install btrfs-progs)".into());
+        return Err(usage("mkfs.btrfs not found (apt-get install btrfs-progs)"));
     }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(59);
     let img = dir.join("btrfs.img");
     let mnt = dir.join("btrfs");
-    let s = |e: Error| e.to_string();
-    let io = |e: std::io::Error| e.to_string();
+    let io = |e: std::io::Error| Error::io(&img, e);
     std::fs::File::create(&img)
-        .and_then(|f| f.set_len(size * 2 + (512 << 20)))
+        .and_then(|f| f.set_len(size * 3 + (1 << 30)))
         .map_err(io)?;
     std::fs::create_dir_all(&mnt).map_err(io)?;
-    run_cmd(Command::new("mkfs.btrfs").arg("-f").arg(&img), "mkfs.btrfs").map_err(s)?;
+    run_cmd(Command::new("mkfs.btrfs").arg("-f").arg(&img), "mkfs.btrfs")?;
     run_cmd(
         Command::new("mount")
             .args(["-o", "loop"])
             .arg(&img)
             .arg(&mnt),
         "mount",
-    )
-    .map_err(s)?;
+    )?;
     let _mounted = Mounted(mnt.clone());
     let sub = mnt.join("vol");
     run_cmd(
@@ -270,67 +442,83 @@ fn btrfs(
             .args(["subvolume", "create"])
             .arg(&sub),
         "btrfs subvolume create",
-    )
-    .map_err(s)?;
+    )?;
     let file = std::fs::File::create(sub.join("img")).map_err(io)?;
+    let mut data = vec![0u8; CHUNK];
     for off in (0..size).step_by(CHUNK) {
-        rng.fill_bytes(data);
-        file.write_all_at(data, off).map_err(io)?;
+        rng.fill_bytes(&mut data);
+        file.write_all_at(&data, off).map_err(io)?;
     }
     file.sync_all().map_err(io)?;
-    let mut f = Figures::default();
-    for run in 0..runs {
-        let snap = mnt.join(format!("r{run}"));
-        let t = Instant::now();
+    let snapshot = |name: &str| {
         run_cmd(
             Command::new("btrfs")
                 .args(["subvolume", "snapshot", "-r"])
                 .arg(&sub)
-                .arg(&snap),
+                .arg(mnt.join(name)),
             "btrfs subvolume snapshot",
         )
-        .map_err(s)?;
-        f.snapshot_ms.push(ms(t));
-        let t = Instant::now();
-        run_cmd(Command::new("btrfs").arg("send").arg(&snap), "btrfs send").map_err(s)?;
-        f.send_mbps
-            .push(size as f64 / 1e6 / t.elapsed().as_secs_f64());
-        for off in tenth(size, run) {
-            rng.fill_bytes(data);
-            file.write_all_at(data, off).map_err(io)?;
-        }
-        file.sync_all().map_err(io)?;
-        let t = Instant::now();
+    };
+    let delete = |name: &str| {
         run_cmd(
             Command::new("btrfs")
                 .args(["subvolume", "delete", "--commit-after"])
-                .arg(&snap),
+                .arg(mnt.join(name)),
             "btrfs subvolume delete",
         )
-        .map_err(s)?;
-        f.destroy_ms.push(ms(t));
+    };
+    let mut snap = Vec::new();
+    for run in 0..runs {
+        let t = Instant::now();
+        snapshot(&format!("r{run}"))?;
+        snap.push(ms(t));
+        delete(&format!("r{run}"))?;
+    }
+    snapshot("base")?;
+    let t = Instant::now();
+    run_cmd(
+        Command::new("btrfs").arg("send").arg(mnt.join("base")),
+        "btrfs send",
+    )?;
+    let send = mbps(size, t);
+    let mut destroys = Vec::new();
+    for (percent, salt) in [(1, 1), (50, 2)] {
+        if percent == 50 {
+            snapshot("half")?;
+        }
+        for off in share(size, percent, salt) {
+            rng.fill_bytes(&mut data);
+            file.write_all_at(&data, off).map_err(io)?;
+        }
+        file.sync_all().map_err(io)?;
+        let t = Instant::now();
+        delete(if percent == 1 { "base" } else { "half" })?;
+        destroys.push(ms(t));
     }
     drop(file);
-    Ok(f)
+    drop(_mounted);
+    let _ = std::fs::remove_file(&img);
+    Ok(
+        json!({"snapshot_ms": median(&snap), "destroy_1_ms": destroys[0],
+              "destroy_50_ms": destroys[1], "send_mbps": send}),
+    )
 }
 
-/// qcow2: an image of the volume's size written whole with `qemu-io`; each run `qemu-img
-/// snapshot -c`, a tenth rewritten with `qemu-io`, and `qemu-img snapshot -d`.
-fn qcow2(dir: &Path, size: u64, runs: usize) -> std::result::Result<Figures, String> {
+/// qcow2: an image of the volume's size written whole with `qemu-io`; snapshots with
+/// `qemu-img snapshot -c`, rewrites with `qemu-io`, deletes with `qemu-img snapshot -d`.
+fn qcow2(dir: &Path, size: u64, runs: usize) -> Result<Value> {
     if Command::new("qemu-img").arg("--version").output().is_err() {
-        return Err("qemu-img not found (apt-get install qemu-utils)".into());
+        return Err(usage("qemu-img not found (apt-get install qemu-utils)"));
     }
     let img = dir.join("img.qcow2");
-    let s = |e: Error| e.to_string();
     run_cmd(
         Command::new("qemu-img")
             .args(["create", "-f", "qcow2"])
             .arg(&img)
             .arg(size.to_string()),
         "qemu-img create",
-    )
-    .map_err(s)?;
-    let io = |cmds: Vec<String>| {
+    )?;
+    let qio = |cmds: Vec<String>| {
         let mut c = Command::new("qemu-io");
         c.args(["-f", "qcow2"]);
         for cmd in cmds {
@@ -339,31 +527,39 @@ fn qcow2(dir: &Path, size: u64, runs: usize) -> std::result::Result<Figures, Str
         c.arg(&img);
         run_cmd(&mut c, "qemu-io")
     };
-    io(vec![format!("write -P 0x5a 0 {size}")]).map_err(s)?;
-    let mut f = Figures::default();
+    let snap_cmd = |op: &str, name: &str| {
+        run_cmd(
+            Command::new("qemu-img")
+                .args(["snapshot", op, name])
+                .arg(&img),
+            "qemu-img snapshot",
+        )
+    };
+    // In pieces of at most 1G: qemu-io refuses longer requests.
+    qio((0..size)
+        .step_by(1 << 30)
+        .map(|o| format!("write -P 0x5a {o} {}", (size - o).min(1 << 30)))
+        .collect())?;
+    let mut snap = Vec::new();
     for run in 0..runs {
         let t = Instant::now();
-        run_cmd(
-            Command::new("qemu-img")
-                .args(["snapshot", "-c", &format!("r{run}")])
-                .arg(&img),
-            "qemu-img snapshot -c",
-        )
-        .map_err(s)?;
-        f.snapshot_ms.push(ms(t));
-        io(tenth(size, run)
-            .map(|o| format!("write -P 0x{:x} {o} {CHUNK}", run + 1))
-            .collect())
-        .map_err(s)?;
-        let t = Instant::now();
-        run_cmd(
-            Command::new("qemu-img")
-                .args(["snapshot", "-d", &format!("r{run}")])
-                .arg(&img),
-            "qemu-img snapshot -d",
-        )
-        .map_err(s)?;
-        f.destroy_ms.push(ms(t));
+        snap_cmd("-c", &format!("r{run}"))?;
+        snap.push(ms(t));
+        snap_cmd("-d", &format!("r{run}"))?;
     }
-    Ok(f)
+    let mut destroys = Vec::new();
+    for (percent, salt) in [(1, 1), (50, 2)] {
+        snap_cmd("-c", "s")?;
+        qio(share(size, percent, salt)
+            .map(|o| format!("write -P 0x{percent:x} {o} {CHUNK}"))
+            .collect())?;
+        let t = Instant::now();
+        snap_cmd("-d", "s")?;
+        destroys.push(ms(t));
+    }
+    let _ = std::fs::remove_file(&img);
+    Ok(
+        json!({"snapshot_ms": median(&snap), "destroy_1_ms": destroys[0],
+              "destroy_50_ms": destroys[1]}),
+    )
 }
