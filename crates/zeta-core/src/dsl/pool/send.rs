@@ -99,7 +99,45 @@ impl Pool {
                 _ => Ok(()),
             }
         };
-        {
+        if base_txg.is_none() {
+            // A full send reads the tree in runs of neighbouring blocks, as a volume's long
+            // reads do (`Object::read_blocks`: one device request per run on disk), rather
+            // than block by block: holes are skipped, no free is sent.
+            const RUN: u64 = 64;
+            let mut buf = vec![0u8; (RUN * bs) as usize];
+            let mut first = 0;
+            while first < vol_blocks {
+                let n = RUN.min(vol_blocks - first);
+                let direct: Vec<Option<&mut [u8]>> = (buf[..(n * bs) as usize])
+                    .chunks_mut(bs as usize)
+                    .map(Some)
+                    .collect();
+                let got = ds.object.read_blocks(&self.io, first, direct);
+                for (i, r) in got.into_iter().enumerate() {
+                    let blkid = first + i as u64;
+                    let at = i * bs as usize;
+                    let data: std::borrow::Cow<[u8]> = match r {
+                        Ok(crate::dmu::object::Fetched::Hole) => continue,
+                        Ok(crate::dmu::object::Fetched::Direct) => buf[at..at + bs as usize].into(),
+                        Ok(crate::dmu::object::Fetched::Data(d)) => {
+                            d[..bs as usize].to_vec().into()
+                        }
+                        Err(e) => {
+                            return Err(PoolError::Invalid(format!(
+                                "'{}/{name}': block {blkid} does not read: {e}",
+                                self.name
+                            )))
+                        }
+                    };
+                    w.write(blkid * bs, &data).map_err(io_err)?;
+                    data_bytes += bs;
+                }
+                if !progress(data_bytes) {
+                    return Err(invalid("the send was stopped"));
+                }
+                first += n;
+            }
+        } else {
             let mut visit = |bp: &crate::spa::BlkPtr, level: u8, first: u64| {
                 if failed.is_some() || first >= vol_blocks {
                     return Visit::Skip;
