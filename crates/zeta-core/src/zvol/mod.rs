@@ -121,6 +121,35 @@ impl VolError {
     }
 }
 
+/// The byte range `offset..end` cut into maximal runs `(offset, len, listed)`, in order:
+/// listed where it lies in one of `blkids` (blocks of `bs` bytes, ascending), not between.
+fn runs(
+    offset: u64,
+    end: u64,
+    bs: u64,
+    blkids: Vec<u64>,
+) -> impl Iterator<Item = (u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::new();
+    let mut push = |start: u64, stop: u64, listed: bool| match out.last_mut() {
+        Some(last) if last.2 == listed && last.0 + last.1 == start => last.1 = stop - last.0,
+        _ => out.push((start, stop - start, listed)),
+    };
+    let mut pos = offset;
+    for blkid in blkids {
+        let start = (blkid * bs).max(offset);
+        let stop = ((blkid + 1) * bs).min(end);
+        if start > pos {
+            push(pos, start, false);
+        }
+        push(start, stop, true);
+        pos = stop;
+    }
+    if pos < end {
+        push(pos, end, false);
+    }
+    out.into_iter()
+}
+
 /// A run of a volume that changed since a snapshot, or did not (`Volume::changes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Change {
@@ -478,29 +507,13 @@ impl Volume {
             .object
             .allocated_blocks(&self.pool.io, offset / bs, end.div_ceil(bs))
             .map_err(|e| self.err(e.into()))?;
-        let push = |out: &mut Vec<Extent>, start: u64, stop: u64, hole: bool| match out.last_mut() {
-            Some(last) if last.hole == hole && last.offset + last.len == start => {
-                last.len = stop - last.offset
-            }
-            _ => out.push(Extent {
-                offset: start,
-                len: stop - start,
-                hole,
+        out.extend(
+            runs(offset, end, bs, present).map(|(offset, len, data)| Extent {
+                offset,
+                len,
+                hole: !data,
             }),
-        };
-        let mut pos = offset;
-        for blkid in present {
-            let start = (blkid * bs).max(offset);
-            let stop = ((blkid + 1) * bs).min(end);
-            if start > pos {
-                push(&mut out, pos, start, true);
-            }
-            push(&mut out, start, stop, false);
-            pos = stop;
-        }
-        if pos < end {
-            push(&mut out, pos, end, true);
-        }
+        );
         Ok(out)
     }
 
@@ -551,30 +564,13 @@ impl Volume {
         }
         changed.sort_unstable();
         changed.dedup();
-        let push =
-            |out: &mut Vec<Change>, start: u64, stop: u64, changed: bool| match out.last_mut() {
-                Some(last) if last.changed == changed && last.offset + last.len == start => {
-                    last.len = stop - last.offset
-                }
-                _ => out.push(Change {
-                    offset: start,
-                    len: stop - start,
-                    changed,
-                }),
-            };
-        let mut pos = offset;
-        for blkid in changed {
-            let start = (blkid * bs).max(offset);
-            let stop = ((blkid + 1) * bs).min(end);
-            if start > pos {
-                push(&mut out, pos, start, false);
-            }
-            push(&mut out, start, stop, true);
-            pos = stop;
-        }
-        if pos < end {
-            push(&mut out, pos, end, false);
-        }
+        out.extend(
+            runs(offset, end, bs, changed).map(|(offset, len, changed)| Change {
+                offset,
+                len,
+                changed,
+            }),
+        );
         Ok(out)
     }
 

@@ -397,7 +397,48 @@ pub struct Dataset {
     handles: AtomicUsize,
 }
 
+/// What a `Dataset` is made of: its identity, its tree and its log. Everything else starts
+/// empty (no handle, no figures until its record is read, not destroyed).
+pub(super) struct DatasetParts {
+    pub(super) name: String,
+    pub(super) guid: u64,
+    pub(super) volblocksize: u32,
+    pub(super) checksum: ChecksumKind,
+    pub(super) created_txg: u64,
+    pub(super) volsize: u64,
+    pub(super) refreservation: u64,
+    /// The tree's dnode and the objset block that holds it (a hole until first written).
+    pub(super) dnode: DnodePhys,
+    pub(super) objset: BlkPtr,
+    pub(super) log: Log,
+    pub(super) dataset_id: u64,
+    pub(super) snapshot: bool,
+}
+
 impl Dataset {
+    pub(super) fn from_parts(p: DatasetParts) -> Dataset {
+        Dataset {
+            name: p.name,
+            guid: p.guid,
+            volblocksize: p.volblocksize,
+            checksum: p.checksum,
+            created_txg: p.created_txg,
+            volsize: AtomicU64::new(p.volsize),
+            refreservation: AtomicU64::new(p.refreservation),
+            object: Object::new(p.dnode, BlockKind::Data, AllocClass::Recorded),
+            objset_bp: Mutex::new(p.objset),
+            log: p.log,
+            replay_lock: Mutex::new(()),
+            replay_claims: Mutex::new(Vec::new()),
+            destroyed: AtomicBool::new(false),
+            dataset_id: AtomicU64::new(p.dataset_id),
+            snapshot: p.snapshot,
+            snap_prev_txg: AtomicU64::new(0),
+            space: Mutex::new(SnapFigures::default()),
+            handles: AtomicUsize::new(0),
+        }
+    }
+
     /// Whether the volume may hold data: its tree has a block, or the open txg changes it.
     /// (A tree whose blocks were all trimmed away may still have its indirect blocks.)
     pub fn holds_data(&self) -> bool {
@@ -1173,27 +1214,21 @@ impl Pool {
         let checksum = checksum.unwrap_or(self.config.lock().checksum);
         let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
         dn.size_bytes = volsize.into();
-        let ds = Arc::new(Dataset {
+        let ds = Arc::new(Dataset::from_parts(DatasetParts {
             name: name.to_string(),
             guid: random_guid(),
             volblocksize,
             checksum,
             created_txg: *self.txgs.open_txg.read(),
-            volsize: AtomicU64::new(volsize),
-            refreservation: AtomicU64::new(refreservation),
-            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-            objset_bp: Mutex::new(BlkPtr::HOLE),
+            volsize,
+            refreservation,
+            dnode: dn,
+            objset: BlkPtr::HOLE,
             // Its header goes to disk with the volume, in the sync below.
             log: Log::new_chain(&self.zil),
-            replay_lock: Mutex::new(()),
-            replay_claims: Mutex::new(Vec::new()),
-            destroyed: AtomicBool::new(false),
-            dataset_id: AtomicU64::new(0),
+            dataset_id: 0,
             snapshot: false,
-            snap_prev_txg: AtomicU64::new(0),
-            space: Mutex::new(SnapFigures::default()),
-            handles: AtomicUsize::new(0),
-        });
+        }));
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
         drop(map);

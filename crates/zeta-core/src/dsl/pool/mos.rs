@@ -2,10 +2,9 @@
 //! map per metaslab), built empty for a new pool, loaded at import, and read and rewritten
 //! whole.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use zerocopy::FromBytes;
 
 use crate::dmu::dnode::{is_data_block_size, OBJSET_MOS, OBJSET_VOLUME};
@@ -20,8 +19,8 @@ use crate::zio::{WriteProps, ZioError};
 use zeta_math::ChecksumKind;
 
 use super::{
-    check_volsize, invalid, Dataset, Mos, PoolError, DIR_BLOCK_BYTES, MSTABLE_BLOCK_BYTES,
-    SM_BLOCK_BYTES,
+    check_volsize, invalid, Dataset, DatasetParts, Mos, PoolError, DIR_BLOCK_BYTES,
+    MSTABLE_BLOCK_BYTES, SM_BLOCK_BYTES,
 };
 
 pub(super) fn meta_props(kind: BlockKind, checksum: ChecksumKind, class: AllocClass) -> WriteProps {
@@ -257,26 +256,20 @@ pub(super) fn load_mos(
             os.dnodes[0]
         };
         datasets.push(LoadedVolume {
-            ds: Dataset {
+            ds: Dataset::from_parts(DatasetParts {
                 name,
                 guid: e.guid.get(),
                 volblocksize,
                 checksum,
                 created_txg: e.created_txg.get(),
-                volsize: AtomicU64::new(e.volsize.get()),
-                refreservation: AtomicU64::new(e.refreservation.get()),
-                object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-                objset_bp: Mutex::new(e.objset),
+                volsize: e.volsize.get(),
+                refreservation: e.refreservation.get(),
+                dnode: dn,
+                objset: e.objset,
                 log: Log::off(),
-                replay_lock: Mutex::new(()),
-                replay_claims: Mutex::new(Vec::new()),
-                destroyed: AtomicBool::new(false),
-                dataset_id: AtomicU64::new(e.dataset_id.get()),
+                dataset_id: e.dataset_id.get(),
                 snapshot: false,
-                snap_prev_txg: AtomicU64::new(0),
-                space: Mutex::new(super::SnapFigures::default()),
-                handles: std::sync::atomic::AtomicUsize::new(0),
-            },
+            }),
             zil: ZilHeader::decode(&e.zil),
             replay_after: e.replay_after.get(),
         });

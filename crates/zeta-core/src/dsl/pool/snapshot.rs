@@ -8,7 +8,7 @@
 //! (`merge_on_destroy`), never a tree.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -25,7 +25,7 @@ use crate::zil::Log;
 use zeta_math::ChecksumKind;
 
 use super::mos::{append_object, meta_props, read_object, rewrite_object, write_object_bytes};
-use super::{invalid, Dataset, Pool, PoolError};
+use super::{invalid, Dataset, DatasetParts, Pool, PoolError};
 
 /// The dataset table's block size, and its deadlists'.
 pub(super) const TABLE_BLOCK_BYTES: u32 = 16 * 1024;
@@ -720,26 +720,20 @@ impl Pool {
         let r = table.records.get_mut(&oid).expect("found above");
         r.phys.num_clones = (r.phys.num_clones.get() + 1).into();
         r.dirty = true;
-        let ds = Arc::new(Dataset {
+        let ds = Arc::new(Dataset::from_parts(DatasetParts {
             name: vol.to_string(),
             guid,
             volblocksize: o.volblocksize,
             checksum: o.checksum,
             created_txg: txg,
-            volsize: AtomicU64::new(o.volsize()),
-            refreservation: AtomicU64::new(0),
-            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-            objset_bp: Mutex::new(objset),
+            volsize: o.volsize(),
+            refreservation: 0,
+            dnode: dn,
+            objset,
             log: Log::new_chain(&self.zil),
-            replay_lock: Mutex::new(()),
-            replay_claims: Mutex::new(Vec::new()),
-            destroyed: AtomicBool::new(false),
-            dataset_id: AtomicU64::new(id),
+            dataset_id: id,
             snapshot: false,
-            snap_prev_txg: AtomicU64::new(0),
-            space: Mutex::new(SnapFigures::default()),
-            handles: AtomicUsize::new(0),
-        });
+        }));
         ds.object.set_keep_upto(o_txg, 0);
         self.datasets.write().insert(vol.to_string(), ds);
         done.dir_dirty = true;
@@ -826,26 +820,22 @@ impl Pool {
 
         let dn = sds.object.dnode();
         let objset = self.write_objset(dn, txg)?;
-        let new = Arc::new(Dataset {
+        let new = Dataset::from_parts(DatasetParts {
             name: head.name.clone(),
             guid: head.guid,
             volblocksize: head.volblocksize,
             checksum: head.checksum,
             created_txg: head.created_txg,
-            volsize: AtomicU64::new(s.volsize.get()),
-            refreservation: AtomicU64::new(head.refreservation()),
-            object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-            objset_bp: Mutex::new(objset),
+            volsize: s.volsize.get(),
+            refreservation: head.refreservation(),
+            dnode: dn,
+            objset,
             log: Log::new_chain(&self.zil),
-            replay_lock: Mutex::new(()),
-            replay_claims: Mutex::new(Vec::new()),
-            destroyed: AtomicBool::new(false),
-            dataset_id: AtomicU64::new(hid),
+            dataset_id: hid,
             snapshot: false,
-            snap_prev_txg: AtomicU64::new(0),
-            space: Mutex::new(*head.space.lock()),
-            handles: AtomicUsize::new(0),
         });
+        *new.space.lock() = *head.space.lock();
+        let new = Arc::new(new);
         new.object.set_keep_upto(s.creation_txg.get(), 0);
         self.datasets.write().insert(vol.to_string(), new);
         done.dir_dirty = true;
@@ -1108,27 +1098,21 @@ impl Pool {
 
 /// A new snapshot's read-only dataset, from its record and tree.
 fn snapshot_dataset_of(name: &str, p: &DatasetPhys, dn: DnodePhys, objset: BlkPtr) -> Dataset {
-    let ds = Dataset {
+    let ds = Dataset::from_parts(DatasetParts {
         name: name.to_string(),
         guid: p.guid.get(),
         volblocksize: dn.data_block_bytes.get(),
         // Checked at load, or the head's own.
         checksum: ChecksumKind::from_u8(dn.checksum).unwrap_or(ChecksumKind::Fletcher4),
         created_txg: p.creation_txg.get(),
-        volsize: AtomicU64::new(p.volsize.get()),
-        refreservation: AtomicU64::new(0),
-        object: Object::new(dn, BlockKind::Data, AllocClass::Recorded),
-        objset_bp: Mutex::new(objset),
+        volsize: p.volsize.get(),
+        refreservation: 0,
+        dnode: dn,
+        objset,
         log: Log::off(),
-        replay_lock: Mutex::new(()),
-        replay_claims: Mutex::new(Vec::new()),
-        destroyed: AtomicBool::new(false),
-        dataset_id: AtomicU64::new(0),
+        dataset_id: 0,
         snapshot: true,
-        snap_prev_txg: AtomicU64::new(0),
-        space: Mutex::new(SnapFigures::default()),
-        handles: AtomicUsize::new(0),
-    };
+    });
     set_snap_figures(&ds, p);
     ds
 }
