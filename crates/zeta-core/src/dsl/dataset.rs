@@ -101,15 +101,10 @@ pub fn valid_snapshot_name(name: &str) -> bool {
 
 /// Decodes a deadlist object's bytes into its block pointers; `None` for a partial pointer.
 pub fn decode_deadlist(bytes: &[u8]) -> Option<Vec<BlkPtr>> {
-    if !bytes.len().is_multiple_of(crate::spa::bp::BP_BYTES) {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(crate::spa::bp::BP_BYTES)
-            .map(|c| BlkPtr::read_from_bytes(c).expect("exact size"))
-            .collect(),
-    )
+    bytes
+        .len()
+        .is_multiple_of(crate::spa::bp::BP_BYTES)
+        .then(|| crate::spa::bp::bps_from_bytes(bytes))
 }
 
 pub fn encode_deadlist(bps: &[BlkPtr]) -> Vec<u8> {

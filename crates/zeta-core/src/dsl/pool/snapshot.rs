@@ -160,7 +160,7 @@ impl Table {
         v
     }
 
-    /// The snapshots' objset blocks, labelled `VOL@SNAP`.
+    /// Every snapshot's read-only dataset.
     pub(super) fn snapshot_datasets(&self) -> impl Iterator<Item = &Arc<Dataset>> {
         self.records.values().filter_map(|r| r.snap.as_ref())
     }
