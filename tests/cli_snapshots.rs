@@ -282,7 +282,7 @@ fn send_and_receive_copy_snapshots_between_pools() {
 
 /// `zeta clone` while the pool is served: the clone is an export at once, reads as its
 /// origin, takes writes, and `list` names its origin; the origin's destruction is refused
-/// naming the clone.
+/// naming the clone; `zeta promote` makes the old volume the clone's, which then goes.
 #[test]
 fn a_clone_is_served_like_any_volume() {
     let t = tempfile::tempdir().unwrap();
@@ -321,6 +321,25 @@ fn a_clone_is_served_like_any_volume() {
     );
     ok(&zeta(&home, d, &words("vol get tank/golden@v1 back")));
     assert!(std::fs::read(d.join("back")).unwrap()[..MB]
+        .iter()
+        .all(|&b| b == 0x33));
+    // Promoted, the clone takes the snapshot, and the old volume can go.
+    fails_with(
+        &zeta(&home, d, &words("promote tank/golden")),
+        "not a clone",
+    );
+    let said = ok(&zeta(&home, d, &words("promote tank/vm7")));
+    assert!(said.contains("'tank/golden' is now its clone"), "{said}");
+    let all = rows(&home, d, "-t all");
+    assert_eq!(row(&all, "tank/golden")["origin"], "tank/vm7@v1");
+    assert!(row(&all, "tank/vm7")["origin"].is_null());
+    ok(&zeta(&home, d, &words("destroy -f tank/golden")));
+    let mut c = Client::open(addr, "tank/vm7");
+    assert!(c.read(0, 65536).unwrap().iter().all(|&b| b == 0x44));
+    assert!(c.read(65536, 65536).unwrap().iter().all(|&b| b == 0x33));
+    drop(c);
+    ok(&zeta(&home, d, &words("vol get tank/vm7@v1 moved")));
+    assert!(std::fs::read(d.join("moved")).unwrap()[..MB]
         .iter()
         .all(|&b| b == 0x33));
     let _ = server.kill();

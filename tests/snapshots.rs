@@ -480,12 +480,101 @@ fn a_clone_shares_its_origin_and_lives_apart_from_it() {
     ));
 }
 
-/// Random writes, snapshots, clones, destroys and rollbacks over a volume and its clones,
+/// Promotion: a clone (of a volume that is itself a clone) takes the snapshots of its
+/// origin's volume up to its origin, and that volume becomes its clone, so the old volume
+/// can go while the clone lives on; refused for a volume that is no clone, over a snapshot
+/// name the clone has already, and while a snapshot that would move is open. Every tree
+/// reads as it did, and the accounts are exact after every step and after an import.
+#[test]
+fn a_promoted_clone_outlives_the_volume_it_was_cloned_from() {
+    let (devs, pool) = mirror_pool();
+    let write = |name: &str, at: u64, data: &[u8]| {
+        let v = Volume::open(&pool, name).unwrap();
+        v.write(at, data).unwrap();
+        v.flush().unwrap();
+    };
+    let chunk = VOL as usize / 8;
+    write("v", 0, &pattern(30, VOL as usize));
+    pool.snapshot(&["v@base"]).unwrap();
+    pool.clone_snapshot("v@base", "w").unwrap();
+    write("w", 0, &pattern(31, chunk));
+    pool.snapshot(&["w@a"]).unwrap();
+    write("w", chunk as u64, &pattern(32, chunk));
+    pool.snapshot(&["w@b"]).unwrap();
+    write("w", 2 * chunk as u64, &pattern(33, chunk));
+    pool.snapshot(&["w@c"]).unwrap();
+    write("w", 0, &pattern(34, 3 * chunk));
+    pool.clone_snapshot("w@b", "c").unwrap();
+    write("c", 3 * chunk as u64, &pattern(35, chunk));
+    write("c", chunk as u64 / 2, &pattern(36, chunk));
+    pool.snapshot(&["c@a"]).unwrap();
+    write("c", 5 * chunk as u64, &pattern(37, chunk));
+    at_rest(&pool);
+    let names = ["v", "v@base", "w", "w@a", "w@b", "w@c", "c", "c@a"];
+    let want: BTreeMap<&str, Vec<u8>> = names.iter().map(|&n| (n, read_all(&pool, n))).collect();
+
+    let e = pool.promote("v").unwrap_err().to_string();
+    assert!(e.contains("not a clone"), "{e}");
+    let e = pool.promote("c").unwrap_err().to_string();
+    assert!(e.contains("'tank/c@a' exists"), "{e}");
+    pool.destroy_snapshot("c@a").unwrap();
+    let open = Volume::open(&pool, "w@a").unwrap();
+    let e = pool.promote("c").unwrap_err().to_string();
+    assert!(e.contains("in use"), "{e}");
+    drop(open);
+    let usedsnap = |v: &str| pool.dataset(v).unwrap().figures().usedbysnapshots;
+    let (w_snaps, c_snaps) = (usedsnap("w"), usedsnap("c"));
+
+    pool.promote("c").unwrap();
+    at_rest(&pool);
+    assert_eq!(pool.origin_of("c").as_deref(), Some("v@base"));
+    assert_eq!(pool.origin_of("w").as_deref(), Some("c@b"));
+    let moved = |n: &str| n.replace("w@a", "c@a").replace("w@b", "c@b");
+    for n in names.iter().filter(|&&n| n != "c@a") {
+        assert!(read_all(&pool, &moved(n)) == want[n], "{n}");
+    }
+    assert!(pool.snapshot_dataset("w@a").is_err());
+    assert!(
+        usedsnap("w") < w_snaps && usedsnap("c") > c_snaps,
+        "what the snapshots hold moved with them"
+    );
+    // Now the old volume goes, and the clone holds what it needs.
+    let e = pool.destroy_snapshot("c@b").unwrap_err().to_string();
+    assert!(e.contains("'tank/w'"), "{e}");
+    pool.destroy_snapshot("w@c").unwrap();
+    pool.destroy_volume("w").unwrap();
+    at_rest(&pool);
+    pool.destroy_snapshot("c@a").unwrap();
+    at_rest(&pool);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    at_rest(&pool);
+    for n in ["v", "v@base", "c", "c@b"] {
+        assert!(
+            read_all(&pool, n) == want[n.replace("c@b", "w@b").as_str()],
+            "{n}"
+        );
+    }
+    // Back the other way: the first volume, promoted over its clone, frees it to go.
+    pool.destroy_snapshot("c@b").unwrap();
+    pool.promote("c").unwrap();
+    assert_eq!(pool.origin_of("v").as_deref(), Some("c@base"));
+    at_rest(&pool);
+    pool.destroy_volume("v").unwrap();
+    at_rest(&pool);
+    assert!(read_all(&pool, "c") == want["c"]);
+    assert!(read_all(&pool, "c@base") == want["v@base"]);
+}
+
+/// Random writes, snapshots, clones, promotions, destroys and rollbacks over a volume and its
+/// clones,
 /// against a model of every volume and snapshot: each reads as the model says, and after
 /// every step the pool's allocated space is what its trees reach, with every figure recounted.
 #[test]
 fn clones_snapshots_and_rollbacks_in_any_order_keep_the_accounts_exact() {
-    for seed in 0..4u64 {
+    let mut promoted = 0;
+    for seed in 0..6u64 {
         let (devs, pool) = mirror_pool();
         let mut rng = StdRng::seed_from_u64(100 + seed);
         let mut heads: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -504,7 +593,7 @@ fn clones_snapshots_and_rollbacks_in_any_order_keep_the_accounts_exact() {
                 l.sort_by_key(|k| pool.snapshot_dataset(k).unwrap().created_txg);
                 l
             };
-            match rng.gen_range(0..12) {
+            match rng.gen_range(0..13) {
                 0..=4 => {
                     let first = rng.gen_range(0..VOL / BS);
                     let count = rng.gen_range(1..=(VOL / BS - first).min(16));
@@ -555,7 +644,35 @@ fn clones_snapshots_and_rollbacks_in_any_order_keep_the_accounts_exact() {
                         heads.insert(vol.clone(), snaps[latest].clone());
                     }
                 }
-                _ if vol != "v" && snaps_of(&vol, &snaps).is_empty() => {
+                11 => {
+                    if let Some(origin) = pool.origin_of(&vol) {
+                        // The snapshots of the origin's volume up to the origin move.
+                        let from = origin.split('@').next().unwrap().to_string();
+                        let t = pool.snapshot_dataset(&origin).unwrap().created_txg;
+                        let of_from = snaps_of(&from, &snaps);
+                        pool.promote(&vol).unwrap();
+                        promoted += 1;
+                        for s in of_from {
+                            let moved = format!("{vol}@{}", s.split('@').nth(1).unwrap());
+                            if pool.snapshot_dataset(&moved).is_ok() {
+                                let data = snaps.remove(&s).unwrap();
+                                snaps.insert(moved, data);
+                            }
+                        }
+                        assert!(
+                            (snaps.keys()).all(|s| !s.starts_with(&format!("{from}@"))
+                                || pool.snapshot_dataset(s).unwrap().created_txg > t),
+                            "seed {seed} step {step}: what stays with {from} is after {origin}"
+                        );
+                        assert_eq!(
+                            pool.origin_of(&from).as_deref(),
+                            Some(format!("{vol}@{}", origin.split('@').nth(1).unwrap()).as_str())
+                        );
+                    } else {
+                        assert!(pool.promote(&vol).is_err(), "{vol} is no clone");
+                    }
+                }
+                _ if heads.len() > 1 && snaps_of(&vol, &snaps).is_empty() => {
                     pool.destroy_volume(&vol).unwrap();
                     heads.remove(&vol);
                 }
@@ -582,12 +699,13 @@ fn clones_snapshots_and_rollbacks_in_any_order_keep_the_accounts_exact() {
             );
         }
     }
+    assert!(promoted >= 3, "the histories promote: {promoted}");
 }
 
-/// Power cuts at random moments while one thread writes, snapshots and destroys snapshots
-/// (so some fall inside a snapshot's or a destroy's txg): every image imports, its space is
-/// exactly what its trees reach with every figure recounted, and every snapshot it holds
-/// reads as the volume was when that snapshot was taken. (That flushed writes survive a cut
+/// Power cuts at random moments while one thread writes, snapshots, destroys snapshots and
+/// clones, promotes and destroys clones (so some fall inside each one's txg): every image
+/// imports, its space is exactly what its trees reach with every figure recounted, and every
+/// snapshot it holds reads as the volume was when that snapshot was taken. (That flushed writes survive a cut
 /// is `zil_crash`'s and `crash_sigkill`'s to show.)
 #[test]
 fn power_cuts_amid_snapshots_and_destroys_leave_a_consistent_pool() {
@@ -623,6 +741,17 @@ fn power_cuts_amid_snapshots_and_destroys_leave_a_consistent_pool() {
                     let gone = live.remove(rng.gen_range(0..live.len()));
                     pool.destroy_snapshot(&gone).unwrap();
                 }
+                if n % 7 == 0 && !live.is_empty() {
+                    // A clone of the latest snapshot, promoted over the volume and back,
+                    // then gone: the snapshots move to it and back (their names after the
+                    // `@` are kept).
+                    let c = format!("c{n}");
+                    pool.clone_snapshot(live.last().unwrap(), &c).unwrap();
+                    Volume::open(&pool, &c).unwrap().write(0, &data).unwrap();
+                    pool.promote(&c).unwrap();
+                    pool.promote("v").unwrap();
+                    pool.destroy_volume(&c).unwrap();
+                }
             }
         })
     };
@@ -644,8 +773,9 @@ fn power_cuts_amid_snapshots_and_destroys_leave_a_consistent_pool() {
         let pool = import(&image);
         at_rest(&pool);
         for s in pool.snapshots() {
+            let kept = format!("v@{}", s.name.split('@').nth(1).unwrap());
             assert!(
-                read_all(&pool, &s.name) == snaps[&s.name],
+                read_all(&pool, &s.name) == snaps[&kept],
                 "cut {i}: {}",
                 s.name
             );

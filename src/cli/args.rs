@@ -105,6 +105,24 @@ pub enum Command {
     /// cannot be destroyed while the clone exists.
     #[command(after_help = "Example:\n  zeta clone tank/golden@v1 tank/vm7")]
     Clone(CloneArgs),
+    /// Make a clone its origin's parent (as `zfs promote`): the snapshots of the origin's
+    /// volume up to and including the clone's origin become the clone's (VOL@SNAP keeps its
+    /// SNAP), and that volume becomes a clone of the origin, so it can then be destroyed while
+    /// the clone lives on. Refused while a snapshot that would move is open, or if the clone
+    /// has a snapshot of the same name.
+    #[command(
+        after_help = "Example (replace a golden image by its edited clone):\n  \
+                            zeta clone tank/golden@v1 tank/golden-new\n  \
+                            zeta promote tank/golden-new\n  \
+                            zeta destroy -r tank/golden"
+    )]
+    Promote(PromoteArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PromoteArgs {
+    /// POOL/VOL, a clone.
+    pub name: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -568,6 +586,9 @@ pub enum VolCmd {
     /// `zeta clone`, likewise.
     #[command(skip)]
     DsClone(CloneArgs),
+    /// `zeta promote`, likewise.
+    #[command(skip)]
+    DsPromote(PromoteArgs),
     /// Create a volume of SIZE bytes (suffixes K, M, G, T). It reserves the room to be
     /// written whole (refreservation, as `zfs create -V`): refused if the pool has not that
     /// much available; -s makes a sparse volume, which reserves nothing.

@@ -104,10 +104,11 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
                 Command::Send(a) => VolCmd::DsSend(a),
                 Command::Receive(a) => VolCmd::DsReceive(a),
                 Command::Clone(a) => VolCmd::DsClone(a),
+                Command::Promote(a) => VolCmd::DsPromote(a),
                 _ => {
                     return Err(usage(format!(
                         "pool '{}' is served by this `zeta serve`; only `zeta vol`, `zeta \
-                         get|set|snapshot|clone|list|destroy|rollback|send|receive` and `zeta pool status|list` reach it (stop the server to \
+                         get|set|snapshot|clone|promote|list|destroy|rollback|send|receive` and `zeta pool status|list` reach it (stop the server to \
                          export or destroy it)",
                         pool.name
                     )))

@@ -38,6 +38,7 @@ pub fn main() -> i32 {
             | args::Command::Rollback(_)
             | args::Command::Receive(_)
             | args::Command::Clone(_)
+            | args::Command::Promote(_)
     ) {
         die_on_closed_pipe();
     }
@@ -54,6 +55,7 @@ pub fn main() -> i32 {
         args::Command::Send(a) => vol_cmd::run(&home, args::VolCmd::DsSend(a)),
         args::Command::Receive(a) => vol_cmd::run(&home, args::VolCmd::DsReceive(a)),
         args::Command::Clone(a) => vol_cmd::run(&home, args::VolCmd::DsClone(a)),
+        args::Command::Promote(a) => vol_cmd::run(&home, args::VolCmd::DsPromote(a)),
         args::Command::Serve(cmd) => serve_cmd::serve(&home, cmd),
         args::Command::Up(cmd) => serve_cmd::up(&home, cmd),
         args::Command::Inject(a) => pool_cmd::inject(&home, a),

@@ -6,7 +6,8 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use super::args::{
-    CloneArgs, DestroyArgs, ListArgs, ReceiveArgs, RollbackArgs, SendArgs, SnapshotArgs,
+    CloneArgs, DestroyArgs, ListArgs, PromoteArgs, ReceiveArgs, RollbackArgs, SendArgs,
+    SnapshotArgs,
 };
 use super::vol_cmd::{confirm, split_name};
 use super::{stdout_err, usage, CliError, Result};
@@ -62,6 +63,30 @@ pub fn clone(home: &Home, a: CloneArgs, out: &mut dyn Write) -> Result<()> {
         out,
         "created volume '{}', a clone of '{}'",
         a.name, a.origin
+    )
+    .map_err(stdout_err)?;
+    Ok(())
+}
+
+pub fn promote(home: &Home, a: PromoteArgs, out: &mut dyn Write) -> Result<()> {
+    let (pool, vol) = split_name(&a.name)?;
+    if vol.contains('@') {
+        return Err(usage(format!(
+            "'{}' is a snapshot: promote a clone (POOL/VOL)",
+            a.name
+        )));
+    }
+    let p = home.open(pool)?;
+    let origin = p.origin_of(vol);
+    let r = p.promote(vol);
+    p.close()?;
+    r?;
+    let was = origin.and_then(|o| o.split_once('@').map(|(v, _)| v.to_string()));
+    writeln!(
+        out,
+        "promoted '{}': '{pool}/{}' is now its clone",
+        a.name,
+        was.unwrap_or_default()
     )
     .map_err(stdout_err)?;
     Ok(())

@@ -46,6 +46,7 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
         VolCmd::DsSend(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsReceive(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsClone(a) => split_name(&a.origin).ok().map(|(p, _)| p),
+        VolCmd::DsPromote(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::List { .. } | VolCmd::DsList(_) => None,
     }
 }
@@ -124,6 +125,7 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
         VolCmd::DsSend(a) => super::snap_cmd::send(home, a, out, reporter),
         VolCmd::DsReceive(a) => super::snap_cmd::receive(home, a, out, reporter),
         VolCmd::DsClone(a) => super::snap_cmd::clone(home, a, out),
+        VolCmd::DsPromote(a) => super::snap_cmd::promote(home, a, out),
         VolCmd::Destroy { name, force } => {
             let (pool, vol) = split_name(&name)?;
             let p = home.open(pool)?;

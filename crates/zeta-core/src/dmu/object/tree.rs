@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::dmu::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
 use crate::spa::BlkPtr;
 use crate::zio::ZioError;
+use zerocopy::IntoBytes;
 
 use super::{bp_at, ObjectIo, Wait, FANOUT};
 
@@ -260,4 +261,70 @@ pub fn walk(
         Ok(())
     }
     go(io, dn, dn.root, dn.nlevels - 1, f)
+}
+
+/// Visits every block of the tree of `old` that the tree of `new` does not hold, `new` being
+/// a later tree of the same object (a snapshot's successor, or a clone of it): a block keeps
+/// its place, so a pointer found at the same place in both is one block, and a subtree both
+/// point at is shared whole and not entered. Only the indirect blocks where the trees differ
+/// are read: the cost follows the change, not the object's size. Parents come before
+/// children.
+pub fn dead_between(
+    io: &ObjectIo,
+    old: &DnodePhys,
+    new: &DnodePhys,
+    f: &mut dyn FnMut(&BlkPtr),
+) -> Result<(), ZioError> {
+    struct Diff<'a, 'b> {
+        io: &'a ObjectIo,
+        old: &'a DnodePhys,
+        new: &'a DnodePhys,
+        f: &'b mut dyn FnMut(&BlkPtr),
+    }
+    fn read(d: &Diff, bp: BlkPtr, level: u8, dn: &DnodePhys) -> Result<Arc<Vec<u8>>, ZioError> {
+        d.io.read_bp(&sized(bp, level, dn)?)
+    }
+    fn go(d: &mut Diff, old: BlkPtr, new: BlkPtr, level: u8) -> Result<(), ZioError> {
+        if old.is_hole() || old.as_bytes() == new.as_bytes() {
+            return Ok(());
+        }
+        let old = sized(old, level, d.old)?;
+        (d.f)(&old);
+        if level == 0 {
+            return Ok(());
+        }
+        let ob = d.io.read_bp(&old)?;
+        let nb = match new.is_hole() {
+            true => None,
+            false => Some(read(d, new, level, d.new)?),
+        };
+        for slot in 0..FANOUT {
+            let n = nb.as_ref().map_or(BlkPtr::HOLE, |b| bp_at(b, slot));
+            go(d, bp_at(&ob, slot), n, level - 1)?;
+        }
+        Ok(())
+    }
+    let mut d = Diff { io, old, new, f };
+    let (mut o, mut n) = (old.root, new.root);
+    let (mut lo, mut ln) = (old.nlevels - 1, new.nlevels - 1);
+    // A tree that grew a level holds its old root in the new root's first slot.
+    while ln > lo {
+        if !n.is_hole() {
+            n = bp_at(&read(&d, n, ln, new)?, 0);
+        }
+        ln -= 1;
+    }
+    while lo > ln {
+        if o.is_hole() {
+            return Ok(());
+        }
+        let block = read(&d, o, lo, old)?;
+        (d.f)(&sized(o, lo, old)?);
+        for slot in 1..FANOUT {
+            go(&mut d, bp_at(&block, slot), BlkPtr::HOLE, lo - 1)?;
+        }
+        o = bp_at(&block, 0);
+        lo -= 1;
+    }
+    go(&mut d, o, n, lo)
 }

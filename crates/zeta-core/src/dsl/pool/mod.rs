@@ -18,6 +18,7 @@ mod import;
 mod intent;
 mod labels;
 mod mos;
+mod promote;
 mod reserve;
 mod scan;
 mod send;

@@ -58,13 +58,13 @@ pub(super) struct Record {
     /// The deadlist object (its dnode goes into `phys.deadlist` when the record is written).
     pub(super) deadlist: Object,
     /// To be written by the next sync.
-    dirty: bool,
+    pub(super) dirty: bool,
     /// A snapshot's tree, read-only, as volumes read it.
     pub(super) snap: Option<Arc<Dataset>>,
 }
 
 /// A change asked for, with where its outcome goes.
-enum Op {
+pub(super) enum Op {
     /// `(volume, snapshot name, guid)`: taken together; a guid is given for a received
     /// snapshot (the sender's), else drawn.
     Snapshot(Vec<(String, String, Option<u64>)>),
@@ -73,6 +73,8 @@ enum Op {
     Rollback(String, String),
     /// A new volume (the second name) from a snapshot (`VOL@SNAP`).
     Clone(String, String),
+    /// A clone takes its origin volume's place.
+    Promote(String),
 }
 
 type Reply = Arc<Mutex<Option<Result<(), PoolError>>>>;
@@ -200,7 +202,7 @@ impl Table {
             .expect("ids left")
     }
 
-    fn read_deadlist(&self, io: &ObjectIo, id: u64) -> Result<Vec<BlkPtr>, PoolError> {
+    pub(super) fn read_deadlist(&self, io: &ObjectIo, id: u64) -> Result<Vec<BlkPtr>, PoolError> {
         let r = &self.records[&id];
         let bytes = read_object(&r.deadlist, io)?;
         decode_deadlist(&bytes).ok_or_else(|| {
@@ -208,6 +210,18 @@ impl Table {
                 "dataset record {id}: its deadlist has a partial entry"
             ))
         })
+    }
+
+    /// Head `id`'s chain: its snapshots' record ids, oldest first, then its own.
+    pub(super) fn chain(&self, id: u64) -> Vec<u64> {
+        let mut v = vec![id];
+        let mut at = self.records[&id].phys.prev_id.get();
+        while at != 0 {
+            v.push(at);
+            at = self.records[&at].phys.prev_id.get();
+        }
+        v.reverse();
+        v
     }
 
     /// The record after snapshot `id` in its chain: the next snapshot, or the head.
@@ -525,7 +539,7 @@ impl Pool {
     }
 
     /// Queues `op` for the next sync and waits for it.
-    fn run_op(&self, op: Op) -> Result<(), PoolError> {
+    pub(super) fn run_op(&self, op: Op) -> Result<(), PoolError> {
         let reply: Reply = Arc::new(Mutex::new(None));
         self.mos.lock().table.ops.push((op, reply.clone()));
         self.sync_now()?;
@@ -751,6 +765,7 @@ impl Pool {
                 Op::Destroy(vol, snap) => self.destroy_one(table, txg, &vol, &snap),
                 Op::Rollback(vol, snap) => self.roll_back(table, txg, &vol, &snap, &mut done),
                 Op::Clone(origin, vol) => self.make_clone(table, txg, &origin, &vol, &mut done),
+                Op::Promote(vol) => self.promote_one(table, &vol),
             };
             *reply.lock() = Some(outcome);
         }
@@ -1097,7 +1112,12 @@ impl Pool {
 }
 
 /// A new snapshot's read-only dataset, from its record and tree.
-fn snapshot_dataset_of(name: &str, p: &DatasetPhys, dn: DnodePhys, objset: BlkPtr) -> Dataset {
+pub(super) fn snapshot_dataset_of(
+    name: &str,
+    p: &DatasetPhys,
+    dn: DnodePhys,
+    objset: BlkPtr,
+) -> Dataset {
     let ds = Dataset::from_parts(DatasetParts {
         name: name.to_string(),
         guid: p.guid.get(),
@@ -1141,9 +1161,17 @@ impl Pool {
                     r.phys.deadlist_bytes.get()
                 )));
             }
+            // A clone's blocks born at or before its origin are the origin's to let go.
+            let floor = t.origin_txg(r.phys.head_id.get());
+            if let Some(bp) = dl.iter().find(|bp| bp.birth_txg.get() <= floor) {
+                return Err(bad(format!(
+                    "its deadlist holds a block born in txg {}, its clone's origin's (txg \
+                     {floor})",
+                    bp.birth_txg.get()
+                )));
+            }
             let Some(ds) = &r.snap else { continue };
             let prev = r.phys.prev_txg.get();
-            let floor = t.origin_txg(r.phys.head_id.get());
             let (mut all, mut born, mut shared) = (0u64, 0u64, 0u64);
             crate::dmu::object::walk(&self.io, &ds.object.dnode(), &mut |bp, level| {
                 all += bp.asize_total();
