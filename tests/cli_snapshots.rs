@@ -387,3 +387,83 @@ fn get_shows_a_snapshots_properties_and_set_refuses_them() {
         "does not exist",
     );
 }
+
+/// `readonly=on`: `vol put` and NBD clients are refused (one connected before it was set from
+/// its next write, EPERM; one connecting after sees a read-only export), `zeta receive`
+/// still applies a stream (a backup kept from other writers), the property survives an
+/// export and import, and `readonly=off` makes the volume writable again.
+#[test]
+fn a_readonly_volume_refuses_clients_and_takes_receives() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create -s tank/v 8M")));
+    std::fs::write(d.join("one"), vec![0x11u8; MB]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s1")));
+    ok(&zeta(&home, d, &words("send tank/v@s1 -o full.zs")));
+    ok(&zeta(&home, d, &words("receive tank/bk -f full.zs")));
+    let said = ok(&zeta(&home, d, &words("set readonly=on tank/bk")));
+    assert!(said.contains("set readonly=on on 'tank/bk'"), "{said}");
+    fails_with(
+        &zeta(&home, d, &words("set readonly=yes tank/bk")),
+        "on or off",
+    );
+    fails_with(
+        &zeta(&home, d, &words("set readonly=on tank/v@s1")),
+        "snapshot",
+    );
+    fails_with(
+        &zeta(&home, d, &words("vol put tank/bk one")),
+        "readonly=on",
+    );
+    let get = |what: &str| ok(&zeta(&home, d, &words(&format!("get -H readonly {what}"))));
+    assert!(get("tank/bk").trim().ends_with("on"));
+    assert!(get("tank/v").trim().ends_with("off"));
+    assert!(get("tank/v@s1").trim().ends_with("on"));
+
+    // Incremental receive into the read-only copy.
+    std::fs::write(d.join("two"), vec![0x22u8; MB / 2]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v two")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@s2")));
+    ok(&zeta(&home, d, &words("send -i @s1 tank/v@s2 -o incr.zs")));
+    ok(&zeta(&home, d, &words("receive tank/bk -f incr.zs")));
+    ok(&zeta(&home, d, &words("vol get tank/bk got")));
+    assert!(std::fs::read(d.join("got")).unwrap()[..MB / 2]
+        .iter()
+        .all(|&b| b == 0x22));
+
+    ok(&zeta(&home, d, &words("pool export tank")));
+    ok(&zeta(
+        &home,
+        d,
+        &words(&format!("pool import -d {} tank", d.display())),
+    ));
+    assert!(get("tank/bk").trim().ends_with("on"), "kept on disk");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, addr, _) = spawn_server(cmd);
+    let mut c = Client::open(addr, "tank/bk");
+    assert_eq!(
+        c.write(0, &[0x33u8; 4096]),
+        1,
+        "EPERM on a read-only export"
+    );
+    drop(c);
+    let mut c = Client::open(addr, "tank/v");
+    assert_eq!(c.write(0, &[0x33u8; 4096]), 0);
+    ok(&zeta(&home, d, &words("set readonly=on tank/v")));
+    assert_eq!(
+        c.write(0, &[0x44u8; 4096]),
+        1,
+        "refused from the next write"
+    );
+    assert!(c.read(0, 4096).unwrap().iter().all(|&b| b == 0x33));
+    ok(&zeta(&home, d, &words("set readonly=off tank/v")));
+    assert_eq!(c.write(0, &[0x55u8; 4096]), 0);
+    drop(c);
+    let _ = server.kill();
+    let _ = server.wait();
+}

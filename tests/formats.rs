@@ -22,6 +22,7 @@ const IMAGES: &[(&str, &[&str])] = &[
     ("pool-628e488.tar.gz", &["tank", "rz"]),
     ("pool-6cc44ca.tar.gz", &["tank", "rz"]),
     ("pool-c97602d.tar.gz", &["tank", "rz"]),
+    ("pool-54060d7.tar.gz", &["tank", "rz"]),
 ];
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:space_used`.
@@ -29,6 +30,9 @@ const BEFORE_SPACE_USED: usize = 3;
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:gang_blocks`.
 const BEFORE_GANG_BLOCKS: usize = 4;
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:snapshots`.
+const BEFORE_SNAPSHOTS: usize = 5;
 
 /// The devices an image unpacked into `d` (named by one letter), as the library opens them.
 fn file_leaves(d: &Path) -> Vec<(Arc<dyn BlockDevice>, String)> {
@@ -358,29 +362,33 @@ fn a_pool_from_before_gang_blocks_takes_them_only_once_its_labels_say_so() {
     }
 }
 
+/// Imports pool `pool` of an image unpacked into `d` through the library (forced: the image
+/// was packed imported), read-only or not.
+fn import_unpacked(d: &Path, pool: &str, readonly: bool, what: &str) -> Arc<zeta::dsl::Pool> {
+    let opts = zeta::dsl::PoolOptions {
+        readonly,
+        force: true,
+        ..zeta::dsl::PoolOptions::default()
+    };
+    zeta::dsl::Pool::import(file_leaves(d), Some(pool), opts)
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 /// A pool from before snapshots (`org.zeta:snapshots`) takes none while imported read-only,
 /// and leaves the feature inactive; imported read-write, it takes them: a snapshot of the old
 /// volume keeps the old pattern while the head is rewritten, through an export and import,
 /// with every allocated byte reached by exactly one tree.
 #[test]
 fn a_pool_from_before_snapshots_takes_them_once_imported_read_write() {
-    use zeta::dsl::{Pool, PoolError, PoolOptions};
+    use zeta::dsl::PoolError;
     use zeta::spa::feature::{self, SNAPSHOTS};
-    for (image, pools) in IMAGES {
+    for (image, pools) in &IMAGES[..BEFORE_SNAPSHOTS] {
         let t = tempfile::tempdir().unwrap();
         let d = t.path();
         unpack(image, d);
         for pool in *pools {
             let what = format!("{image}: {pool}");
-            let open = |readonly: bool| {
-                let opts = PoolOptions {
-                    readonly,
-                    force: true,
-                    ..PoolOptions::default()
-                };
-                Pool::import(file_leaves(d), Some(pool), opts)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"))
-            };
+            let open = |readonly: bool| import_unpacked(d, pool, readonly, &what);
             let p = open(true);
             assert!(
                 !feature::is_active(&p.config().features, &SNAPSHOTS),
@@ -414,6 +422,63 @@ fn a_pool_from_before_snapshots_takes_them_once_imported_read_write() {
             p.sync_frees().unwrap();
             let (reach, space) = p.verify_space().unwrap();
             assert_eq!(reach, space.alloc, "{what}");
+            p.export().unwrap();
+        }
+    }
+}
+
+/// A pool from before `org.zeta:volume_flags`: read-only it takes no `readonly` setting; once
+/// imported read-write the feature is active, the setting is kept across an export and
+/// import, refuses a client's write, and the older image's snapshot (where it has one)
+/// still reads back.
+#[test]
+fn a_pool_from_before_volume_flags_keeps_readonly_once_imported_read_write() {
+    use zeta::dsl::PoolError;
+    use zeta::spa::feature::{self, VOLUME_FLAGS};
+    for (image, pools) in IMAGES {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        unpack(image, d);
+        for pool in *pools {
+            let what = format!("{image}: {pool}");
+            let open = |readonly: bool| import_unpacked(d, pool, readonly, &what);
+            let p = open(true);
+            assert!(
+                !feature::is_active(&p.config().features, &VOLUME_FLAGS),
+                "{what}"
+            );
+            assert!(
+                matches!(p.set_readonly("v", true), Err(PoolError::ReadOnly(_))),
+                "{what}"
+            );
+            assert!(
+                !p.dataset("v").unwrap().readonly(),
+                "{what}: off by default"
+            );
+            p.export().unwrap();
+            drop(p);
+
+            let p = open(false);
+            assert!(
+                feature::is_active(&p.config().features, &VOLUME_FLAGS),
+                "{what}"
+            );
+            p.set_readonly("v", true).unwrap();
+            p.export().unwrap();
+            drop(p);
+            let p = open(false);
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            assert!(vol.read_only(), "{what}: kept");
+            let e = vol.write(0, &[1u8; 4096]).unwrap_err().to_string();
+            assert!(e.contains("readonly=on"), "{what}: {e}");
+            let mut back = vec![0u8; 3 << 20];
+            vol.read(0, &mut back).unwrap();
+            assert!(back == pattern(), "{what}: reads back wrong");
+            drop(vol);
+            if let Ok(snap) = zeta::zvol::Volume::open(&p, "v@fixture") {
+                snap.read(0, &mut back).unwrap();
+                assert!(back == pattern(), "{what}: the snapshot reads back wrong");
+            }
             p.export().unwrap();
         }
     }

@@ -223,6 +223,8 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     volblocksize    its block size, fixed when it is created\n  \
     checksum        the algorithm of its blocks, fixed when it is created\n  \
     refreservation  the raw bytes the pool keeps for it (0: sparse), set by `vol create [-s]`\n  \
+    readonly        on: clients' writes are refused (NBD serves it read-only); zeta receive,\n  \
+                    rollback and resize still change it (settable: on, off)\n  \
     used            the bytes its blocks take on the devices (a snapshot: those it alone holds)\n  \
     referenced      the bytes its tree holds\n  \
     usedbysnapshots what its snapshots hold that it no longer does\n  \
@@ -234,7 +236,8 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     zeta get all tank/vm0\n  \
     zeta get -Hp volsize,used tank/vm0 tank/vm1\n  \
     zeta get written,referenced tank/vm0@monday\n  \
-    zeta set volsize=20G tank/vm0";
+    zeta set volsize=20G tank/vm0\n  \
+    zeta set readonly=on backup/vm0";
 
 #[derive(Args, Debug, Clone)]
 pub struct GetArgs {

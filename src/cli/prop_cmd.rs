@@ -18,6 +18,7 @@ const PROPERTIES: &[&str] = &[
     "volblocksize",
     "checksum",
     "refreservation",
+    "readonly",
     "used",
     "referenced",
     "usedbysnapshots",
@@ -62,6 +63,7 @@ fn value(p: &Pool, ds: &Dataset, prop: &str) -> Val {
         "volblocksize" => Val::Bytes(ds.volblocksize as u64),
         "checksum" => Val::Text(ds.checksum.name().into()),
         "refreservation" => Val::Bytes(ds.refreservation()),
+        "readonly" => Val::Text(if ds.readonly() { "on" } else { "off" }.into()),
         "used" if ds.snapshot => Val::Bytes(f.unique),
         "used" => Val::Bytes(ds.object.used_bytes()),
         "referenced" => Val::Bytes(f.referenced),
@@ -162,6 +164,26 @@ fn rows(p: &Pool, names: &[String], props: &[&'static str]) -> Result<Vec<Row>> 
         .collect()
 }
 
+fn set_readonly(
+    home: &Home,
+    full: &str,
+    pool: &str,
+    vol: &str,
+    val: &str,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let on = match val {
+        "on" => true,
+        "off" => false,
+        _ => return Err(usage(format!("readonly={val}: give on or off"))),
+    };
+    let p = home.open(pool)?;
+    let r = p.set_readonly(vol, on);
+    p.close()?;
+    r?;
+    writeln!(out, "set readonly={val} on '{full}'").map_err(stdout_err)
+}
+
 pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
     let Some((prop, val)) = a.assignment.split_once('=') else {
         return Err(usage(format!("'{}' is not PROP=VALUE", a.assignment)));
@@ -175,6 +197,7 @@ pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
     }
     match prop {
         "volsize" => {}
+        "readonly" => return set_readonly(home, &a.name, pool, vol, val, out),
         "volblocksize" => {
             return Err(usage(
                 "volblocksize is fixed when a volume is created (zeta vol create -b)".to_string(),

@@ -486,6 +486,12 @@ fn error_code(e: &VolError) -> u32 {
             ..
         } => ENOSPC,
         e if e.out_of_space() => ENOSPC,
+        // Set readonly=on while the client was connected (NBD's answer to a write of a
+        // read-only export).
+        VolError::Pool {
+            source: PoolError::ReadOnlyVolume(_),
+            ..
+        } => EPERM,
         VolError::Pool { .. } | VolError::Unreadable { .. } => EIO,
     }
 }

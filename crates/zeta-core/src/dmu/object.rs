@@ -1334,15 +1334,11 @@ mod tests {
         assert_eq!(o.dirty(1, block()).0.meta, ind);
     }
 
-    /// The kill rule (`Used::let_go`): once a snapshot holds the tree of txg 1, a sync that
-    /// lets go of blocks born then hands them back instead of freeing them, and frees those
-    /// born since; `fresh_bytes` follows what the tree holds born after txg 1; `free_all`
-    /// (a destroy or a rollback) frees only those, never entering a subtree the snapshot
-    /// holds.
-    #[test]
-    fn blocks_a_snapshot_holds_are_kept_and_the_rest_freed() {
+    /// An empty volume object of 4K blocks on a fresh two-way mirror (its devices returned to
+    /// be kept alive).
+    fn volume_object_on_mirror(seed: u64) -> (ObjectIo, Object, impl Sized) {
         use super::super::dnode::ObjectKind;
-        let (zio, _, _devs) = crate::zio::tests::zio_on_mirror(2, 11);
+        let (zio, _, devs) = crate::zio::tests::zio_on_mirror(2, seed);
         let io = ObjectIo {
             zio: Arc::new(zio),
             cache: Arc::new(BlockCache::new(1 << 20)),
@@ -1357,6 +1353,17 @@ mod tests {
             BlockKind::Data,
             AllocClass::Recorded,
         );
+        (io, o, devs)
+    }
+
+    /// The kill rule (`Used::let_go`): once a snapshot holds the tree of txg 1, a sync that
+    /// lets go of blocks born then hands them back instead of freeing them, and frees those
+    /// born since; `fresh_bytes` follows what the tree holds born after txg 1; `free_all`
+    /// (a destroy or a rollback) frees only those, never entering a subtree the snapshot
+    /// holds.
+    #[test]
+    fn blocks_a_snapshot_holds_are_kept_and_the_rest_freed() {
+        let (io, o, _devs) = volume_object_on_mirror(11);
         let freeing = || io.zio.alloc.lock().space().freeing;
         let block = |b: u8| Dirty::Data(Arc::new(vec![b; 4096]));
         let sync = |txg: u64| {
@@ -1419,24 +1426,9 @@ mod tests {
     /// not hold, as full walks of both count them.
     #[test]
     fn the_blocks_between_two_trees_are_what_full_walks_say() {
-        use super::super::dnode::ObjectKind;
         use rand::{Rng, SeedableRng};
         use std::collections::BTreeSet;
-        let (zio, _, _devs) = crate::zio::tests::zio_on_mirror(2, 13);
-        let io = ObjectIo {
-            zio: Arc::new(zio),
-            cache: Arc::new(BlockCache::new(1 << 20)),
-        };
-        let o = Object::new(
-            DnodePhys::new(
-                ObjectKind::VolumeData,
-                4096,
-                ChecksumKind::Fletcher4 as u8,
-                1,
-            ),
-            BlockKind::Data,
-            AllocClass::Recorded,
-        );
+        let (io, o, _devs) = volume_object_on_mirror(13);
         let all = |dn: &DnodePhys| {
             let mut v = BTreeSet::new();
             walk(&io, dn, &mut |bp, _| {

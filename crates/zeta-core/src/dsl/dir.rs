@@ -8,6 +8,11 @@ use crate::spa::BlkPtr;
 pub const ENTRY_BYTES: usize = 512;
 pub const NAME_BYTES: usize = 256;
 
+/// `DirEntryPhys::flags`: the volume takes no write from clients (`readonly=on`).
+pub const FLAG_READONLY: u8 = 1;
+/// The flags this zeta knows; an entry with another is refused at import.
+pub const KNOWN_FLAGS: u8 = FLAG_READONLY;
+
 #[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct DirEntryPhys {
@@ -30,7 +35,11 @@ pub struct DirEntryPhys {
     /// With feature `org.zeta:snapshots`: the volume's head record in the dataset table
     /// (`dsl::dataset`), 0 while it has none (it never had a snapshot).
     pub dataset_id: U64,
-    pub reserved: [u8; 40],
+    /// With feature `org.zeta:volume_flags`: `FLAG_READONLY`. Zero in pools written
+    /// without the feature.
+    pub flags: u8,
+    pub pad2: [u8; 7],
+    pub reserved: [u8; 32],
     pub objset: BlkPtr,
 }
 const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);

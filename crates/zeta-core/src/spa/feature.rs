@@ -51,9 +51,23 @@ pub const SNAPSHOTS: Feature = Feature {
     read_compatible: true,
 };
 
+/// Directory entries keep each volume's flags (`DirEntryPhys::flags`: `readonly`). A zeta
+/// that does not know it reads the pool as ever; one that wrote to it would let clients
+/// write a read-only volume, and drop the flag.
+pub const VOLUME_FLAGS: Feature = Feature {
+    name: "org.zeta:volume_flags",
+    read_compatible: true,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
-pub const SUPPORTED: &[Feature] = &[SPACE_USED, REFRESERVATION, GANG_BLOCKS, SNAPSHOTS];
+pub const SUPPORTED: &[Feature] = &[
+    SPACE_USED,
+    REFRESERVATION,
+    GANG_BLOCKS,
+    SNAPSHOTS,
+    VOLUME_FLAGS,
+];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the
 /// first txg (each one's structures are written from then on).

@@ -177,6 +177,8 @@ pub struct Volume {
     locks: RangeLocks,
     full_name: String,
     vol_name: String,
+    /// A receive's handle: it writes a `readonly=on` volume, as `zfs receive` does.
+    receiving: bool,
 }
 
 impl Drop for Volume {
@@ -189,6 +191,16 @@ impl Volume {
     /// Opens a volume, replaying its intent log first if it holds writes from before a crash;
     /// or a snapshot (`VOL@SNAP`), read-only.
     pub fn open(pool: &Arc<Pool>, name: &str) -> Result<Volume, PoolError> {
+        Volume::open_as(pool, name, false)
+    }
+
+    /// `open` for `zeta receive`, which writes a volume set `readonly=on` (a backup target
+    /// kept from every other writer).
+    pub(crate) fn open_for_receive(pool: &Arc<Pool>, name: &str) -> Result<Volume, PoolError> {
+        Volume::open_as(pool, name, true)
+    }
+
+    fn open_as(pool: &Arc<Pool>, name: &str, receiving: bool) -> Result<Volume, PoolError> {
         let ds = pool.dataset_or_snapshot(name)?;
         ds.note_handle(true);
         let vol = Volume {
@@ -197,6 +209,7 @@ impl Volume {
             pool: pool.clone(),
             ds,
             locks: RangeLocks::new(),
+            receiving,
         };
         vol.replay()?;
         Ok(vol)
@@ -246,10 +259,20 @@ impl Volume {
         &self.full_name
     }
 
-    /// A snapshot, or any volume of a pool imported read-only: served with NBD's read-only
-    /// flag, every write refused.
+    /// A snapshot, a volume set `readonly=on`, or any volume of a pool imported read-only:
+    /// served with NBD's read-only flag, every write refused.
     pub fn read_only(&self) -> bool {
-        self.pool.is_read_only() || self.ds.snapshot
+        self.pool.is_read_only() || self.ds.readonly()
+    }
+
+    /// `check` for a client's change: refused while the volume is set `readonly=on` (looked
+    /// at on every change, so a client connected before it was set is refused from then on).
+    /// A snapshot's refusal, and a read-only pool's, come from the pool.
+    fn check_change(&self, op: &'static str, offset: u64, len: u64) -> Result<(), VolError> {
+        if !self.receiving && !self.ds.snapshot && self.ds.readonly() {
+            return Err(self.err(PoolError::ReadOnlyVolume(self.full_name.clone())));
+        }
+        self.check(op, offset, len)
     }
 
     pub fn size(&self) -> u64 {
@@ -386,7 +409,10 @@ impl Volume {
 
     /// A write, queued in the intent log if `log` (not when it is a replayed record).
     fn write_logged(&self, offset: u64, data: &[u8], log: bool) -> Result<(), VolError> {
-        self.check("write", offset, data.len() as u64)?;
+        match log {
+            true => self.check_change("write", offset, data.len() as u64)?,
+            false => self.check("write", offset, data.len() as u64)?,
+        }
         self.pool.note_foreground_io();
         self.writer()
             .write(offset, data, &mut self.log_to(log))
@@ -425,7 +451,7 @@ impl Volume {
         offset: u64,
         data: Bytes<'a>,
     ) -> Result<Result<(), VolError>, Bytes<'a>> {
-        if let Err(e) = self.check("write", offset, data.len() as u64) {
+        if let Err(e) = self.check_change("write", offset, data.len() as u64) {
             return Ok(Err(e));
         }
         if data.is_empty() {
@@ -466,7 +492,10 @@ impl Volume {
     }
 
     fn trim_logged(&self, offset: u64, len: u64, log: bool) -> Result<(), VolError> {
-        self.check("trim", offset, len)?;
+        match log {
+            true => self.check_change("trim", offset, len)?,
+            false => self.check("trim", offset, len)?,
+        }
         self.writer()
             .zero(offset, len, &mut self.log_to(log))
             .map_err(|e| self.write_error(e))
@@ -477,7 +506,7 @@ impl Volume {
     /// reads as zeros. (All-zero blocks are stored as holes when their txg syncs, so on this
     /// copy-on-write pool "not punching" cannot reserve space; it only changes the work done.)
     pub fn write_zeroes(&self, offset: u64, len: u64, may_punch: bool) -> Result<(), VolError> {
-        self.check("write zeroes", offset, len)?;
+        self.check_change("write zeroes", offset, len)?;
         if may_punch {
             return self.trim(offset, len);
         }

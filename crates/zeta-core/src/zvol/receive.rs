@@ -134,7 +134,7 @@ fn apply(
     volsize: u64,
     progress: &mut dyn FnMut(u64) -> bool,
 ) -> Result<ReceiveSummary, PoolError> {
-    let v = Volume::open(pool, vol)?;
+    let v = Volume::open_for_receive(pool, vol)?;
     let vol_err = |e: super::VolError| bad(e);
     let mut sum = ReceiveSummary::default();
     // Writes of neighbouring blocks go to the volume together, up to this much: whole

@@ -120,6 +120,8 @@ pub enum PoolError {
     SnapshotExists(String),
     #[error("'{0}' is a snapshot, which cannot be changed")]
     ReadOnlySnapshot(String),
+    #[error("volume '{0}' is set readonly=on: zeta set readonly=off to write it")]
+    ReadOnlyVolume(String),
     #[error(
         "pool '{0}' is imported read-only: export it and import it again without \
          `-o readonly=on` to change it"
@@ -388,6 +390,9 @@ pub struct Dataset {
     dataset_id: AtomicU64,
     /// A snapshot's read-only tree (`VOL@SNAP`), not a volume's head.
     pub snapshot: bool,
+    /// `readonly=on`: clients' writes are refused (`zvol::Volume`); a receive, a rollback
+    /// and the intent log's replay still change it.
+    readonly: AtomicBool,
     /// A snapshot: the txg of the snapshot before it (0 if none): the blocks it holds born at
     /// or before it are that one's too.
     snap_prev_txg: AtomicU64,
@@ -434,6 +439,7 @@ impl Dataset {
             destroyed: AtomicBool::new(false),
             dataset_id: AtomicU64::new(p.dataset_id),
             snapshot: p.snapshot,
+            readonly: AtomicBool::new(false),
             snap_prev_txg: AtomicU64::new(0),
             space: Mutex::new(SnapFigures::default()),
             handles: AtomicUsize::new(0),
@@ -452,6 +458,15 @@ impl Dataset {
 
     pub fn refreservation(&self) -> u64 {
         self.refreservation.load(Ordering::Acquire)
+    }
+
+    /// `readonly`: set, or a snapshot.
+    pub fn readonly(&self) -> bool {
+        self.snapshot || self.readonly.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_readonly_flag(&self, on: bool) {
+        self.readonly.store(on, Ordering::Release);
     }
 
     /// What of its reservation the volume does not take yet: room no other volume's writes
@@ -1267,6 +1282,18 @@ impl Pool {
             mos.dir_dirty = true;
         }
         self.sync_frees()
+    }
+
+    /// Sets volume `name`'s `readonly` property (`zfs set readonly=on`): while on, clients'
+    /// writes are refused (an NBD client connected before is refused from its next write;
+    /// one connecting after sees a read-only export), while `zeta receive`, rollbacks and
+    /// resizes still change it. Kept in its directory entry (`org.zeta:volume_flags`).
+    pub fn set_readonly(&self, name: &str, on: bool) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let ds = self.dataset(name)?;
+        ds.set_readonly_flag(on);
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
     }
 
     /// Changes a volume's size; shrinking frees the blocks past the new end.

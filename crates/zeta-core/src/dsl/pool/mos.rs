@@ -239,6 +239,12 @@ pub(super) fn load_mos(
         }
         check_volsize(e.volsize.get(), volblocksize)
             .map_err(|_| invalid(format!("volume {name}: bad size")))?;
+        if e.flags & !crate::dsl::dir::KNOWN_FLAGS != 0 {
+            return Err(invalid(format!(
+                "volume {name}: unknown flags {:#04x} in its directory entry",
+                e.flags
+            )));
+        }
         let dn = if e.objset.is_hole() {
             let mut dn = DnodePhys::new(ObjectKind::VolumeData, volblocksize, checksum as u8, 1);
             dn.size_bytes = e.volsize;
@@ -255,21 +261,23 @@ pub(super) fn load_mos(
             }
             os.dnodes[0]
         };
+        let ds = Dataset::from_parts(DatasetParts {
+            name,
+            guid: e.guid.get(),
+            volblocksize,
+            checksum,
+            created_txg: e.created_txg.get(),
+            volsize: e.volsize.get(),
+            refreservation: e.refreservation.get(),
+            dnode: dn,
+            objset: e.objset,
+            log: Log::off(),
+            dataset_id: e.dataset_id.get(),
+            snapshot: false,
+        });
+        ds.set_readonly_flag(e.flags & crate::dsl::dir::FLAG_READONLY != 0);
         datasets.push(LoadedVolume {
-            ds: Dataset::from_parts(DatasetParts {
-                name,
-                guid: e.guid.get(),
-                volblocksize,
-                checksum,
-                created_txg: e.created_txg.get(),
-                volsize: e.volsize.get(),
-                refreservation: e.refreservation.get(),
-                dnode: dn,
-                objset: e.objset,
-                log: Log::off(),
-                dataset_id: e.dataset_id.get(),
-                snapshot: false,
-            }),
+            ds,
             zil: ZilHeader::decode(&e.zil),
             replay_after: e.replay_after.get(),
         });

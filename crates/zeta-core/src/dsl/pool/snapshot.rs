@@ -850,6 +850,7 @@ impl Pool {
             snapshot: false,
         });
         *new.space.lock() = *head.space.lock();
+        new.set_readonly_flag(head.readonly());
         let new = Arc::new(new);
         new.object.set_keep_upto(s.creation_txg.get(), 0);
         self.datasets.write().insert(vol.to_string(), new);

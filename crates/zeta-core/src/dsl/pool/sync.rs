@@ -417,6 +417,9 @@ impl Pool {
                 e.replay_after = ds.log.replay_after().into();
                 e.refreservation = ds.refreservation().into();
                 e.dataset_id = ds.dataset_id().into();
+                if ds.readonly() {
+                    e.flags |= crate::dsl::dir::FLAG_READONLY;
+                }
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
