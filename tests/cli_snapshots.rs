@@ -278,6 +278,53 @@ fn send_and_receive_copy_snapshots_between_pools() {
         &zeta(&home, d, &words("receive bk/v@x -f incr.zs")),
         "name the volume",
     );
+
+    // Resumable: a cut stream leaves its token; the rest, sent from it, completes the copy.
+    let whole = std::fs::read(d.join("full.zs")).unwrap();
+    std::fs::write(d.join("cut.zs"), &whole[..whole.len() / 2]).unwrap();
+    let o = zeta(&home, d, &words("receive -s bk/w -f cut.zs"));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success() && said.contains("zeta send -t zr1-"),
+        "{said}"
+    );
+    let token = ok(&zeta(&home, d, &words("get -H receive_resume_token bk/w")));
+    let token = token.trim().rsplit('\t').next().unwrap().to_string();
+    assert!(said.contains(&token), "{token} in {said}");
+    fails_with(
+        &zeta(&home, d, &words("vol get bk/w nope")),
+        "partly received",
+    );
+    fails_with(
+        &zeta(&home, d, &words("send -t zr1-1-0-0-00000000 tank")),
+        "check",
+    );
+    ok(&zeta(
+        &home,
+        d,
+        &["send", "-t", &token, "tank", "-o", "rest.zs"],
+    ));
+    let said = ok(&zeta(&home, d, &words("receive -s bk/w -f rest.zs")));
+    assert!(said.contains("received 'bk/w@s1'"), "{said}");
+    ok(&zeta(&home, d, &words("vol get bk/w@s1 w.img")));
+    ok(&zeta(&home, d, &words("vol get tank/v@s1 v.img")));
+    assert!(std::fs::read(d.join("w.img")).unwrap() == std::fs::read(d.join("v.img")).unwrap());
+    let none = ok(&zeta(&home, d, &words("get -H receive_resume_token bk/w")));
+    assert!(none.trim().ends_with('-'), "{none}");
+    // Given up: the volume a full stream was making goes.
+    assert!(!zeta(&home, d, &words("receive -s bk/x -f cut.zs"))
+        .status
+        .success());
+    let said = ok(&zeta(&home, d, &words("receive -A bk/x")));
+    assert!(said.contains("gave up"), "{said}");
+    fails_with(
+        &zeta(&home, d, &words("get volsize bk/x")),
+        "does not exist",
+    );
+    fails_with(
+        &zeta(&home, d, &words("receive -A bk/w")),
+        "no interrupted receive",
+    );
 }
 
 /// `zeta clone` while the pool is served: the clone is an export at once, reads as its

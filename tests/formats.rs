@@ -23,6 +23,7 @@ const IMAGES: &[(&str, &[&str])] = &[
     ("pool-6cc44ca.tar.gz", &["tank", "rz"]),
     ("pool-c97602d.tar.gz", &["tank", "rz"]),
     ("pool-54060d7.tar.gz", &["tank", "rz"]),
+    ("pool-32235df.tar.gz", &["tank", "rz"]),
 ];
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:space_used`.
@@ -33,6 +34,9 @@ const BEFORE_GANG_BLOCKS: usize = 4;
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:snapshots`.
 const BEFORE_SNAPSHOTS: usize = 5;
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:volume_flags`.
+const BEFORE_VOLUME_FLAGS: usize = 6;
 
 /// The devices an image unpacked into `d` (named by one letter), as the library opens them.
 fn file_leaves(d: &Path) -> Vec<(Arc<dyn BlockDevice>, String)> {
@@ -435,7 +439,7 @@ fn a_pool_from_before_snapshots_takes_them_once_imported_read_write() {
 fn a_pool_from_before_volume_flags_keeps_readonly_once_imported_read_write() {
     use zeta::dsl::PoolError;
     use zeta::spa::feature::{self, VOLUME_FLAGS};
-    for (image, pools) in IMAGES {
+    for (image, pools) in &IMAGES[..BEFORE_VOLUME_FLAGS] {
         let t = tempfile::tempdir().unwrap();
         let d = t.path();
         unpack(image, d);
@@ -479,6 +483,53 @@ fn a_pool_from_before_volume_flags_keeps_readonly_once_imported_read_write() {
                 snap.read(0, &mut back).unwrap();
                 assert!(back == pattern(), "{what}: the snapshot reads back wrong");
             }
+            p.export().unwrap();
+        }
+    }
+}
+
+/// A pool from before `org.zeta:receive_resume`: once imported read-write the feature is
+/// active, and a resumable receive cut short keeps its place across an export and import,
+/// then completes from the rest of the stream.
+#[test]
+fn a_pool_from_before_receive_resume_keeps_a_receives_place_once_imported_read_write() {
+    use zeta::spa::feature::{self, RECEIVE_RESUME};
+    use zeta::zvol::receive::receive;
+    for (image, pools) in IMAGES {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        unpack(image, d);
+        for pool in *pools {
+            let what = format!("{image}: {pool}");
+            let p = import_unpacked(d, pool, true, &what);
+            let known = feature::is_active(&p.config().features, &RECEIVE_RESUME);
+            assert!(!known, "{what}");
+            p.export().unwrap();
+            drop(p);
+            let p = import_unpacked(d, pool, false, &what);
+            assert!(
+                feature::is_active(&p.config().features, &RECEIVE_RESUME),
+                "{what}"
+            );
+            p.snapshot(&["v@send"]).unwrap();
+            let mut stream = Vec::new();
+            p.send("v@send", None, &mut stream, &mut |_| true).unwrap();
+            let cut = &stream[..stream.len() / 2];
+            assert!(receive(&p, "copy", &mut &cut[..], false, true, &mut |_| true).is_err());
+            let st = p.dataset("copy").unwrap().receiving().expect("kept");
+            p.export().unwrap();
+            drop(p);
+            let p = import_unpacked(d, pool, false, &what);
+            assert_eq!(p.dataset("copy").unwrap().receiving(), Some(st), "{what}");
+            let mut rest = Vec::new();
+            p.send_resumed(st.to_guid, 0, st.offset, &mut rest, &mut |_| true)
+                .unwrap();
+            receive(&p, "copy", &mut &rest[..], false, false, &mut |_| true).unwrap();
+            let vol = zeta::zvol::Volume::open(&p, "copy@send").unwrap();
+            let mut back = vec![0u8; 3 << 20];
+            vol.read(0, &mut back).unwrap();
+            assert!(back == pattern(), "{what}: the copy reads back wrong");
+            drop(vol);
             p.export().unwrap();
         }
     }

@@ -135,8 +135,12 @@ pub struct CloneArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct SendArgs {
-    /// POOL/VOL@SNAP
+    /// POOL/VOL@SNAP (with -t: the POOL that holds it)
     pub name: String,
+    /// Send the rest of an interrupted stream: TOKEN is the receiving volume's
+    /// `receive_resume_token` (zeta get), which names the snapshot, its base and where to go on.
+    #[arg(short = 't', value_name = "TOKEN", conflicts_with = "from")]
+    pub token: Option<String>,
     /// Send the changes since this earlier snapshot (@SNAP, or POOL/VOL@SNAP).
     #[arg(short = 'i', value_name = "BASE")]
     pub from: Option<String>,
@@ -156,6 +160,15 @@ pub struct ReceiveArgs {
     /// was written since.
     #[arg(short = 'F')]
     pub force: bool,
+    /// Resumable: if the stream stops part-way (cut, damaged, out of room), keep what was
+    /// received and print a resume token (`zeta send -t TOKEN POOL`) instead of undoing it.
+    #[arg(short = 's')]
+    pub resumable: bool,
+    /// Give up the volume's interrupted receive: a volume a full stream was making is
+    /// destroyed, one an incremental stream was changing rolled back to its base. Reads no
+    /// stream.
+    #[arg(short = 'A', conflicts_with_all = ["file", "force", "resumable"])]
+    pub abort: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -230,6 +243,8 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     usedbysnapshots what its snapshots hold that it no longer does\n  \
     written         bytes written since its latest snapshot (a snapshot: since the one before)\n  \
     origin          a clone's snapshot of origin, - otherwise\n  \
+    receive_resume_token  of a volume an interrupted `zeta receive -s` left partly received:\n  \
+                    give it to `zeta send -t TOKEN POOL` on the sender; - otherwise\n  \
     guid            its unique identifier\n  \
     createtxg       the txg it was created in\n\n\
     Examples:\n  \

@@ -24,6 +24,7 @@ const PROPERTIES: &[&str] = &[
     "usedbysnapshots",
     "written",
     "origin",
+    "receive_resume_token",
     "guid",
     "createtxg",
 ];
@@ -73,6 +74,9 @@ fn value(p: &Pool, ds: &Dataset, prop: &str) -> Val {
             true => "-".into(),
             false => (p.origin_of(&ds.name)).map_or("-".into(), |o| format!("{}/{o}", p.name)),
         }),
+        "receive_resume_token" => Val::Text(
+            (ds.receiving().as_ref()).map_or("-".into(), crate::zvol::receive::resume_token),
+        ),
         "guid" => Val::Number(ds.guid),
         "createtxg" => Val::Number(ds.created_txg),
         _ => unreachable!("properties are checked against PROPERTIES first"),

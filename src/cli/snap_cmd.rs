@@ -334,9 +334,19 @@ pub fn list(home: &Home, a: ListArgs, out: &mut dyn Write) -> Result<()> {
 
 pub fn send(home: &Home, a: SendArgs, out: &mut dyn Write, reporter: Reporter) -> Result<()> {
     use std::io::IsTerminal;
-    let (pool, name) = split_name(&a.name)?;
-    let Some((vol, _)) = name.split_once('@') else {
-        return Err(usage(format!("'{}' is not POOL/VOL@SNAP", a.name)));
+    let resume = match &a.token {
+        Some(t) => Some(crate::zvol::receive::parse_token(t)?),
+        None => None,
+    };
+    let (pool, name, vol) = match resume {
+        Some(_) => (a.name.split('/').next().unwrap_or_default(), "", ""),
+        None => {
+            let (pool, name) = split_name(&a.name)?;
+            let Some((vol, _)) = name.split_once('@') else {
+                return Err(usage(format!("'{}' is not POOL/VOL@SNAP", a.name)));
+            };
+            (pool, name, vol)
+        }
     };
     let from = match a.from.as_deref() {
         None => None,
@@ -380,17 +390,23 @@ pub fn send(home: &Home, a: SendArgs, out: &mut dyn Write, reporter: Reporter) -
         }
         None => out,
     };
-    let r = p.send(name, from.as_deref(), sink, &mut |done| {
-        progress.advance(done)
-    });
+    let mut advance = |done| progress.advance(done);
+    let r = match resume {
+        Some(st) => p
+            .send_resumed(st.to_guid, st.from_guid, st.offset, sink, &mut advance)
+            .map(|(n, s)| (format!("{pool}/{n}"), s)),
+        None => p
+            .send(name, from.as_deref(), sink, &mut advance)
+            .map(|s| (a.name.clone(), s)),
+    };
     drop(progress);
     p.close()?;
-    let sum = r?;
+    let (sent, sum) = r?;
     if let Some(path) = &a.output {
         writeln!(
             out,
             "sent '{}' to {}: {} records, {} of data, {} of stream",
-            a.name,
+            sent,
             path.display(),
             sum.records,
             human(sum.data_bytes),
@@ -409,6 +425,13 @@ pub fn receive(home: &Home, a: ReceiveArgs, out: &mut dyn Write, reporter: Repor
             "'{}': name the volume (POOL/VOL); the snapshot's name comes from the stream",
             a.name
         )));
+    }
+    if a.abort {
+        let p = home.open(pool)?;
+        let r = crate::zvol::receive::abort(&p, vol);
+        p.close()?;
+        r?;
+        return writeln!(out, "gave up the receive of '{}'", a.name).map_err(stdout_err);
     }
     let (mut input, total): (Box<dyn std::io::Read>, u64) = match &a.file {
         Some(path) => {
@@ -431,7 +454,7 @@ pub fn receive(home: &Home, a: ReceiveArgs, out: &mut dyn Write, reporter: Repor
     };
     let p = home.open(pool)?;
     let mut progress = reporter.start(&format!("receive {}", a.name), total);
-    let r = crate::zvol::receive::receive(&p, vol, &mut input, a.force, &mut |done| {
+    let r = crate::zvol::receive::receive(&p, vol, &mut input, a.force, a.resumable, &mut |done| {
         progress.advance(done)
     });
     drop(progress);

@@ -43,6 +43,7 @@ fn target_pool(cmd: &VolCmd) -> Option<&str> {
             .map(|(p, _)| p),
         VolCmd::DsDestroy(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsRollback(a) => split_name(&a.name).ok().map(|(p, _)| p),
+        VolCmd::DsSend(a) if a.token.is_some() => a.name.split('/').next(),
         VolCmd::DsSend(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsReceive(a) => split_name(&a.name).ok().map(|(p, _)| p),
         VolCmd::DsClone(a) => split_name(&a.origin).ok().map(|(p, _)| p),

@@ -299,7 +299,7 @@ fn zeta(dir: &Path, size: u64, runs: usize) -> Result<Value> {
     {
         let f = std::fs::File::open(&stream).map_err(|e| Error::io(&stream, e))?;
         let mut r = std::io::BufReader::with_capacity(CHUNK, f);
-        zeta_core::zvol::receive::receive(&pool, "copy", &mut r, false, &mut |_| true)?;
+        zeta_core::zvol::receive::receive(&pool, "copy", &mut r, false, false, &mut |_| true)?;
         pool.sync_now()?;
     }
     let receive = mbps(size, t);

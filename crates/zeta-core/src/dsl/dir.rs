@@ -39,7 +39,13 @@ pub struct DirEntryPhys {
     /// without the feature.
     pub flags: u8,
     pub pad2: [u8; 7],
-    pub reserved: [u8; 32],
+    /// With feature `org.zeta:receive_resume`, while a `zeta receive -s` is interrupted: the
+    /// guid of the snapshot being received (0: none is), the base's guid (0: a full stream),
+    /// and the volume byte offset up to which its records are applied and durable.
+    pub recv_to_guid: U64,
+    pub recv_from_guid: U64,
+    pub recv_offset: U64,
+    pub reserved: [u8; 8],
     pub objset: BlkPtr,
 }
 const _: () = assert!(std::mem::size_of::<DirEntryPhys>() == ENTRY_BYTES);

@@ -23,6 +23,6 @@ pub use crate::vdev::file::free_bytes;
 pub use crate::vdev::{BlockDevice, FileDevice, Injection, RaidzConfig, TopKind, VdevError};
 pub use pool::{
     examine, examine_labels, human, labelclear, panic_text, probe, Contents, Dataset, LeafStatus,
-    OpenTxg, Pool, PoolError, PoolOptions, Suspension, TopSpec, TopStatus, UsableSpace,
+    OpenTxg, Pool, PoolError, PoolOptions, RecvState, Suspension, TopSpec, TopStatus, UsableSpace,
     DEFAULT_VOLBLOCKSIZE, IN_PLACE_MIN_BYTES,
 };

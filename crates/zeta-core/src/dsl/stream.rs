@@ -20,6 +20,9 @@ pub const RECORD_BYTES: usize = 64;
 pub const MAX_PAYLOAD: u64 = 128 * 1024;
 /// `Header::flags`: the stream holds the changes since `from_guid`'s snapshot.
 pub const FLAG_INCREMENTAL: u32 = 1;
+/// `Header::flags`: the stream resumes an interrupted one (`zeta send -t`): its records are
+/// those of the whole stream from `resume_offset` on. Readers before it refuse the flag.
+pub const FLAG_RESUMED: u32 = 2;
 
 pub const KIND_WRITE: u32 = 1;
 pub const KIND_FREE: u32 = 2;
@@ -46,7 +49,10 @@ pub struct Header {
     pub creation_time: U64,
     /// The sent snapshot's name (after the `@`), NUL-padded.
     pub snap_name: [u8; 256],
-    pub reserved: [u8; 160],
+    /// With `FLAG_RESUMED`: the volume byte offset (a multiple of the block size) the
+    /// stream's records start at; those before it were received already. Zero otherwise.
+    pub resume_offset: U64,
+    pub reserved: [u8; 152],
     /// SHA-256 of the 480 bytes before it.
     pub sha256: [u8; 32],
 }
@@ -116,7 +122,7 @@ impl Header {
                 "the stream's header fails its checksum".into(),
             ));
         }
-        if h.flags.get() & !FLAG_INCREMENTAL != 0 {
+        if h.flags.get() & !(FLAG_INCREMENTAL | FLAG_RESUMED) != 0 {
             return Err(StreamError::Bad(format!(
                 "unknown stream flags {:#x}",
                 h.flags.get()
@@ -125,6 +131,17 @@ impl Header {
         if (h.flags.get() & FLAG_INCREMENTAL != 0) != (h.from_guid.get() != 0) {
             return Err(StreamError::Bad(
                 "an incremental stream names no base, or the reverse".into(),
+            ));
+        }
+        let resumed = h.flags.get() & FLAG_RESUMED != 0;
+        let bs = h.volblocksize.get() as u64;
+        if (!resumed && h.resume_offset.get() != 0)
+            || bs == 0
+            || !h.resume_offset.get().is_multiple_of(bs)
+            || h.resume_offset.get() > h.volsize.get()
+        {
+            return Err(StreamError::Bad(
+                "the stream's resume offset is not one a sender writes".into(),
             ));
         }
         if h.snap_name()
@@ -367,6 +384,35 @@ mod tests {
             if end {
                 return Ok(v);
             }
+        }
+    }
+
+    /// A resumed stream's header names its offset; an offset without the flag, one off a
+    /// block boundary or past the volume, and a flag no reader knows are refused.
+    #[test]
+    fn a_resumed_header_carries_its_offset_and_nothing_else_does() {
+        let header = |flags: u32, offset: u64| {
+            let mut h = Header::new();
+            h.volsize = (1u64 << 20).into();
+            h.volblocksize = 16384.into();
+            h.to_guid = 7.into();
+            h.flags = flags.into();
+            h.resume_offset = offset.into();
+            h.set_snap_name("s1");
+            h.seal();
+            let bytes: [u8; HEADER_BYTES] = h.as_bytes().try_into().unwrap();
+            Header::decode(&bytes)
+        };
+        let h = header(FLAG_RESUMED, 65536).unwrap();
+        assert_eq!(h.resume_offset.get(), 65536);
+        assert!(header(FLAG_RESUMED, 0).is_ok(), "from the start");
+        for (flags, offset) in [
+            (0, 65536),
+            (FLAG_RESUMED, 100),
+            (FLAG_RESUMED, 2 << 20),
+            (4, 0),
+        ] {
+            assert!(header(flags, offset).is_err(), "{flags} {offset}");
         }
     }
 

@@ -59,6 +59,14 @@ pub const VOLUME_FLAGS: Feature = Feature {
     read_compatible: true,
 };
 
+/// Directory entries keep an interrupted `zeta receive -s`'s place (`DirEntryPhys::
+/// recv_*`). A zeta that does not know it reads the pool (the partly received volume as a
+/// volume); one that wrote would forget the place, and the receive could not resume.
+pub const RECEIVE_RESUME: Feature = Feature {
+    name: "org.zeta:receive_resume",
+    read_compatible: true,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
 pub const SUPPORTED: &[Feature] = &[
@@ -67,6 +75,7 @@ pub const SUPPORTED: &[Feature] = &[
     GANG_BLOCKS,
     SNAPSHOTS,
     VOLUME_FLAGS,
+    RECEIVE_RESUME,
 ];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the

@@ -32,7 +32,7 @@ pub fn replay_logs(pool: &Arc<Pool>) -> Result<usize, PoolError> {
     let mut n = 0;
     for ds in pool.datasets() {
         if pool.pending_replay(&ds).is_some() {
-            Volume::open(pool, &ds.name)?;
+            Volume::open_as(pool, &ds.name, true)?;
             n += 1;
         }
     }
@@ -202,6 +202,9 @@ impl Volume {
 
     fn open_as(pool: &Arc<Pool>, name: &str, receiving: bool) -> Result<Volume, PoolError> {
         let ds = pool.dataset_or_snapshot(name)?;
+        if !receiving && ds.receiving().is_some() {
+            return Err(PoolError::PartlyReceived(format!("{}/{name}", pool.name)));
+        }
         ds.note_handle(true);
         let vol = Volume {
             full_name: format!("{}/{}", pool.name, name),
@@ -257,6 +260,11 @@ impl Volume {
 
     pub fn name(&self) -> &str {
         &self.full_name
+    }
+
+    /// The volume's name in its pool (`VOL`, or `VOL@SNAP`).
+    pub(crate) fn vol_name(&self) -> &str {
+        &self.vol_name
     }
 
     /// A snapshot, a volume set `readonly=on`, or any volume of a pool imported read-only:

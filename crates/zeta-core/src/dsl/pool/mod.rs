@@ -123,6 +123,11 @@ pub enum PoolError {
     #[error("volume '{0}' is set readonly=on: zeta set readonly=off to write it")]
     ReadOnlyVolume(String),
     #[error(
+        "volume '{0}' is partly received: resume the receive (zeta send -t TOKEN | zeta \
+         receive -s; zeta get receive_resume_token gives TOKEN), or give it up (zeta receive -A)"
+    )]
+    PartlyReceived(String),
+    #[error(
         "pool '{0}' is imported read-only: export it and import it again without \
          `-o readonly=on` to change it"
     )]
@@ -363,6 +368,17 @@ pub fn probe(dev: Arc<dyn BlockDevice>) -> Option<PoolConfig> {
         .map(|(_, cfg)| cfg)
 }
 
+/// Where an interrupted resumable receive stands (`Dataset::receiving`): what a resume token
+/// says (`zvol::receive::ResumeToken`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvState {
+    /// The guid of the snapshot being received, and of its base (0 for a full stream).
+    pub to_guid: u64,
+    pub from_guid: u64,
+    /// The volume's bytes below it are received and durable (a multiple of its block size).
+    pub offset: u64,
+}
+
 /// A volume as the pool tracks it.
 pub struct Dataset {
     pub name: String,
@@ -390,6 +406,9 @@ pub struct Dataset {
     dataset_id: AtomicU64,
     /// A snapshot's read-only tree (`VOL@SNAP`), not a volume's head.
     pub snapshot: bool,
+    /// An interrupted `zeta receive -s`'s place, while it waits to resume: the volume reads
+    /// as nothing yet (every open but the receive's is refused).
+    pub(super) recv: Mutex<Option<RecvState>>,
     /// `readonly=on`: clients' writes are refused (`zvol::Volume`); a receive, a rollback
     /// and the intent log's replay still change it.
     readonly: AtomicBool,
@@ -440,6 +459,7 @@ impl Dataset {
             dataset_id: AtomicU64::new(p.dataset_id),
             snapshot: p.snapshot,
             readonly: AtomicBool::new(false),
+            recv: Mutex::new(None),
             snap_prev_txg: AtomicU64::new(0),
             space: Mutex::new(SnapFigures::default()),
             handles: AtomicUsize::new(0),
@@ -458,6 +478,11 @@ impl Dataset {
 
     pub fn refreservation(&self) -> u64 {
         self.refreservation.load(Ordering::Acquire)
+    }
+
+    /// Where an interrupted `zeta receive -s` of this volume stands, if one does.
+    pub fn receiving(&self) -> Option<RecvState> {
+        *self.recv.lock()
     }
 
     /// `readonly`: set, or a snapshot.
@@ -1191,6 +1216,26 @@ impl Pool {
         self.create_volume_with(name, volsize, volblocksize, checksum, false)
     }
 
+    /// `create_volume` for a receive: the volume is partly received at `state` from the txg
+    /// that makes it, so no crash leaves it looking whole.
+    pub fn create_volume_receiving(
+        &self,
+        name: &str,
+        volsize: u64,
+        volblocksize: u32,
+        checksum: ChecksumKind,
+        state: RecvState,
+    ) -> Result<Arc<Dataset>, PoolError> {
+        self.make_volume(
+            name,
+            volsize,
+            volblocksize,
+            Some(checksum),
+            false,
+            Some(state),
+        )
+    }
+
     /// `create_volume`, reserving what the volume would take written whole unless `sparse`
     /// (`zfs create -V` reserves; `-s` does not): refused if the pool has not that much room
     /// beside the other volumes' reservations. (`create_volume` makes sparse volumes, as
@@ -1202,6 +1247,18 @@ impl Pool {
         volblocksize: u32,
         checksum: Option<ChecksumKind>,
         reserve: bool,
+    ) -> Result<Arc<Dataset>, PoolError> {
+        self.make_volume(name, volsize, volblocksize, checksum, reserve, None)
+    }
+
+    fn make_volume(
+        &self,
+        name: &str,
+        volsize: u64,
+        volblocksize: u32,
+        checksum: Option<ChecksumKind>,
+        reserve: bool,
+        receiving: Option<RecvState>,
     ) -> Result<Arc<Dataset>, PoolError> {
         self.check_writable()?;
         if !valid_volume_name(name) {
@@ -1245,6 +1302,7 @@ impl Pool {
             dataset_id: 0,
             snapshot: false,
         }));
+        *ds.recv.lock() = receiving;
         map.insert(name.to_string(), ds.clone());
         mos.dir_dirty = true;
         drop(map);
@@ -1294,6 +1352,25 @@ impl Pool {
         ds.set_readonly_flag(on);
         self.mos.lock().dir_dirty = true;
         self.sync_now()
+    }
+
+    /// Marks volume `name` partly received at `state` (or no longer, `None`) and commits it:
+    /// `zvol::receive`'s, from before a receive's first write.
+    pub fn set_receiving(&self, name: &str, state: Option<RecvState>) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let ds = self.dataset(name)?;
+        *ds.recv.lock() = state;
+        self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
+    /// Moves a receive's recorded place to `state`, for the next sync to write (what is
+    /// before it is durable already: flushed).
+    pub fn mark_receiving(&self, name: &str, state: RecvState) {
+        if let Ok(ds) = self.dataset(name) {
+            *ds.recv.lock() = Some(state);
+            self.mos.lock().dir_dirty = true;
+        }
     }
 
     /// Changes a volume's size; shrinking frees the blocks past the new end.

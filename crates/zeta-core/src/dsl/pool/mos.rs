@@ -19,7 +19,7 @@ use crate::zio::{WriteProps, ZioError};
 use zeta_math::ChecksumKind;
 
 use super::{
-    check_volsize, invalid, Dataset, DatasetParts, Mos, PoolError, DIR_BLOCK_BYTES,
+    check_volsize, invalid, Dataset, DatasetParts, Mos, PoolError, RecvState, DIR_BLOCK_BYTES,
     MSTABLE_BLOCK_BYTES, SM_BLOCK_BYTES,
 };
 
@@ -229,6 +229,7 @@ pub(super) fn load_mos(
     for chunk in dir.chunks_exact(ENTRY_BYTES) {
         let e = DirEntryPhys::read_from_bytes(chunk).expect("exact size");
         let Some(name) = e.name() else { continue };
+        let what = name.clone();
         let checksum = ChecksumKind::from_u8(e.checksum)
             .ok_or_else(|| invalid(format!("volume {name}: unknown checksum")))?;
         let volblocksize = e.volblocksize.get();
@@ -276,6 +277,20 @@ pub(super) fn load_mos(
             snapshot: false,
         });
         ds.set_readonly_flag(e.flags & crate::dsl::dir::FLAG_READONLY != 0);
+        if e.recv_to_guid.get() != 0 {
+            if e.recv_offset.get() > e.volsize.get()
+                || !e.recv_offset.get().is_multiple_of(volblocksize as u64)
+            {
+                return Err(invalid(format!(
+                    "volume {what}: its interrupted receive's offset is not one it can have"
+                )));
+            }
+            *ds.recv.lock() = Some(RecvState {
+                to_guid: e.recv_to_guid.get(),
+                from_guid: e.recv_from_guid.get(),
+                offset: e.recv_offset.get(),
+            });
+        }
         datasets.push(LoadedVolume {
             ds,
             zil: ZilHeader::decode(&e.zil),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::dmu::object::{walk_from, Visit};
 use crate::dmu::IND_SHIFT;
 use crate::dsl::dataset::split_snapshot;
-use crate::dsl::stream::{Header, Writer, FLAG_INCREMENTAL};
+use crate::dsl::stream::{Header, Writer, FLAG_INCREMENTAL, FLAG_RESUMED};
 
 use super::{invalid, Dataset, Pool, PoolError};
 
@@ -42,6 +42,58 @@ impl Pool {
         &self,
         name: &str,
         from: Option<&str>,
+        out: &mut dyn std::io::Write,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<SendSummary, PoolError> {
+        self.send_from(name, from, None, out, progress)
+    }
+
+    /// Resumes an interrupted send (`zeta send -t TOKEN`): the stream of the snapshot of guid
+    /// `to_guid` (whole, or since the earlier snapshot of its volume of guid `from_guid`)
+    /// from volume byte `offset` on, flagged as resumed, which only the receive it resumes
+    /// takes. Returns the snapshot's name beside what was sent.
+    pub fn send_resumed(
+        &self,
+        to_guid: u64,
+        from_guid: u64,
+        offset: u64,
+        out: &mut dyn std::io::Write,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<(String, SendSummary), PoolError> {
+        let snaps = self.snapshots();
+        let by_guid = |g: u64| snaps.iter().find(|s| s.guid == g).map(|s| s.name.clone());
+        let name = by_guid(to_guid).ok_or_else(|| {
+            invalid(format!(
+                "pool '{}' has no snapshot of guid {to_guid:#x}, which the token names",
+                self.name
+            ))
+        })?;
+        let from = match from_guid {
+            0 => None,
+            g => Some(by_guid(g).ok_or_else(|| {
+                invalid(format!(
+                    "pool '{}' has no snapshot of guid {g:#x}, the base the token names",
+                    self.name
+                ))
+            })?),
+        };
+        let bs = self.snapshot_dataset(&name)?.volblocksize as u64;
+        if !offset.is_multiple_of(bs) {
+            return Err(invalid(format!(
+                "the token's offset {offset} is no block boundary of '{}/{name}'",
+                self.name
+            )));
+        }
+        let sent = self.send_from(&name, from.as_deref(), Some(offset), out, progress)?;
+        Ok((name, sent))
+    }
+
+    /// `send`, or with `resume` a resumed stream: its records from that volume byte on.
+    fn send_from(
+        &self,
+        name: &str,
+        from: Option<&str>,
+        resume: Option<u64>,
         out: &mut dyn std::io::Write,
         progress: &mut dyn FnMut(u64) -> bool,
     ) -> Result<SendSummary, PoolError> {
@@ -78,6 +130,16 @@ impl Pool {
         h.to_txg = f.creation_txg.into();
         h.creation_time = f.creation_time.into();
         h.set_snap_name(split_snapshot(name).map(|(_, s)| s).unwrap_or_default());
+        if let Some(resume) = resume {
+            if resume > ds.volsize() {
+                return Err(invalid(format!(
+                    "the token's offset {resume} is past the end of '{}/{name}'",
+                    self.name
+                )));
+            }
+            h.flags = (h.flags.get() | FLAG_RESUMED).into();
+            h.resume_offset = resume.into();
+        }
         h.seal();
 
         let io_err = |e: std::io::Error| invalid(format!("writing the stream: {e}"));
@@ -87,7 +149,8 @@ impl Pool {
         let dn = ds.object.dnode();
         // The next block id the records have accounted for; a gap before a block visited
         // inside a changed subtree is holes, sent as a free.
-        let mut cursor = 0u64;
+        let resume_block = resume.unwrap_or(0) / bs;
+        let mut cursor = resume_block;
         let mut failed: Option<PoolError> = None;
         let mut unwalked: Option<PoolError> = None;
         let mut data_bytes = 0u64;
@@ -105,7 +168,7 @@ impl Pool {
             // than block by block: holes are skipped, no free is sent.
             const RUN: u64 = 64;
             let mut buf = vec![0u8; (RUN * bs) as usize];
-            let mut first = 0;
+            let mut first = resume_block;
             while first < vol_blocks {
                 let n = RUN.min(vol_blocks - first);
                 let direct: Vec<Option<&mut [u8]>> = (buf[..(n * bs) as usize])
@@ -188,15 +251,21 @@ impl Pool {
                 }
                 Visit::Skip
             };
-            walk_from(&self.io, &dn, 0, &mut visit, &mut |_, level, first, e| {
-                if unwalked.is_none() {
-                    unwalked = Some(PoolError::Invalid(format!(
-                        "'{}/{name}': the blocks under level {level} from block {first} do \
+            walk_from(
+                &self.io,
+                &dn,
+                resume_block,
+                &mut visit,
+                &mut |_, level, first, e| {
+                    if unwalked.is_none() {
+                        unwalked = Some(PoolError::Invalid(format!(
+                            "'{}/{name}': the blocks under level {level} from block {first} do \
                          not read: {e}",
-                        self.name
-                    )));
-                }
-            });
+                            self.name
+                        )));
+                    }
+                },
+            );
         }
         if let Some(e) = failed.or(unwalked) {
             return Err(e);

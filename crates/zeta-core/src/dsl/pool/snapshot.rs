@@ -396,6 +396,8 @@ impl Pool {
 
     /// `snapshot` of one volume for `zeta receive`: the snapshot takes the sent one's guid,
     /// which the next incremental stream names as its base.
+    /// It ends the receive: the volume is no longer partly received from the snapshot's txg
+    /// on (`take_snapshots`).
     pub fn snapshot_received(&self, name: &str, guid: u64) -> Result<(), PoolError> {
         self.snapshot_with(&[name], Some(guid))
     }
@@ -415,6 +417,9 @@ impl Pool {
                 )));
             }
             let ds = self.dataset(vol)?;
+            if guid.is_none() && ds.receiving().is_some() {
+                return Err(PoolError::PartlyReceived(format!("{}/{vol}", self.name)));
+            }
             if pairs.iter().any(|(v, _, _): &(String, String, _)| v == vol) {
                 return Err(invalid(format!(
                     "two snapshots of volume '{vol}' at once: take them one after the other"
@@ -876,6 +881,10 @@ impl Pool {
             heads.push(self.dataset(vol)?);
         }
         for ((vol, snap, guid), ds) in pairs.iter().zip(heads) {
+            if guid.is_some() && ds.recv.lock().take().is_some() {
+                // A receive ends in this txg: its snapshot and the volume whole, together.
+                done.dir_dirty = true;
+            }
             let mut head_id = ds.dataset_id.load(Ordering::Acquire);
             if head_id == 0 {
                 head_id = table.new_id();

@@ -420,6 +420,11 @@ impl Pool {
                 if ds.readonly() {
                     e.flags |= crate::dsl::dir::FLAG_READONLY;
                 }
+                if let Some(r) = ds.receiving() {
+                    e.recv_to_guid = r.to_guid.into();
+                    e.recv_from_guid = r.from_guid.into();
+                    e.recv_offset = r.offset.into();
+                }
                 bytes.extend_from_slice(e.as_bytes());
             }
             drop(map);
