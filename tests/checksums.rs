@@ -91,7 +91,7 @@ fn volumes_of_every_algorithm_survive_a_power_cut_in_one_pool() {
     let pool = import(&cut);
     pool.verify().unwrap();
     for (i, kind) in ChecksumKind::ALL.into_iter().enumerate() {
-        assert_eq!(pool.dataset(kind.name()).unwrap().checksum, kind);
+        assert_eq!(pool.dataset(kind.name()).unwrap().checksum(), kind);
         assert!(
             read_all(&pool, kind.name()) == pattern(i as u8, VOLSIZE as usize),
             "{} reads back wrong",
@@ -123,7 +123,7 @@ fn a_pool_created_with_blake3_stores_blake3_block_pointers() {
     drop(pool);
     let pool = import(&cut);
     assert_eq!(pool.config().checksum, ChecksumKind::Blake3);
-    assert_eq!(pool.dataset("v").unwrap().checksum, ChecksumKind::Blake3);
+    assert_eq!(pool.dataset("v").unwrap().checksum(), ChecksumKind::Blake3);
     assert!(read_all(&pool, "v") == data);
     assert_all_blocks_use(&pool, "v", ChecksumKind::Blake3);
     // The pool's own metadata: the MOS objset block the newest uberblock points at.

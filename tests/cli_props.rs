@@ -104,8 +104,8 @@ fn what_cannot_be_got_or_set_is_refused_by_name() {
         ("set used=1 tank/v", "used is read-only"),
         ("set guid=1 tank/v", "guid is read-only"),
         ("set volblocksize=8K tank/v", "zeta vol create -b"),
-        ("set checksum=sha256 tank/v", "-o checksum="),
-        ("set refreservation=1M tank/v", "vol create -s"),
+        ("set checksum=crc tank/v", "give fletcher2"),
+        ("set refreservation=1M tank/v", "give auto"),
         ("set volsize=1M tank/v", "zeta vol resize -f"),
         ("set volsize=lots tank/v", "lots"),
         ("set volsize=10G tank/v", "reserves"),
@@ -116,4 +116,59 @@ fn what_cannot_be_got_or_set_is_refused_by_name() {
     // Nothing refused changed the volume.
     let v = json(&home, d, &words("get --json volsize tank/v"));
     assert_eq!(v["tank/v"]["volsize"], 32 * MB);
+}
+
+/// `checksum` and `refreservation` are settable as on a ZFS zvol: a new checksum goes to the
+/// blocks written from then on while the older ones keep theirs (every block reads back, and
+/// a scrub finds nothing), a snapshot keeps the algorithm it was taken with; a volume made
+/// sparse reserves nothing, and `auto` reserves it whole again unless the pool lacks the room.
+#[test]
+fn checksum_and_refreservation_are_set_on_a_volume() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=128M tank a")));
+    ok(&zeta(&home, d, &words("vol create tank/v 32M")));
+    std::fs::write(d.join("one"), vec![0x11u8; 2 * MB as usize]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v one")));
+    ok(&zeta(&home, d, &words("snapshot tank/v@before")));
+    let said = ok(&zeta(&home, d, &words("set checksum=sha256 tank/v")));
+    assert!(said.contains("set checksum=sha256"), "{said}");
+    let mut two = vec![0x22u8; MB as usize];
+    two.extend(vec![0x11u8; MB as usize]);
+    std::fs::write(d.join("two"), &two[..MB as usize]).unwrap();
+    ok(&zeta(&home, d, &words("vol put tank/v two")));
+    let v = json(&home, d, &words("get --json checksum tank/v tank/v@before"));
+    assert_eq!(v["tank/v"]["checksum"], "sha256");
+    assert_eq!(v["tank/v@before"]["checksum"], "fletcher4");
+    ok(&zeta(&home, d, &words("pool export tank")));
+    ok(&zeta(
+        &home,
+        d,
+        &words(&format!("pool import -d {} tank", d.display())),
+    ));
+    let v = json(&home, d, &words("get --json checksum tank/v"));
+    assert_eq!(v["tank/v"]["checksum"], "sha256", "kept on disk");
+    ok(&zeta(&home, d, &words("vol get tank/v back")));
+    assert!(std::fs::read(d.join("back")).unwrap()[..2 * MB as usize] == two[..]);
+    let out = ok(&zeta(&home, d, &words("pool scrub --wait tank")));
+    assert!(out.contains("0 errors"), "{out}");
+
+    let reserved = |home: &Path| {
+        json(home, d, &words("get --json refreservation tank/v"))["tank/v"]["refreservation"]
+            .as_u64()
+            .unwrap()
+    };
+    let full = reserved(&home);
+    assert!(full >= 32 * MB, "{full}");
+    ok(&zeta(&home, d, &words("set refreservation=none tank/v")));
+    assert_eq!(reserved(&home), 0);
+    // Its room taken by another volume, the reservation cannot come back.
+    ok(&zeta(&home, d, &words("vol create tank/w 90M")));
+    fails_with(
+        &zeta(&home, d, &words("set refreservation=auto tank/v")),
+        "reserves",
+    );
+    ok(&zeta(&home, d, &words("vol destroy -f tank/w")));
+    ok(&zeta(&home, d, &words("set refreservation=auto tank/v")));
+    assert_eq!(reserved(&home), full);
 }

@@ -234,8 +234,10 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     type            volume or snapshot (POOL/VOL@SNAP: every property read-only)\n  \
     volsize         the volume's size (settable: grows it; shrink with `zeta vol resize -f`)\n  \
     volblocksize    its block size, fixed when it is created\n  \
-    checksum        the algorithm of its blocks, fixed when it is created\n  \
-    refreservation  the raw bytes the pool keeps for it (0: sparse), set by `vol create [-s]`\n  \
+    checksum        the algorithm of its new blocks (settable: fletcher2, fletcher4, sha256,\n  \
+                    blake3; the blocks it holds keep theirs)\n  \
+    refreservation  the raw bytes the pool keeps for it (0: sparse) (settable: auto, the whole\n  \
+                    volume; none)\n  \
     readonly        on: clients' writes are refused (NBD serves it read-only); zeta receive,\n  \
                     rollback and resize still change it (settable: on, off)\n  \
     used            the bytes its blocks take on the devices (a snapshot: those it alone holds)\n  \

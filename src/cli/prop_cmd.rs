@@ -8,6 +8,7 @@ use super::args::{GetArgs, SetArgs};
 use super::vol_cmd::split_name;
 use super::{stdout_err, usage, CliError, Result};
 use crate::dsl::{Dataset, Pool};
+use zeta_math::ChecksumKind;
 use zeta_server::fmt::{human, parse_size};
 use zeta_server::state::Home;
 
@@ -62,7 +63,7 @@ fn value(p: &Pool, ds: &Dataset, prop: &str) -> Val {
         "type" => Val::Text("volume".into()),
         "volsize" => Val::Bytes(ds.volsize()),
         "volblocksize" => Val::Bytes(ds.volblocksize as u64),
-        "checksum" => Val::Text(ds.checksum.name().into()),
+        "checksum" => Val::Text(ds.checksum().name().into()),
         "refreservation" => Val::Bytes(ds.refreservation()),
         "readonly" => Val::Text(if ds.readonly() { "on" } else { "off" }.into()),
         "used" if ds.snapshot => Val::Bytes(f.unique),
@@ -202,22 +203,39 @@ pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
     match prop {
         "volsize" => {}
         "readonly" => return set_readonly(home, &a.name, pool, vol, val, out),
+        "checksum" => {
+            let kind = ChecksumKind::parse(val).ok_or_else(|| {
+                usage(format!(
+                    "checksum={val}: give fletcher2, fletcher4, sha256 or blake3"
+                ))
+            })?;
+            let p = home.open(pool)?;
+            let r = p.set_checksum(vol, kind);
+            p.close()?;
+            r?;
+            return writeln!(out, "set checksum={val} on '{}' (its new blocks)", a.name)
+                .map_err(stdout_err);
+        }
+        "refreservation" => {
+            let reserve = match val {
+                "auto" => true,
+                "none" | "0" => false,
+                _ => {
+                    return Err(usage(format!(
+                        "refreservation={val}: give auto (room for the whole volume) or none \
+                         (sparse)"
+                    )))
+                }
+            };
+            let p = home.open(pool)?;
+            let r = p.set_refreservation(vol, reserve);
+            p.close()?;
+            r?;
+            return writeln!(out, "set refreservation={val} on '{}'", a.name).map_err(stdout_err);
+        }
         "volblocksize" => {
             return Err(usage(
                 "volblocksize is fixed when a volume is created (zeta vol create -b)".to_string(),
-            ))
-        }
-        "checksum" => {
-            return Err(usage(
-                "checksum is fixed when a volume is created (zeta vol create -o checksum=)"
-                    .to_string(),
-            ))
-        }
-        "refreservation" => {
-            return Err(usage(
-                "refreservation is set when a volume is created: reserved by default, \
-                 sparse with zeta vol create -s"
-                    .to_string(),
             ))
         }
         _ if PROPERTIES.contains(&prop) => {

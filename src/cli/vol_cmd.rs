@@ -356,7 +356,7 @@ pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {
         .map(|ds| {
             json!({"name": format!("{}/{}", p.name, ds.name), "size": ds.volsize(),
                    "used": ds.object.used_bytes(), "refreservation": ds.refreservation(),
-                   "volblocksize": ds.volblocksize, "checksum": ds.checksum.name()})
+                   "volblocksize": ds.volblocksize, "checksum": ds.checksum().name()})
         })
         .collect()
 }

@@ -51,7 +51,7 @@ impl Exports for PoolExports {
                         "zeta volume, {} bytes, {} KiB blocks, {}",
                         ds.volsize(),
                         ds.volblocksize / 1024,
-                        ds.checksum.name()
+                        ds.checksum().name()
                     ),
                 });
             }

@@ -426,6 +426,12 @@ impl Object {
         self.state.lock().dnode.data_block_bytes.get() as usize
     }
 
+    /// The checksum algorithm of the blocks written from the next sync on (each block
+    /// pointer records its own, so the older blocks read as ever).
+    pub fn set_checksum(&self, kind: ChecksumKind) {
+        self.state.lock().dnode.checksum = kind as u8;
+    }
+
     pub fn set_size_bytes(&self, size: u64) {
         self.state.lock().dnode.size_bytes = size.into();
     }

@@ -384,7 +384,6 @@ pub struct Dataset {
     pub name: String,
     pub guid: u64,
     pub volblocksize: u32,
-    pub checksum: ChecksumKind,
     pub created_txg: u64,
     volsize: AtomicU64,
     /// Bytes the pool keeps free for the volume (`refreservation`), 0 for a sparse one: what
@@ -428,7 +427,6 @@ pub(super) struct DatasetParts {
     pub(super) name: String,
     pub(super) guid: u64,
     pub(super) volblocksize: u32,
-    pub(super) checksum: ChecksumKind,
     pub(super) created_txg: u64,
     pub(super) volsize: u64,
     pub(super) refreservation: u64,
@@ -446,7 +444,6 @@ impl Dataset {
             name: p.name,
             guid: p.guid,
             volblocksize: p.volblocksize,
-            checksum: p.checksum,
             created_txg: p.created_txg,
             volsize: AtomicU64::new(p.volsize),
             refreservation: AtomicU64::new(p.refreservation),
@@ -483,6 +480,11 @@ impl Dataset {
     /// Where an interrupted `zeta receive -s` of this volume stands, if one does.
     pub fn receiving(&self) -> Option<RecvState> {
         *self.recv.lock()
+    }
+
+    /// The checksum algorithm its new blocks get (`checksum`; each block records its own).
+    pub fn checksum(&self) -> ChecksumKind {
+        ChecksumKind::from_u8(self.object.dnode().checksum).expect("checked at load")
     }
 
     /// `readonly`: set, or a snapshot.
@@ -1291,7 +1293,6 @@ impl Pool {
             name: name.to_string(),
             guid: random_guid(),
             volblocksize,
-            checksum,
             created_txg: *self.txgs.open_txg.read(),
             volsize,
             refreservation,
@@ -1351,6 +1352,42 @@ impl Pool {
         let ds = self.dataset(name)?;
         ds.set_readonly_flag(on);
         self.mos.lock().dir_dirty = true;
+        self.sync_now()
+    }
+
+    /// Sets volume `name`'s `checksum` (`zfs set checksum=`): the algorithm of the blocks it
+    /// writes from now on; the blocks it holds keep theirs (each pointer names its own), and
+    /// so do its snapshots.
+    pub fn set_checksum(&self, name: &str, kind: ChecksumKind) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let ds = self.dataset(name)?;
+        ds.object.set_checksum(kind);
+        // The dnode (in the objset block) says it, whether or not the tree changes meanwhile.
+        let mut mos = self.mos.lock();
+        mos.dir_dirty = true;
+        mos.rewrite_objsets = true;
+        drop(mos);
+        self.sync_now()
+    }
+
+    /// Sets volume `name`'s `refreservation`: `reserve` keeps room for the volume written
+    /// whole (`refreservation=auto`, what `vol create` does; refused if the pool has not that
+    /// much beside the other reservations), or none (`refreservation=none`, sparse).
+    pub fn set_refreservation(&self, name: &str, reserve: bool) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let ds = self.dataset(name)?;
+        let need = match reserve {
+            true => self.reservation_for(ds.volsize(), ds.volblocksize),
+            false => 0,
+        };
+        if need > ds.refreservation() {
+            let map = self.datasets.read();
+            let full = format!("{}/{name}", self.name);
+            self.check_reservation(&full, ds.volsize(), need, Some(&ds), &map)?;
+        }
+        ds.refreservation.store(need, Ordering::Release);
+        self.mos.lock().dir_dirty = true;
+        self.refresh_reservations();
         self.sync_now()
     }
 

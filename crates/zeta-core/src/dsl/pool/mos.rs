@@ -266,7 +266,6 @@ pub(super) fn load_mos(
             name,
             guid: e.guid.get(),
             volblocksize,
-            checksum,
             created_txg: e.created_txg.get(),
             volsize: e.volsize.get(),
             refreservation: e.refreservation.get(),

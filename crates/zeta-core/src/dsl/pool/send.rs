@@ -121,7 +121,7 @@ impl Pool {
         let mut h = Header::new();
         h.volsize = ds.volsize().into();
         h.volblocksize = ds.volblocksize.into();
-        h.checksum = ds.checksum as u8;
+        h.checksum = ds.checksum() as u8;
         if let Some((_, guid)) = base {
             h.flags = FLAG_INCREMENTAL.into();
             h.from_guid = guid.into();

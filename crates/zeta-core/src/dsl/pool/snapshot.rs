@@ -743,7 +743,6 @@ impl Pool {
             name: vol.to_string(),
             guid,
             volblocksize: o.volblocksize,
-            checksum: o.checksum,
             created_txg: txg,
             volsize: o.volsize(),
             refreservation: 0,
@@ -844,7 +843,6 @@ impl Pool {
             name: head.name.clone(),
             guid: head.guid,
             volblocksize: head.volblocksize,
-            checksum: head.checksum,
             created_txg: head.created_txg,
             volsize: s.volsize.get(),
             refreservation: head.refreservation(),
@@ -856,6 +854,8 @@ impl Pool {
         });
         *new.space.lock() = *head.space.lock();
         new.set_readonly_flag(head.readonly());
+        // Properties are the volume's, not the snapshot's.
+        new.object.set_checksum(head.checksum());
         let new = Arc::new(new);
         new.object.set_keep_upto(s.creation_txg.get(), 0);
         self.datasets.write().insert(vol.to_string(), new);
@@ -1132,8 +1132,6 @@ pub(super) fn snapshot_dataset_of(
         name: name.to_string(),
         guid: p.guid.get(),
         volblocksize: dn.data_block_bytes.get(),
-        // Checked at load, or the head's own.
-        checksum: ChecksumKind::from_u8(dn.checksum).unwrap_or(ChecksumKind::Fletcher4),
         created_txg: p.creation_txg.get(),
         volsize: p.volsize.get(),
         refreservation: 0,

@@ -410,7 +410,7 @@ impl Pool {
                 e.guid = ds.guid.into();
                 e.volsize = ds.volsize().into();
                 e.volblocksize = ds.volblocksize.into();
-                e.checksum = ds.checksum as u8;
+                e.checksum = ds.checksum() as u8;
                 e.created_txg = ds.created_txg.into();
                 e.objset = *ds.objset_bp.lock();
                 e.zil = ds.log.header().encode();
