@@ -261,7 +261,7 @@ impl<R: std::io::Read> Reader<R> {
     /// Reads the header.
     pub fn new(mut input: R) -> Result<(Header, Reader<R>), StreamError> {
         let mut bytes = [0u8; HEADER_BYTES];
-        read_exact(&mut input, &mut bytes, "its header")?;
+        read_exact(&mut input, &mut bytes, || "its header")?;
         let h = Header::decode(&bytes)?;
         Ok((
             h,
@@ -281,11 +281,9 @@ impl<R: std::io::Read> Reader<R> {
             return Err(StreamError::Bad("read past the end record".into()));
         }
         let mut bytes = [0u8; RECORD_BYTES];
-        read_exact(
-            &mut self.input,
-            &mut bytes,
-            &format!("record {}", self.records),
-        )?;
+        read_exact(&mut self.input, &mut bytes, || {
+            format!("record {}", self.records)
+        })?;
         let head = RecordHead::read_from_bytes(&bytes).expect("exact size");
         let index = self.records;
         let bad = |what: String| StreamError::Bad(format!("record {index}: {what}"));
@@ -302,11 +300,9 @@ impl<R: std::io::Read> Reader<R> {
             k => return Err(bad(format!("unknown kind {k}"))),
         };
         let mut payload = vec![0u8; payload_len];
-        read_exact(
-            &mut self.input,
-            &mut payload,
-            &format!("record {index}'s payload"),
-        )?;
+        read_exact(&mut self.input, &mut payload, || {
+            format!("record {index}'s payload")
+        })?;
         if record_sum(&head, &payload, index, self.version) != head.sha256 {
             return Err(bad("fails its checksum (damaged, or out of place)".into()));
         }
@@ -339,10 +335,16 @@ impl<R: std::io::Read> Reader<R> {
     }
 }
 
-fn read_exact(r: &mut impl std::io::Read, buf: &mut [u8], what: &str) -> Result<(), StreamError> {
+/// Reads `buf` whole; `what` names the part for the error of a stream cut short (only then
+/// is it formatted: a receive reads two parts per record).
+fn read_exact<W: std::fmt::Display>(
+    r: &mut impl std::io::Read,
+    buf: &mut [u8],
+    what: impl FnOnce() -> W,
+) -> Result<(), StreamError> {
     r.read_exact(buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => {
-            StreamError::Bad(format!("the stream ends early, in {what}"))
+            StreamError::Bad(format!("the stream ends early, in {}", what()))
         }
         _ => StreamError::Io(e),
     })
