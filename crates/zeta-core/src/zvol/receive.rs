@@ -164,7 +164,7 @@ pub fn receive(
                 pool.name
             )));
         }
-        check_closed(pool, vol)?;
+        pool.check_closed(&ds)?;
         drop(ds);
         let s = apply(pool, vol, &mut reader, volsize, progress, st, true)?;
         pool.snapshot_received(&target, state.to_guid)?;
@@ -207,7 +207,7 @@ pub fn receive(
             return Err(PoolError::SnapshotExists(format!("{}/{target}", pool.name)));
         }
         // Nothing else may write it meanwhile, and what was written counts once synced.
-        check_closed(pool, vol)?;
+        pool.check_closed(&head)?;
         pool.sync_now()?;
         let written = head.figures().written;
         let base = latest.name.clone();
@@ -254,18 +254,6 @@ pub fn receive(
                 Err(e)
             }
         }
-    }
-}
-
-/// Refuses a volume something has open (a connected client, a copy in or out).
-fn check_closed(pool: &Pool, vol: &str) -> Result<(), PoolError> {
-    match pool.dataset(vol)?.handles() {
-        0 => Ok(()),
-        n => Err(bad(format!(
-            "'{}/{vol}' is open ({n} handle(s): a connected client, or a copy in or out): \
-             disconnect them first",
-            pool.name
-        ))),
     }
 }
 

@@ -492,7 +492,8 @@ impl Pool {
         self.sync_frees()
     }
 
-    fn check_closed(&self, head: &Dataset) -> Result<(), PoolError> {
+    /// Refuses a volume something has open (a connected client, a copy in or out).
+    pub fn check_closed(&self, head: &Dataset) -> Result<(), PoolError> {
         match head.handles() {
             0 => Ok(()),
             n => Err(invalid(format!(
