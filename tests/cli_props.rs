@@ -172,3 +172,108 @@ fn checksum_and_refreservation_are_set_on_a_volume() {
     ok(&zeta(&home, d, &words("set refreservation=auto tank/v")));
     assert_eq!(reserved(&home), full);
 }
+
+/// `compression` as on a ZFS zvol: chosen at `vol create -o`, changed by `zeta set` for the
+/// blocks written from then on; `logicalused` and `compressratio` say what it saved, per
+/// volume (`get`, `vol list`, `zeta list`) and per pool (`pool list`, `pool status`), in each
+/// output form; what it does not know is refused by name.
+#[test]
+fn compression_is_chosen_changed_and_its_savings_shown() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, d) = (t.path().join("home"), t.path());
+    ok(&zeta(&home, d, &words("pool create -o size=256M tank a")));
+    ok(&zeta(
+        &home,
+        d,
+        &words("vol create -o compression=zstd tank/z 32M"),
+    ));
+    ok(&zeta(&home, d, &words("vol create tank/o 32M")));
+    // Text-like: numbered lines, as a log file holds.
+    let text: String = (0..200_000)
+        .map(|i| format!("line {i} of a log\n"))
+        .collect();
+    let text = &text.as_bytes()[..3 * MB as usize];
+    std::fs::write(d.join("text"), text).unwrap();
+    for v in ["tank/z", "tank/o"] {
+        ok(&zeta(&home, d, &words(&format!("vol put {v} text"))));
+    }
+    let got = json(
+        &home,
+        d,
+        &words("get --json compression,used,logicalused,compressratio tank/z tank/o"),
+    );
+    let (z, o) = (&got["tank/z"], &got["tank/o"]);
+    assert_eq!(z["compression"], "zstd", "{got}");
+    assert_eq!(o["compression"], "off", "{got}");
+    assert_eq!(o["compressratio"], "1.00x", "{got}");
+    let zratio: f64 = z["compressratio"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches('x')
+        .parse()
+        .unwrap();
+    assert!(zratio > 3.0, "{got}");
+    assert!(z["logicalused"].as_u64().unwrap() >= 3 * MB, "{got}");
+    assert!(
+        z["used"].as_u64().unwrap() * 3 < o["used"].as_u64().unwrap(),
+        "stored in a third or less: {got}"
+    );
+    let listed = json(&home, d, &words("vol list --json tank"));
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "tank/z")
+        .unwrap();
+    assert_eq!(row["compression"], "zstd");
+    assert_eq!(row["logicalused"], z["logicalused"]);
+    assert!(row["compressratio"].as_f64().unwrap() > 3.0, "{row}");
+    let pools = json(&home, d, &words("pool list --json"));
+    let pool_ratio = pools[0]["compressratio"].as_f64().unwrap();
+    assert!(pool_ratio > 1.4 && pool_ratio < zratio, "{pools}");
+
+    // Set off: the new blocks are raw, the old still compressed; everything reads back.
+    let said = ok(&zeta(&home, d, &words("set compression=off tank/z")));
+    assert!(said.contains("set compression=off"), "{said}");
+    let random: Vec<u8> = (0..MB as usize)
+        .map(|i| ((i * 2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(d.join("more"), &random).unwrap();
+    ok(&zeta(&home, d, &words("vol put --offset 8M tank/z more")));
+    ok(&zeta(&home, d, &words("pool export tank")));
+    ok(&zeta(
+        &home,
+        d,
+        &words(&format!("pool import -d {} tank", d.display())),
+    ));
+    let now = json(
+        &home,
+        d,
+        &words("get --json compression,logicalused tank/z"),
+    );
+    assert_eq!(now["tank/z"]["compression"], "off", "kept on disk");
+    ok(&zeta(&home, d, &words("vol get tank/z back")));
+    let back = std::fs::read(d.join("back")).unwrap();
+    assert!(back[..3 * MB as usize] == text[..]);
+    assert!(back[8 * MB as usize..9 * MB as usize] == random[..]);
+    let out = ok(&zeta(&home, d, &words("pool scrub --wait tank")));
+    assert!(out.contains("0 errors"), "{out}");
+    let plain = ok(&zeta(&home, d, &words("get compressratio tank/z")));
+    assert!(
+        plain.contains("compressratio") && plain.trim_end().ends_with('x'),
+        "{plain}"
+    );
+
+    for (line, needle) in [
+        ("set compression=gzip tank/z", "bad compression 'gzip'"),
+        ("set compression=zstd-20 tank/z", "zstd-19"),
+        (
+            "vol create -o compression=lzjb tank/x 8M",
+            "bad compression 'lzjb'",
+        ),
+        ("set compressratio=2 tank/z", "compressratio is read-only"),
+        ("set logicalused=2 tank/z", "logicalused is read-only"),
+    ] {
+        fails_with(&zeta(&home, d, &words(line)), needle);
+    }
+}

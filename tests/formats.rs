@@ -24,6 +24,7 @@ const IMAGES: &[(&str, &[&str])] = &[
     ("pool-c97602d.tar.gz", &["tank", "rz"]),
     ("pool-54060d7.tar.gz", &["tank", "rz"]),
     ("pool-32235df.tar.gz", &["tank", "rz"]),
+    ("pool-f333d47.tar.gz", &["tank", "rz"]),
 ];
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:space_used`.
@@ -37,6 +38,12 @@ const BEFORE_SNAPSHOTS: usize = 5;
 
 /// How many of `IMAGES`, from the first, were made before `org.zeta:volume_flags`.
 const BEFORE_VOLUME_FLAGS: usize = 6;
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:receive_resume`.
+const BEFORE_RECEIVE_RESUME: usize = 7;
+
+/// How many of `IMAGES`, from the first, were made before `org.zeta:compression`.
+const BEFORE_COMPRESSION: usize = 8;
 
 /// The devices an image unpacked into `d` (named by one letter), as the library opens them.
 fn file_leaves(d: &Path) -> Vec<(Arc<dyn BlockDevice>, String)> {
@@ -495,7 +502,7 @@ fn a_pool_from_before_volume_flags_keeps_readonly_once_imported_read_write() {
 fn a_pool_from_before_receive_resume_keeps_a_receives_place_once_imported_read_write() {
     use zeta::spa::feature::{self, RECEIVE_RESUME};
     use zeta::zvol::receive::receive;
-    for (image, pools) in IMAGES {
+    for (image, pools) in &IMAGES[..BEFORE_RECEIVE_RESUME] {
         let t = tempfile::tempdir().unwrap();
         let d = t.path();
         unpack(image, d);
@@ -530,6 +537,82 @@ fn a_pool_from_before_receive_resume_keeps_a_receives_place_once_imported_read_w
             vol.read(0, &mut back).unwrap();
             assert!(back == pattern(), "{what}: the copy reads back wrong");
             drop(vol);
+            p.export().unwrap();
+        }
+    }
+}
+
+/// A pool from before `org.zeta:compression`: read-only it takes no `compression` setting,
+/// and its volumes' logical and stored sizes are counted from their trees (equal: nothing
+/// was compressed); imported read-write the feature is active, a volume set to lz4 stores
+/// new writes compressed, and both the old and the new blocks read back across an export and
+/// import, with the dnode's sizes equal to a recount.
+#[test]
+fn a_pool_from_before_compression_compresses_new_writes_once_imported_read_write() {
+    use zeta::dsl::PoolError;
+    use zeta::spa::feature::{self, COMPRESSION};
+    use zeta::zio::compress::Compression;
+    for (image, pools) in &IMAGES[..BEFORE_COMPRESSION] {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        unpack(image, d);
+        for pool in *pools {
+            let what = format!("{image}: {pool}");
+            let p = import_unpacked(d, pool, true, &what);
+            assert!(
+                !feature::is_active(&p.config().features, &COMPRESSION),
+                "{what}"
+            );
+            assert!(
+                matches!(
+                    p.set_compression("v", Compression::Lz4),
+                    Err(PoolError::ReadOnly(_))
+                ),
+                "{what}"
+            );
+            let sizes = p.dataset("v").unwrap().object.sizes();
+            // The pattern's blocks and the indirect blocks above them, none compressed.
+            assert!(sizes.logical >= 3 << 20, "{what}: counted at import");
+            assert_eq!(sizes.physical, sizes.logical, "{what}");
+            let before = sizes.logical;
+            p.export().unwrap();
+            drop(p);
+
+            let p = import_unpacked(d, pool, false, &what);
+            assert!(
+                feature::is_active(&p.config().features, &COMPRESSION),
+                "{what}"
+            );
+            p.set_compression("v", Compression::Lz4).unwrap();
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            // Text-like data past the old pattern: compressible, new blocks only.
+            let text: Vec<u8> = (0..1usize << 20)
+                .map(|i| b"zeta compresses this "[i % 21])
+                .collect();
+            vol.write(4 << 20, &text).unwrap();
+            vol.flush().unwrap();
+            drop(vol);
+            p.export().unwrap();
+            drop(p);
+
+            let p = import_unpacked(d, pool, false, &what);
+            let ds = p.dataset("v").unwrap();
+            assert_eq!(ds.object.compression(), Compression::Lz4, "{what}: kept");
+            let sizes = ds.object.sizes();
+            assert!(sizes.logical >= before + (1 << 20), "{what}: {sizes:?}");
+            assert!(
+                sizes.physical < sizes.logical - (1 << 19),
+                "{what}: the new megabyte is stored compressed: {sizes:?}"
+            );
+            let vol = zeta::zvol::Volume::open(&p, "v").unwrap();
+            let mut back = vec![0u8; 3 << 20];
+            vol.read(0, &mut back).unwrap();
+            assert!(back == pattern(), "{what}: the old blocks read back wrong");
+            let mut new = vec![0u8; 1 << 20];
+            vol.read(4 << 20, &mut new).unwrap();
+            assert!(new == text, "{what}: the compressed blocks read back wrong");
+            drop(vol);
+            p.verify().unwrap_or_else(|e| panic!("{what}: {e}"));
             p.export().unwrap();
         }
     }

@@ -11,6 +11,7 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use zeta::dsl::Pool;
 use zeta::vdev::mem::PowerCut;
+use zeta::zio::compress::Compression;
 use zeta::zvol::Volume;
 
 /// No background commits: a txg syncs only on flush, so the state after a power cut is exactly
@@ -25,8 +26,29 @@ fn model_opts() -> zeta::dsl::PoolOptions {
 }
 
 fn run(layout: Layout, seed: u64) {
+    run_compressed(layout, seed, Compression::Off)
+}
+
+/// The data a write carries: a ramp (compresses well), random bytes (not at all), or runs of
+/// a few bytes with random ones between (partly), so that a compressed volume stores some
+/// blocks compressed and some raw, of many stored sizes.
+fn data_for(rng: &mut rand::rngs::StdRng, len: usize) -> Vec<u8> {
+    let byte: u8 = rng.gen();
+    match rng.gen_range(0..4) {
+        0 | 1 => (0..len).map(|i| byte.wrapping_add(i as u8)).collect(),
+        2 => (0..len).map(|_| rng.gen()).collect(),
+        _ => (0..len)
+            .map(|i| if i % 97 < 60 { byte } else { rng.gen() })
+            .collect(),
+    }
+}
+
+fn run_compressed(layout: Layout, seed: u64, compression: Compression) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let ctx = format!("layout {layout:?} seed {seed}");
+    let ctx = format!(
+        "layout {layout:?} seed {seed} compression {}",
+        compression.name()
+    );
     // Wide raidz layouts keep two images per device in memory: smaller devices.
     let dev_size = if devs_for(layout) > 2 {
         64 * MB
@@ -35,9 +57,15 @@ fn run(layout: Layout, seed: u64) {
     };
     let mut devs = mem_devs(devs_for(layout), dev_size);
     let pool = Pool::create("tank", spec(layout, &devs), model_opts()).expect(&ctx);
-    let bs = [4096u32, 16384, 65536][rng.gen_range(0..3)];
+    // A compressed volume's blocks are larger than a sector, so that they can save one.
+    let sizes: &[u32] = match compression {
+        Compression::Off => &[4096, 16384, 65536],
+        _ => &[16384, 65536],
+    };
+    let bs = sizes[rng.gen_range(0..sizes.len())];
     let size = 4 * MB;
     pool.create_volume("v", size, bs, None).expect(&ctx);
+    pool.set_compression("v", compression).expect(&ctx);
     let mut pool = pool;
     let mut vol = Volume::open(&pool, "v").unwrap();
     let mut model = vec![0u8; size as usize];
@@ -47,8 +75,7 @@ fn run(layout: Layout, seed: u64) {
             0..=44 => {
                 let len = rng.gen_range(1..100_000usize);
                 let off = rng.gen_range(0..size - len as u64);
-                let byte: u8 = rng.gen();
-                let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add(i as u8)).collect();
+                let data = data_for(&mut rng, len);
                 // Half the writes go the way an NBD reader tries first, which takes short
                 // ones at once and declines the rest untouched.
                 match rng
@@ -111,6 +138,14 @@ fn run(layout: Layout, seed: u64) {
     let mut all = vec![0u8; size as usize];
     vol.read(0, &mut all).unwrap();
     assert!(all == model, "{ctx}: final image differs");
+    let sizes = pool.dataset("v").unwrap().object.sizes();
+    if compression == Compression::Off || bs as u64 <= zeta::vdev::SECTOR {
+        // A block of one sector cannot save one: stored raw, as OpenZFS does.
+        assert_eq!(sizes.logical, sizes.physical, "{ctx} bs {bs}");
+    } else {
+        // Half the writes or more compress: the tree stores less than it holds.
+        assert!(sizes.physical < sizes.logical, "{ctx} bs {bs}: {sizes:?}");
+    }
 }
 
 #[test]
@@ -152,6 +187,24 @@ fn model_raidz2_rdp() {
 #[test]
 fn model_raidz3() {
     run(Layout::Raidz3, 61);
+}
+
+#[test]
+fn model_mirror_lz4() {
+    for seed in 71..=72 {
+        run_compressed(Layout::Mirror, seed, Compression::Lz4);
+    }
+}
+
+#[test]
+fn model_raidz1_zstd() {
+    run_compressed(Layout::Raidz1, 81, Compression::Zstd(3));
+}
+
+#[test]
+fn model_stripe_zstd_levels() {
+    run_compressed(Layout::Stripe, 91, Compression::Zstd(1));
+    run_compressed(Layout::Stripe, 92, Compression::Zstd(19));
 }
 
 /// A pool on one hooked device with volume `v` of 4 MiB in blocks of `bs`, its first

@@ -236,6 +236,9 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     volblocksize    its block size, fixed when it is created\n  \
     checksum        the algorithm of its new blocks (settable: fletcher2, fletcher4, sha256,\n  \
                     blake3; the blocks it holds keep theirs)\n  \
+    compression     how its new blocks are stored (settable: off, on = lz4, lz4, zstd =\n  \
+                    zstd-3, zstd-1 … zstd-19; a block is stored compressed only where that\n  \
+                    saves a sector; the blocks it holds keep theirs)\n  \
     refreservation  the raw bytes the pool keeps for it (0: sparse) (settable: auto, the whole\n  \
                     volume; none)\n  \
     readonly        on: clients' writes are refused (NBD serves it read-only); zeta receive,\n  \
@@ -244,6 +247,10 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     referenced      the bytes its tree holds\n  \
     usedbysnapshots what its snapshots hold that it no longer does\n  \
     written         bytes written since its latest snapshot (a snapshot: since the one before)\n  \
+    logicalused     what its tree's blocks hold before compression (the blocks only its\n  \
+                    snapshots hold are not counted)\n  \
+    logicalreferenced  the same, as zfs names it for what a tree references\n  \
+    compressratio   logicalused over what those blocks store (1.00x: nothing saved)\n  \
     origin          a clone's snapshot of origin, - otherwise\n  \
     receive_resume_token  of a volume an interrupted `zeta receive -s` left partly received:\n  \
                     give it to `zeta send -t TOKEN POOL` on the sender; - otherwise\n  \
@@ -254,6 +261,7 @@ const PROPERTIES_HELP: &str = "Properties:\n  \
     zeta get -Hp volsize,used tank/vm0 tank/vm1\n  \
     zeta get written,referenced tank/vm0@monday\n  \
     zeta set volsize=20G tank/vm0\n  \
+    zeta set compression=zstd tank/vm0\n  \
     zeta set readonly=on backup/vm0";
 
 #[derive(Args, Debug, Clone)]
@@ -619,7 +627,8 @@ pub enum VolCmd {
         /// Sparse: reserve nothing; writes may then meet a full pool.
         #[arg(short = 's', long)]
         sparse: bool,
-        /// Property KEY=VALUE (checksum=fletcher2|fletcher4|sha256|blake3; default: the pool's).
+        /// Property KEY=VALUE: checksum=fletcher2|fletcher4|sha256|blake3 (default: the
+        /// pool's); compression=off|on|lz4|zstd|zstd-N (default off).
         #[arg(short = 'o', value_name = "KEY=VAL")]
         props: Vec<String>,
         /// POOL/VOL

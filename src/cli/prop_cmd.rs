@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::args::{GetArgs, SetArgs};
 use super::vol_cmd::split_name;
 use super::{stdout_err, usage, CliError, Result};
-use crate::dsl::{Dataset, Pool};
+use crate::dsl::{Compression, Dataset, Pool};
 use zeta_math::ChecksumKind;
 use zeta_server::fmt::{human, parse_size};
 use zeta_server::state::Home;
@@ -18,12 +18,16 @@ const PROPERTIES: &[&str] = &[
     "volsize",
     "volblocksize",
     "checksum",
+    "compression",
     "refreservation",
     "readonly",
     "used",
     "referenced",
     "usedbysnapshots",
     "written",
+    "logicalused",
+    "logicalreferenced",
+    "compressratio",
     "origin",
     "receive_resume_token",
     "guid",
@@ -64,6 +68,9 @@ fn value(p: &Pool, ds: &Dataset, prop: &str) -> Val {
         "volsize" => Val::Bytes(ds.volsize()),
         "volblocksize" => Val::Bytes(ds.volblocksize as u64),
         "checksum" => Val::Text(ds.checksum().name().into()),
+        "compression" => Val::Text(ds.object.compression().name()),
+        "logicalused" | "logicalreferenced" => Val::Bytes(ds.object.sizes().logical),
+        "compressratio" => Val::Text(format!("{:.2}x", ds.object.sizes().ratio())),
         "refreservation" => Val::Bytes(ds.refreservation()),
         "readonly" => Val::Text(if ds.readonly() { "on" } else { "off" }.into()),
         "used" if ds.snapshot => Val::Bytes(f.unique),
@@ -215,6 +222,19 @@ pub fn set(home: &Home, a: SetArgs, out: &mut dyn Write) -> Result<()> {
             r?;
             return writeln!(out, "set checksum={val} on '{}' (its new blocks)", a.name)
                 .map_err(stdout_err);
+        }
+        "compression" => {
+            let c = Compression::parse(val).map_err(usage)?;
+            let p = home.open(pool)?;
+            let r = p.set_compression(vol, c);
+            p.close()?;
+            r?;
+            return writeln!(
+                out,
+                "set compression={val} on '{}' (its new blocks)",
+                a.name
+            )
+            .map_err(stdout_err);
         }
         "refreservation" => {
             let reserve = match val {

@@ -205,6 +205,9 @@ pub fn dataset_rows(p: &Pool) -> Vec<Value> {
             "usedbysnapshots": f.usedbysnapshots, "referenced": f.referenced,
             "written": f.written, "volsize": ds.volsize(), "snapshots": f.snapshots,
             "createtxg": ds.created_txg, "origin": origin,
+            "compression": ds.object.compression().name(),
+            "logicalused": ds.object.sizes().logical,
+            "compressratio": super::pool_cmd::ratio(ds.object.sizes().ratio()),
         }));
         for s in p.snapshots_of(&ds.name) {
             let f = s.figures();
@@ -212,6 +215,8 @@ pub fn dataset_rows(p: &Pool) -> Vec<Value> {
                 "name": format!("{}/{}", p.name, s.name), "type": "snapshot", "used": f.unique,
                 "referenced": f.referenced, "written": f.written, "volsize": s.volsize(),
                 "createtxg": f.creation_txg, "creation": f.creation_time,
+                "logicalreferenced": s.object.sizes().logical,
+                "compressratio": super::pool_cmd::ratio(s.object.sizes().ratio()),
             }));
         }
     }

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::args::VolCmd;
 use super::guard::{check_overwrite, Writing};
 use super::{stdout_err, usage, CliError, Result};
-use crate::dsl::Pool;
+use crate::dsl::{Compression, Pool};
 use crate::math::ChecksumKind;
 use crate::zvol::Volume;
 use zeta_server::fmt::{human, parse_size};
@@ -79,8 +79,12 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
             let bs = parse_size(&block_size)?;
             let size = parse_size(&size)?;
             let mut checksum = None;
+            let mut compression = None;
             for p in &props {
                 match p.split_once('=') {
+                    Some(("compression", v)) => {
+                        compression = Some(Compression::parse(v).map_err(usage)?);
+                    }
                     Some(("checksum", v)) => {
                         checksum = Some(ChecksumKind::parse(v).ok_or_else(|| {
                             usage(format!(
@@ -91,7 +95,8 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
                     }
                     _ => {
                         return Err(usage(format!(
-                            "unknown volume property '{p}' (volume properties: checksum)"
+                            "unknown volume property '{p}' (volume properties: checksum, \
+                             compression)"
                         )))
                     }
                 }
@@ -100,7 +105,12 @@ pub fn run_to(home: &Home, cmd: VolCmd, out: &mut dyn Write, reporter: Reporter)
                 return Err(usage(format!("block size {bs} is too large")));
             }
             let p = home.open(pool)?;
-            let r = p.create_volume_with(vol, size, bs as u32, checksum, !sparse);
+            let r = p
+                .create_volume_with(vol, size, bs as u32, checksum, !sparse)
+                .and_then(|ds| match compression {
+                    Some(c) => p.set_compression(vol, c).map(|()| ds),
+                    None => Ok(ds),
+                });
             p.close()?;
             let ds = r?;
             let reserved = match ds.refreservation() {
@@ -356,7 +366,10 @@ pub fn volume_rows(p: &Pool) -> Vec<serde_json::Value> {
         .map(|ds| {
             json!({"name": format!("{}/{}", p.name, ds.name), "size": ds.volsize(),
                    "used": ds.object.used_bytes(), "refreservation": ds.refreservation(),
-                   "volblocksize": ds.volblocksize, "checksum": ds.checksum().name()})
+                   "volblocksize": ds.volblocksize, "checksum": ds.checksum().name(),
+                   "compression": ds.object.compression().name(),
+                   "logicalused": ds.object.sizes().logical,
+                   "compressratio": super::pool_cmd::ratio(ds.object.sizes().ratio())})
         })
         .collect()
 }

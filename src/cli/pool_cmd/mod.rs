@@ -132,7 +132,8 @@ fn list(home: &Home, json: bool) -> Result<()> {
                        "capacity_pct": (alloc * 100).checked_div(size).unwrap_or(0),
                        "usable_size": st["usable"]["size"], "usable_free": st["usable"]["free"],
                        "reserved": st["usable"]["reserved"], "avail": st["usable"]["avail"],
-                       "health": st["state"], "readonly": st["readonly"]})
+                       "health": st["state"], "readonly": st["readonly"],
+                       "logicalused": st["logicalused"], "compressratio": st["compressratio"]})
             }
             Err(e) => json!({"name": name, "health": "UNAVAIL", "error": e.to_string()}),
         };
@@ -376,7 +377,13 @@ fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// A `compressratio` as `--json` gives it: a number, two decimals.
+pub fn ratio(r: f64) -> f64 {
+    (r * 100.0).round() / 100.0
+}
+
 pub fn status_json(p: &Pool) -> serde_json::Value {
+    let sizes = p.block_sizes();
     let cfg = p.config();
     let s = p.space();
     let tops: Vec<_> = p
@@ -397,6 +404,7 @@ pub fn status_json(p: &Pool) -> serde_json::Value {
            "readonly": p.is_read_only(), "txg": p.synced_txg(), "checksum": cfg.checksum.name(),
            "size": s.size, "alloc": s.alloc, "free": s.free, "freeing": s.freeing,
            "fragmentation": p.fragmentation(), "usable": p.usable_space(crate::dsl::DEFAULT_VOLBLOCKSIZE), "vdevs": tops,
+           "logicalused": sizes.logical, "compressratio": ratio(sizes.ratio()),
            "volumes": p.datasets().len(), "scan": scan, "features": cfg.features,
            "lost_writes": p.io.zio.stats.lost_writes.load(std::sync::atomic::Ordering::Relaxed)})
 }

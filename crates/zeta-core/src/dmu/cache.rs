@@ -113,7 +113,7 @@ impl BlockCache {
     pub fn get(&self, bp: &BlkPtr) -> Option<Arc<Vec<u8>>> {
         let k = key(bp);
         let hit = (self.shard(&k).lock().lru.get(&k).cloned())
-            .filter(|b| b.len() == bp.psize.get() as usize);
+            .filter(|b| b.len() == bp.lsize.get() as usize);
         match hit {
             Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
             None => self.misses.fetch_add(1, Ordering::Relaxed),
@@ -253,6 +253,7 @@ mod tests {
             bp.dva[0] = Dva::new(0, i * 65536, 65536);
             bp.birth_txg = 1.into();
             bp.psize = 16384.into();
+            bp.lsize = 16384.into();
             c.insert(&bp, Arc::new(vec![0u8; 16384]));
             assert!(c.bytes() <= 16 * 65536);
         }
@@ -260,12 +261,15 @@ mod tests {
         bp.dva[0] = Dva::new(0, 999 * 65536, 65536);
         bp.birth_txg = 1.into();
         bp.psize = 16384.into();
+        bp.lsize = 16384.into();
         assert!(c.get(&bp).is_some());
         // A pointer of another size under the same key (no writer makes one) is not given
         // this block, which it would read past or short of.
         bp.psize = 65536.into();
+        bp.lsize = 65536.into();
         assert!(c.get(&bp).is_none());
         bp.psize = 16384.into();
+        bp.lsize = 16384.into();
         bp.birth_txg = 2.into();
         assert!(c.get(&bp).is_none());
     }
@@ -335,6 +339,7 @@ mod tests {
             bp.dva[0] = Dva::new(0, i * 16384, 16384);
             bp.birth_txg = txg.into();
             bp.psize = 16384.into();
+            bp.lsize = 16384.into();
             bp
         };
         for i in 0..8 {

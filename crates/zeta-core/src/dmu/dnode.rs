@@ -45,7 +45,19 @@ pub struct DnodePhys {
     /// block, as allocated (`asize`). Kept by `Object::sync` with feature
     /// `org.zeta:space_used`; zero (unknown) in pools written without it.
     pub used_bytes: U64,
-    pub reserved: [u8; 104],
+    /// How new data blocks are stored: the `compression` property (`zio::compress::
+    /// Compression::to_phys`: codec 0 off, 1 lz4, 2 zstd, and zstd's level). Zero in pools
+    /// written before feature `org.zeta:compression`: off.
+    pub compress: u8,
+    pub compress_level: u8,
+    pub reserved0: [u8; 6],
+    /// What the tree's blocks hold and what they store, each block counted once (not per
+    /// copy): the sum of their `lsize`, and of their `psize`. Their ratio is the
+    /// `compressratio`. Kept by `Object::sync` with feature `org.zeta:compression`; counted
+    /// once at the upgrade of a pool written without it.
+    pub logical_bytes: U64,
+    pub physical_bytes: U64,
+    pub reserved: [u8; 80],
     pub root: BlkPtr,
 }
 pub const DNODE_BYTES: usize = 256;
@@ -61,7 +73,12 @@ impl DnodePhys {
             data_block_bytes: data_block_bytes.into(),
             size_bytes: 0.into(),
             used_bytes: 0.into(),
-            reserved: [0; 104],
+            compress: 0,
+            compress_level: 0,
+            reserved0: [0; 6],
+            logical_bytes: 0.into(),
+            physical_bytes: 0.into(),
+            reserved: [0; 80],
             root: BlkPtr::HOLE,
         }
     }

@@ -18,6 +18,7 @@ use super::cache::BlockCache;
 use super::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
 use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
+use crate::zio::compress::Compression;
 use crate::zio::{WriteProps, Zio, ZioError};
 use zeta_math::zero::is_zero;
 use zeta_math::ChecksumKind;
@@ -51,23 +52,60 @@ impl Span {
 /// Bytes a tree takes on the devices, kept as a sync writes and frees its blocks. Saturating:
 /// the starting figure comes from disk, and a damaged one must not stop a sync (a recount,
 /// `used_recounted`, tells the truth). Beside it, the object's `Retain` as the sync goes: a
-/// copy, written back only once the sync has succeeded.
+/// copy, written back only once the sync has succeeded. `sizes` are what the tree's blocks
+/// hold and store (`DnodePhys::logical_bytes`, `physical_bytes`), kept the same way.
 struct Used {
     bytes: u64,
+    sizes: Sizes,
     retain: Retain,
 }
 
-impl Used {
-    fn add<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
-        // Every block a sync adds is born in its txg, after any snapshot.
-        let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
-        self.bytes = self.bytes.saturating_add(n);
-        self.retain.fresh = self.retain.fresh.saturating_add(n);
+/// The logical and stored bytes of blocks, each block once (`DnodePhys::logical_bytes`,
+/// `physical_bytes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sizes {
+    pub logical: u64,
+    pub physical: u64,
+}
+
+impl Sizes {
+    /// The sizes of `bps`' blocks.
+    pub fn of<'a>(bps: impl IntoIterator<Item = &'a BlkPtr>) -> Sizes {
+        let mut s = Sizes::default();
+        for bp in bps {
+            s.logical += bp.lsize.get() as u64;
+            s.physical += bp.psize.get() as u64;
+        }
+        s
     }
 
-    fn sub<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr>) {
-        let n: u64 = bps.into_iter().map(BlkPtr::asize_total).sum();
+    /// `logical / physical`, the `compressratio` (1 for no blocks).
+    pub fn ratio(&self) -> f64 {
+        match self.physical {
+            0 => 1.0,
+            p => self.logical as f64 / p as f64,
+        }
+    }
+}
+
+impl Used {
+    fn add<'a>(&mut self, bps: impl IntoIterator<Item = &'a BlkPtr, IntoIter: Clone>) {
+        // Every block a sync adds is born in its txg, after any snapshot.
+        let bps = bps.into_iter();
+        let n: u64 = bps.clone().map(BlkPtr::asize_total).sum();
+        self.bytes = self.bytes.saturating_add(n);
+        self.retain.fresh = self.retain.fresh.saturating_add(n);
+        let s = Sizes::of(bps);
+        self.sizes.logical = self.sizes.logical.saturating_add(s.logical);
+        self.sizes.physical = self.sizes.physical.saturating_add(s.physical);
+    }
+
+    fn sub(&mut self, bps: &[BlkPtr]) {
+        let n: u64 = bps.iter().map(BlkPtr::asize_total).sum();
         self.bytes = self.bytes.saturating_sub(n);
+        let s = Sizes::of(bps);
+        self.sizes.logical = self.sizes.logical.saturating_sub(s.logical);
+        self.sizes.physical = self.sizes.physical.saturating_sub(s.physical);
     }
 
     /// Lets go of blocks a sync's tree no longer reaches, in txg `txg`: out of the cache and
@@ -432,6 +470,22 @@ impl Object {
         self.state.lock().dnode.checksum = kind as u8;
     }
 
+    /// Sets how new data blocks are stored (the `compression` property); blocks written
+    /// before keep theirs.
+    pub fn set_compression(&self, c: Compression) {
+        let (codec, level) = c.to_phys();
+        let mut st = self.state.lock();
+        st.dnode.compress = codec;
+        st.dnode.compress_level = level;
+    }
+
+    /// How new data blocks are stored.
+    pub fn compression(&self) -> Compression {
+        let dn = self.dnode();
+        Compression::from_phys(dn.compress, dn.compress_level)
+            .expect("dnode compression validated at load")
+    }
+
     pub fn set_size_bytes(&self, size: u64) {
         self.state.lock().dnode.size_bytes = size.into();
     }
@@ -442,20 +496,39 @@ impl Object {
         self.state.lock().dnode.used_bytes.get()
     }
 
-    /// What `used_bytes` is, counted from the tree as it is on disk: every copy of every block
-    /// the last sync's tree reaches.
-    pub fn used_recounted(&self, io: &ObjectIo) -> Result<u64, ZioError> {
-        let mut n = 0u64;
+    /// What `used_bytes` and `sizes` are, counted from the tree as it is on disk: every copy
+    /// of every block the last sync's tree reaches.
+    pub fn used_recounted(&self, io: &ObjectIo) -> Result<(u64, Sizes), ZioError> {
+        let (mut n, mut sizes) = (0u64, Sizes::default());
         walk(io, &self.dnode(), &mut |bp, _| {
             n += bp.asize_total();
+            let s = Sizes::of([bp]);
+            sizes.logical += s.logical;
+            sizes.physical += s.physical;
             Ok(())
         })?;
-        Ok(n)
+        Ok((n, sizes))
+    }
+
+    /// The logical and stored bytes of the tree's blocks as of its last sync.
+    pub fn sizes(&self) -> Sizes {
+        let dn = self.dnode();
+        Sizes {
+            logical: dn.logical_bytes.get(),
+            physical: dn.physical_bytes.get(),
+        }
     }
 
     /// Sets `used_bytes` from a recount (a pool written before the figure was kept).
     pub fn set_used_bytes(&self, bytes: u64) {
         self.state.lock().dnode.used_bytes = bytes.into();
+    }
+
+    /// Sets `sizes` from a recount (a pool written before they were kept).
+    pub fn set_sizes(&self, s: Sizes) {
+        let mut st = self.state.lock();
+        st.dnode.logical_bytes = s.logical.into();
+        st.dnode.physical_bytes = s.physical.into();
     }
 
     /// Reads block `blkid` as of the newest write; `None` is a hole (reads as zeros).
@@ -518,7 +591,7 @@ impl Object {
                 // its hash-table misses cost a tenth of a 1 MiB read. The device holds the
                 // same verified bytes a cached copy would.
                 match buf {
-                    Some(buf) if buf.len() == bp.psize.get() as usize => {
+                    Some(buf) if buf.len() == bp.lsize.get() as usize => {
                         to_direct.push((i, bp, buf))
                     }
                     _ => match io.cache.get(&bp) {
@@ -724,6 +797,8 @@ impl Object {
             checksum: ChecksumKind::from_u8(dn.checksum).expect("dnode checksum validated at load"),
             copies: dn.copies as usize,
             class: self.class,
+            compress: Compression::from_phys(dn.compress, dn.compress_level)
+                .expect("dnode compression validated at load"),
         }
     }
 
@@ -849,6 +924,8 @@ impl Object {
             checksum,
             copies: old.copies as usize,
             class: self.class,
+            compress: Compression::from_phys(old.compress, old.compress_level)
+                .expect("dnode compression validated at load"),
         };
         let mut new = old;
         // What the tree takes on the devices, as its blocks are written and freed.
@@ -856,6 +933,10 @@ impl Object {
             let st = self.state.lock();
             Used {
                 bytes: old.used_bytes.get(),
+                sizes: Sizes {
+                    logical: old.logical_bytes.get(),
+                    physical: old.physical_bytes.get(),
+                },
                 retain: Retain {
                     keep_upto: st.retain.keep_upto,
                     fresh: st.retain.fresh,
@@ -957,6 +1038,7 @@ impl Object {
             checksum: checksum.for_metadata(),
             copies: indirect_copies(old.copies),
             class: self.class,
+            compress: Compression::Off,
         };
         // The pointer at index 0 of the level `children` holds, if it has one.
         let first = |children: &[(u64, BlkPtr)]| children.first().filter(|c| c.0 == 0).map(|c| c.1);
@@ -1082,6 +1164,8 @@ impl Object {
         st.dnode.root = new.root;
         st.dnode.nlevels = new.nlevels;
         st.dnode.used_bytes = used.bytes.into();
+        st.dnode.logical_bytes = used.sizes.logical.into();
+        st.dnode.physical_bytes = used.sizes.physical.into();
         st.retain.fresh = used.retain.fresh;
         st.retain.kept.append(&mut used.retain.kept);
         st.syncing = None;

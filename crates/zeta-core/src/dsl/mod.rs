@@ -21,6 +21,7 @@ pub use crate::spa::scan_state::ScanPhase;
 pub use crate::spa::PoolMap;
 pub use crate::vdev::file::free_bytes;
 pub use crate::vdev::{BlockDevice, FileDevice, Injection, RaidzConfig, TopKind, VdevError};
+pub use crate::zio::compress::Compression;
 pub use pool::{
     examine, examine_labels, human, labelclear, panic_text, probe, Contents, Dataset, LeafStatus,
     OpenTxg, Pool, PoolError, PoolOptions, RecvState, Suspension, TopSpec, TopStatus, UsableSpace,

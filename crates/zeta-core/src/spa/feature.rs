@@ -67,6 +67,15 @@ pub const RECEIVE_RESUME: Feature = Feature {
     read_compatible: true,
 };
 
+/// Data blocks may be stored compressed (`BlkPtr::compression`: lz4 or zstd, `zio::compress`),
+/// and dnodes keep the `compression` property and their trees' logical and stored sizes
+/// (`DnodePhys::compress`, `logical_bytes`, `physical_bytes`). A zeta that does not know it
+/// would hand compressed bytes to its readers as data, so it may not open such a pool.
+pub const COMPRESSION: Feature = Feature {
+    name: "org.zeta:compression",
+    read_compatible: false,
+};
+
 /// The features this zeta supports. Each format change adds one here (with a fixture image
 /// from before it in `tests/fixtures/`).
 pub const SUPPORTED: &[Feature] = &[
@@ -76,6 +85,7 @@ pub const SUPPORTED: &[Feature] = &[
     SNAPSHOTS,
     VOLUME_FLAGS,
     RECEIVE_RESUME,
+    COMPRESSION,
 ];
 
 /// The features a new pool starts with: every one this zeta supports, each active from the

@@ -167,7 +167,7 @@ pub(super) type Patched<'a> = (u64, &'a [Piece]);
 pub(super) fn read_spare(io: &ObjectIo, bps: &[BlkPtr]) -> Vec<Result<Vec<u8>, ZioError>> {
     let mut bufs: Vec<Vec<u8>> = bps
         .iter()
-        .map(|bp| io.cache.take_buf(bp.psize.get() as usize))
+        .map(|bp| io.cache.take_buf(bp.lsize.get() as usize))
         .collect();
     let results = io
         .zio

@@ -22,13 +22,13 @@ fn sized(bp: BlkPtr, level: u8, dn: &DnodePhys) -> Result<BlkPtr, ZioError> {
     } else {
         dn.data_block_bytes.get() as u64
     };
-    let psize = bp.psize.get() as u64;
-    if bp.is_hole() || psize == want {
+    let lsize = bp.lsize.get() as u64;
+    if bp.is_hole() || lsize == want {
         return Ok(bp);
     }
     Err(ZioError::impossible(
         &bp,
-        format!("a level-{level} block of {psize} bytes, not {want}"),
+        format!("a level-{level} block of {lsize} bytes, not {want}"),
     ))
 }
 

@@ -123,12 +123,21 @@ impl Pool {
     /// feature marked active once that txg has committed, so a crash in between leaves the
     /// pool as it was. Every other feature this zeta has is then active too (what an older
     /// pool holds means the same under it: no reservation is a zero one); `finish_import`
-    /// writes the config.
+    /// writes the config. Without `org.zeta:compression` the dnodes keep no logical and
+    /// stored sizes: counted the same way, in the same txg.
     fn upgrade_features(&self) -> Result<(), PoolError> {
-        if !feature::is_active(&self.config.lock().features, &SPACE_USED) {
+        let features = self.config.lock().features.clone();
+        let (space_used, compression) = (
+            feature::is_active(&features, &SPACE_USED),
+            feature::is_active(&features, &feature::COMPRESSION),
+        );
+        if !space_used || !compression {
             for ds in self.datasets() {
-                ds.object
-                    .set_used_bytes(ds.object.used_recounted(&self.io)?);
+                let (used, sizes) = ds.object.used_recounted(&self.io)?;
+                if !space_used {
+                    ds.object.set_used_bytes(used);
+                }
+                ds.object.set_sizes(sizes);
             }
             if !self.opts.readonly {
                 let mut mos = self.mos.lock();

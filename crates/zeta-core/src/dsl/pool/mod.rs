@@ -1370,6 +1370,37 @@ impl Pool {
         self.sync_now()
     }
 
+    /// What the volumes' trees hold before compression and what they store, summed (the
+    /// pool's `logicalused` and `compressratio`).
+    pub fn block_sizes(&self) -> crate::dmu::object::Sizes {
+        let mut total = crate::dmu::object::Sizes::default();
+        for ds in self.datasets() {
+            let s = ds.object.sizes();
+            total.logical += s.logical;
+            total.physical += s.physical;
+        }
+        total
+    }
+
+    /// Sets how volume `name` stores the data blocks written from now on (the `compression`
+    /// property); blocks written before keep theirs. Kept in the volume's dnode, committed
+    /// before this returns.
+    pub fn set_compression(
+        &self,
+        name: &str,
+        c: crate::zio::compress::Compression,
+    ) -> Result<(), PoolError> {
+        self.check_writable()?;
+        let ds = self.dataset(name)?;
+        ds.object.set_compression(c);
+        // A txg with nothing else dirty commits nothing: the directory makes it commit.
+        let mut mos = self.mos.lock();
+        mos.rewrite_objsets = true;
+        mos.dir_dirty = true;
+        drop(mos);
+        self.sync_now()
+    }
+
     /// Sets volume `name`'s `refreservation`: `reserve` keeps room for the volume written
     /// whole (`refreservation=auto`, what `vol create` does; refused if the pool has not that
     /// much beside the other reservations), or none (`refreservation=none`, sparse).
@@ -1639,8 +1670,11 @@ impl Pool {
             let origin = self.origin_figures(&ds);
             let floor = origin.map_or(0, |o| o.0);
             let (mut used, mut fresh, mut shared) = (0u64, 0u64, 0u64);
+            let mut sizes = crate::dmu::object::Sizes::default();
             walk(&self.io, &dn, &mut |bp, level| {
                 used += bp.asize_total();
+                sizes.logical += bp.lsize.get() as u64;
+                sizes.physical += bp.psize.get() as u64;
                 if bp.birth_txg.get() <= floor {
                     shared += bp.asize_total();
                 }
@@ -1659,6 +1693,14 @@ impl Pool {
                     self.name,
                     ds.name,
                     dn.used_bytes.get()
+                )));
+            }
+            if sizes != ds.object.sizes() {
+                return Err(invalid(format!(
+                    "volume '{}/{}': its dnode says its blocks hold {:?}, its tree {sizes:?}",
+                    self.name,
+                    ds.name,
+                    ds.object.sizes()
                 )));
             }
             if origin.is_some_and(|o| o.1 != shared) {

@@ -18,6 +18,8 @@ use crate::zil::{Log, ZilHeader};
 use crate::zio::{WriteProps, ZioError};
 use zeta_math::ChecksumKind;
 
+use crate::zio::compress::Compression;
+
 use super::{
     check_volsize, invalid, Dataset, DatasetParts, Mos, PoolError, RecvState, DIR_BLOCK_BYTES,
     MSTABLE_BLOCK_BYTES, SM_BLOCK_BYTES,
@@ -30,6 +32,7 @@ pub(super) fn meta_props(kind: BlockKind, checksum: ChecksumKind, class: AllocCl
         checksum: checksum.for_metadata(),
         copies: 2,
         class,
+        compress: Compression::Off,
     }
 }
 
@@ -328,6 +331,7 @@ pub(super) fn check_dnode(dn: &DnodePhys, kind: ObjectKind) -> Result<(), PoolEr
         || dn.nlevels == 0
         || dn.nlevels > 8
         || ChecksumKind::from_u8(dn.checksum).is_none()
+        || Compression::from_phys(dn.compress, dn.compress_level).is_none()
         || !is_data_block_size(dn.data_block_bytes.get())
         || !(1..=3).contains(&dn.copies)
     {
