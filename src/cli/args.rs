@@ -469,6 +469,31 @@ pub enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Show the block cache (the ARC) of a pool: hits, misses, prefetch and ghost hits, the
+    /// bytes of each list (T1 recent, T2 frequent, their ghosts B1 and B2), the target of T1,
+    /// and how much of it is kept compressed, as `arcstat` does.
+    #[command(
+        after_help = "Without INTERVAL: the counters since the pool was opened, once. With \
+                      INTERVAL (seconds): a line every INTERVAL with the hits and misses of \
+                      that interval, COUNT times (forever without COUNT). The cache is the \
+                      server's: a pool that `zeta serve` holds is asked over its control \
+                      socket; one that is not served is opened by this command, whose cache \
+                      starts empty. --json prints one object per report (per line with \
+                      INTERVAL): pool, hits, misses, prefetch_hits, ghost_hits_b1, \
+                      ghost_hits_b2, t1, t2, b1, b2 (bytes), p (T1's target), c (the \
+                      capacity now), ghost_entries, compressed_bytes, compressed_logical_bytes."
+    )]
+    Arcstat {
+        /// The pool's name.
+        pool: String,
+        /// Seconds between reports.
+        interval: Option<f64>,
+        /// Reports to print (with INTERVAL).
+        count: Option<u64>,
+        /// Print as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Scrub a pool: read every copy of every block (mirror children, raidz parity
     /// included), verify it, and repair what the redundancy allows.
     #[command(

@@ -23,6 +23,7 @@ pub fn answer(home: &Home, req: &Value, conn: &UnixStream) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         Some("iostat") => Ok(json!({"ok": true, "value": super::pool_cmd::iostat_json(&pool)})),
+        Some("arcstat") => Ok(json!({"ok": true, "value": super::pool_cmd::arcstat_json(&pool)})),
         Some("map") => Ok(json!({"ok": true, "value": pool.metaslab_map()})),
         Some("scrub") => {
             if req["stop"] == json!(true) {

@@ -42,6 +42,31 @@ pub enum BenchCmd {
                       commit their transaction (--commit-after), qemu-img's close the image."
     )]
     Snap(BenchSnapArgs),
+    /// Compression on random bytes and on a tar of /usr, at 16K and 128K blocks: each codec
+    /// inside the pipeline against the raw crate on the same blocks (single core), the ratio
+    /// against the `lz4 -1` and `zstd -3` command-line tools fed the same blocks and against
+    /// btrfs (`compress=zstd` on a loop device), and a volume's write and read MB/s with lz4
+    /// and zstd against compression off.
+    #[command(
+        after_help = "The corpus is the first --size bytes of `tar -cf - /usr` (binaries, \
+                      libraries, text: what every machine has), the random data as many bytes \
+                      from a seeded generator. The command-line tools compress every block as a \
+                      file of its own (`lz4 -1 -m`, `zstd -3`), so they see what a volume's \
+                      blocks hold. zeta's ratio counts what its blocks store, whole 4K sectors \
+                      (a block is stored compressed only where that saves a sector); the \
+                      codec's own output before that rounding is shown beside it. The volume \
+                      rows write the data in 1M chunks to a new one-file pool and commit the \
+                      txg (write MB/s), then import it again and read it back (read MB/s); as \
+                      root the page cache is dropped before each read, so the read comes from \
+                      the disk. A peer that cannot run (no lz4 or zstd tool, not root, no \
+                      btrfs-progs or compsize) is shown as skipped, with why."
+    )]
+    Compress(BenchCompressArgs),
+    /// The block cache (the ARC) against an LRU of the same size, fed the same requests for
+    /// 16K blocks: a hot set of half the cache read repeatedly while a scan of four times
+    /// the cache runs through, and a Zipf(0.9) workload; the hit ratio of each and their
+    /// ratio (median of --runs, each with its own seed).
+    Arc(BenchArcArgs),
     /// The group-commit paper's sync-write experiment: 3 volumes on a pool of 3 file vdevs,
     /// served over NBD, one client per volume with 100 random writes in flight and a flush
     /// every N writes. Per-request commits with a log per volume (the baseline) against group
@@ -242,6 +267,35 @@ pub struct BenchSnapArgs {
     pub dir: PathBuf,
     /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Print the results as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchCompressArgs {
+    /// Bytes of each data set (a whole number of MiB).
+    #[arg(long, default_value = "256M")]
+    pub size: String,
+    /// Directory for the pool files, the block files and btrfs's image (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Times each measurement is repeated; the figures are the median run.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Print the results as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArcArgs {
+    /// The size of both caches.
+    #[arg(long, default_value = "256M")]
+    pub cache: String,
+    /// Times each workload is run (with a new seed each); the figures are the median run.
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Print the results as JSON, for scripts.
     #[arg(long)]

@@ -9,6 +9,7 @@
 //! - `{"op": "sync"}` commits a txg, and the txgs that make what was freed reusable →
 //!   `{"ok": true}`
 //! - `{"op": "iostat"}` → `{"ok": true, "value": <pool iostat --json object>}`
+//! - `{"op": "arcstat"}` → `{"ok": true, "value": <pool arcstat --json object>}`
 //! - `{"op": "map"}` → `{"ok": true, "value": <pool map --json object>}`
 //! - `{"op": "volumes"}` → `{"ok": true, "value": [<vol list --json rows>]}`
 //! - `{"op": "scrub", "stop": false|true}` starts or cancels a scrub → `{"ok": true}`
@@ -147,6 +148,11 @@ pub fn remote_status(s: UnixStream, pool: &str) -> Result<Value> {
 /// Asks the server of `pool` for its `pool iostat --json` object.
 pub fn remote_iostat(s: UnixStream, pool: &str) -> Result<Value> {
     Ok(call(s, json!({"op": "iostat"}), pool)?["value"].take())
+}
+
+/// Asks the server of `pool` for its block cache's figures (`pool arcstat --json`).
+pub fn remote_arcstat(s: UnixStream, pool: &str) -> Result<Value> {
+    Ok(call(s, json!({"op": "arcstat"}), pool)?["value"].take())
 }
 
 /// Asks the server of `pool` for its metaslab map (`pool map --json`).

@@ -22,7 +22,7 @@ use zeta_core::dsl::Pool;
 /// memory needs the room.
 #[derive(clap::Args, Debug, Clone)]
 pub struct MemoryArgs {
-    /// Recently used blocks kept in memory, per pool.
+    /// Blocks kept in memory (the ARC: blocks read lately and blocks read often), per pool.
     #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub cache: String,
     /// Written data a pool holds in memory before writers wait for a txg to sync [default:

@@ -84,6 +84,12 @@ pub fn run(home: &Home, cmd: PoolCmd) -> Result<()> {
         PoolCmd::Status { pool, json } => status(home, pool.as_deref(), json),
         PoolCmd::Map { pool, output, json } => map(home, &pool, output.as_deref(), json),
         PoolCmd::Iostat { pool, json } => iostat(home, &pool, json),
+        PoolCmd::Arcstat {
+            pool,
+            interval,
+            count,
+            json,
+        } => arcstat(home, &pool, interval, count, json),
         PoolCmd::Sync { pool } => {
             match zeta_server::control::connect(home, &pool) {
                 Some(conn) => zeta_server::control::remote_sync(conn, &pool)?,
@@ -294,6 +300,163 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
         "space_used": z.space_used, "space_total": z.space_total},
         "device_writes": {"bytes": dev_bytes, "by_size": dev_sizes.iter()
             .map(|&(from, writes)| json!({"from": from, "writes": writes})).collect::<Vec<_>>()}})
+}
+
+/// The block cache's counters and lists (`zeta pool arcstat --json`).
+pub fn arcstat_json(p: &Pool) -> serde_json::Value {
+    let s = p.cache_stats();
+    let l = s.lists;
+    json!({"pool": p.name, "hits": s.hits, "misses": s.misses, "prefetch_hits": s.prefetch_hits,
+           "ghost_hits_b1": s.ghost_hits_b1, "ghost_hits_b2": s.ghost_hits_b2,
+           "t1": l.t1, "t2": l.t2, "b1": l.b1, "b2": l.b2, "p": l.p, "c": l.c,
+           "ghost_entries": s.ghost_entries, "compressed_bytes": s.compressed_bytes,
+           "compressed_logical_bytes": s.compressed_logical_bytes})
+}
+
+fn arcstat(
+    home: &Home,
+    name: &str,
+    interval: Option<f64>,
+    count: Option<u64>,
+    json: bool,
+) -> Result<()> {
+    if interval.is_some_and(|i| !(i.is_finite() && i > 0.0)) {
+        return Err(usage("INTERVAL must be a number of seconds above 0"));
+    }
+    if count.is_some() && interval.is_none() {
+        return Err(usage("COUNT needs an INTERVAL"));
+    }
+    // A served pool is asked each time; one that is not is opened once and kept open.
+    let local = match zeta_server::control::connect(home, name) {
+        Some(_) => None,
+        None => Some(home.open(name)?),
+    };
+    let sample = || -> Result<serde_json::Value> {
+        match &local {
+            Some(p) => Ok(arcstat_json(p)),
+            None => match zeta_server::control::connect(home, name) {
+                Some(conn) => zeta_server::control::remote_arcstat(conn, name),
+                None => Err(usage(format!("pool '{name}': its server went away"))),
+            },
+        }
+    };
+    let result = (|| -> Result<()> {
+        let Some(secs) = interval else {
+            let st = sample()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st).unwrap());
+            } else {
+                print_arc_report(&st);
+            }
+            return Ok(());
+        };
+        let mut last = sample()?;
+        if !json {
+            println!(
+                "{:>8} {:>8} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "hits/s",
+                "miss/s",
+                "hit%",
+                "pref/s",
+                "ghost/s",
+                "size",
+                "c",
+                "t1",
+                "t2",
+                "b1",
+                "b2"
+            );
+        }
+        let mut printed = 0;
+        while count.is_none_or(|c| printed < c) {
+            std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            let now = sample()?;
+            let d = |k: &str| {
+                now[k]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(last[k].as_u64().unwrap_or(0))
+            };
+            let (h, m) = (d("hits"), d("misses"));
+            if json {
+                let mut line = now.clone();
+                line["interval_hits"] = json!(h);
+                line["interval_misses"] = json!(m);
+                println!("{line}");
+            } else {
+                let n = |k: &str| now[k].as_u64().unwrap_or(0);
+                let rate = |x: u64| format!("{:.0}", x as f64 / secs);
+                let pct = if h + m == 0 {
+                    "-".into()
+                } else {
+                    format!("{:.0}", 100.0 * h as f64 / (h + m) as f64)
+                };
+                println!(
+                    "{:>8} {:>8} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                    rate(h),
+                    rate(m),
+                    pct,
+                    rate(d("prefetch_hits")),
+                    rate(d("ghost_hits_b1") + d("ghost_hits_b2")),
+                    human(n("t1") + n("t2")),
+                    human(n("c")),
+                    human(n("t1")),
+                    human(n("t2")),
+                    human(n("b1")),
+                    human(n("b2"))
+                );
+            }
+            last = now;
+            printed += 1;
+        }
+        Ok(())
+    })();
+    if let Some(p) = local {
+        p.close()?;
+    }
+    result
+}
+
+fn print_arc_report(st: &serde_json::Value) {
+    let n = |k: &str| st[k].as_u64().unwrap_or(0);
+    let (h, m) = (n("hits"), n("misses"));
+    let pct = if h + m == 0 {
+        0.0
+    } else {
+        100.0 * h as f64 / (h + m) as f64
+    };
+    println!(
+        "pool {}: block cache (ARC) since the pool was opened",
+        st["pool"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  hits {h}, misses {m} ({pct:.1} % hits), prefetch hits {}, ghost hits {} (B1) {} (B2)",
+        n("prefetch_hits"),
+        n("ghost_hits_b1"),
+        n("ghost_hits_b2")
+    );
+    println!(
+        "  size {} of {}: T1 {} (target {}), T2 {}; ghosts B1 {}, B2 {} ({} entries)",
+        human(n("t1") + n("t2")),
+        human(n("c")),
+        human(n("t1")),
+        human(n("p")),
+        human(n("t2")),
+        human(n("b1")),
+        human(n("b2")),
+        n("ghost_entries")
+    );
+    let (cb, cl) = (n("compressed_bytes"), n("compressed_logical_bytes"));
+    if cb > 0 {
+        println!(
+            "  kept compressed: {} holding {} ({:.2}x)",
+            human(cb),
+            human(cl),
+            cl as f64 / cb as f64
+        );
+    } else {
+        println!("  kept compressed: none");
+    }
 }
 
 fn iostat(home: &Home, name: &str, json: bool) -> Result<()> {

@@ -5,13 +5,14 @@
 //! Architecture invariant: `dmu` knows nothing of volumes, names or devices. An object is a
 //! sparse array of equal-sized blocks; what the blocks mean is its user's business.
 
+pub mod arc;
 pub mod cache;
 pub mod dnode;
 pub mod object;
 pub mod range_lock;
 pub mod write;
 
-pub use cache::BlockCache;
+pub use cache::{BlockCache, CacheStats};
 pub use dnode::{DnodePhys, ObjectKind, ObjsetPhys, IND_BLOCK_BYTES, IND_SHIFT};
 pub use object::{Dirty, Object, ObjectIo};
 pub use range_lock::RangeLocks;

@@ -188,6 +188,19 @@ impl ObjectIo {
         if let Some(b) = self.cache.get(bp) {
             return Ok(Some(b));
         }
+        if bp.compression != crate::zio::compress::BP_OFF {
+            // Kept as stored (the compressed ARC), handed out decompressed.
+            let stored = match wait {
+                Wait::Yes => self.zio.read_stored(bp)?,
+                Wait::No => match self.zio.read_stored_nowait(bp) {
+                    Some(data) => data,
+                    None => return Ok(None),
+                },
+            };
+            let data = Arc::new(Zio::decode_stored(bp, &stored)?);
+            self.cache.insert_stored(bp, Arc::new(stored), false);
+            return Ok(Some(data));
+        }
         let data = match wait {
             Wait::Yes => self.zio.read(bp)?,
             Wait::No => match self.zio.read_nowait(bp) {
@@ -562,6 +575,7 @@ impl Object {
         let (seen, dnode) = self.known(first, count);
         let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
         let mut to_cache: Vec<(usize, BlkPtr)> = Vec::new();
+        let mut to_fetch: Vec<(usize, BlkPtr)> = Vec::new();
         let mut to_direct: Vec<(usize, BlkPtr, &mut [u8])> = Vec::new();
         let mut patched: Vec<(usize, Vec<Piece>)> = Vec::new();
         let mut leaves = Leaves::new(&dnode);
@@ -596,6 +610,10 @@ impl Object {
                     }
                     _ => match io.cache.get(&bp) {
                         Some(b) => return Fetched::Data(b),
+                        // Read alone, to be cached as stored (`ObjectIo::fetch`).
+                        None if bp.compression != crate::zio::compress::BP_OFF => {
+                            to_fetch.push((i, bp))
+                        }
                         None => to_cache.push((i, bp)),
                     },
                 }
@@ -611,6 +629,9 @@ impl Object {
                 io.cache.insert(&bp, d.clone());
                 Fetched::Data(d)
             });
+        }
+        for (i, bp) in to_fetch {
+            out[i] = io.read_bp(&bp).map(Fetched::Data);
         }
         let bps: Vec<BlkPtr> = to_direct.iter().map(|m| m.1).collect();
         let (idx, bufs): (Vec<usize>, Vec<&mut [u8]>) =

@@ -10,6 +10,8 @@ pub mod dir;
 pub mod pool;
 pub mod stream;
 
+pub use crate::dmu::arc::ListSizes;
+pub use crate::dmu::CacheStats;
 /// What the layers above name when they build, import and inspect a pool, so that they reach
 /// the engine through `dsl` and `zvol` alone: the devices a pool is made of, the shape of a
 /// vdev, a leaf's injected faults, the label's view of a pool, the scan's phase, the intent

@@ -307,6 +307,32 @@ pub const MAX_RUN_BYTES: usize = 1 << 20;
 /// runs with the zio helper thread").
 const PARALLEL_READ_BYTES: usize = 512 << 10;
 
+/// A batch of at least this many bytes is compressed by the caller and the zio helper thread
+/// together (`compress_all`): lz4 runs at a few hundred MB/s a core on data that compresses,
+/// far below what a device takes, and a 64K batch is already several times the helper's
+/// wake-up.
+const PARALLEL_COMPRESS_BYTES: usize = 64 << 10;
+
+/// Each block of a batch compressed as `c` asks (`compress::compress`), on two cores where
+/// the batch is large enough.
+fn compress_all(c: Compression, blocks: &[&[u8]]) -> Vec<Option<compress::Compressed>> {
+    let bytes: usize = blocks.iter().map(|b| b.len()).sum();
+    if blocks.len() < 2 || bytes < PARALLEL_COMPRESS_BYTES {
+        return blocks.iter().map(|d| compress::compress(c, d)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let out: Vec<Mutex<Option<compress::Compressed>>> =
+        blocks.iter().map(|_| Mutex::new(None)).collect();
+    helper::share(&|| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(d) = blocks.get(i) else {
+            return;
+        };
+        *out[i].lock() = compress::compress(c, d);
+    });
+    out.into_iter().map(Mutex::into_inner).collect()
+}
+
 /// The copies of `bps`, first copies first, each in the blocks' order: the order in which a
 /// batch allocated them, so adjacent ones come together.
 fn copies_in_order<'a>(
@@ -522,7 +548,7 @@ impl Zio {
         // does not save a sector is stored as it is.
         let compressed: Vec<Option<compress::Compressed>> = match props.compress {
             Compression::Off => Vec::new(),
-            c => blocks.iter().map(|d| compress::compress(c, d)).collect(),
+            c => compress_all(c, blocks),
         };
         let packed = |i: usize| compressed.get(i).and_then(Option::as_ref);
         let logical = blocks;
@@ -841,9 +867,14 @@ impl Zio {
     /// `TopVdev::read_nowait`) and verifies; `None` if not. Nothing is counted or repaired
     /// then: the caller reads the block with `read`, which waits, heals and counts.
     pub fn read_nowait(&self, bp: &BlkPtr) -> Option<Vec<u8>> {
+        decode(bp, self.read_stored_nowait(bp)?).ok()
+    }
+
+    /// `read_nowait` without the decompression: the verified stored bytes.
+    pub fn read_stored_nowait(&self, bp: &BlkPtr) -> Option<Vec<u8>> {
         let first = self.first_copy_nowait(bp)?;
         if !bp.is_gang() {
-            return decode(bp, first).ok();
+            return Some(first);
         }
         // A gang block is at once only if its header and every piece are.
         let pieces = gang::parse(bp, &first).ok()?;
@@ -852,7 +883,7 @@ impl Zio {
             whole.extend_from_slice(&self.first_copy_nowait(piece)?);
         }
         whole_checks(bp, &whole).then_some(())?;
-        decode(bp, whole).ok()
+        Some(whole)
     }
 
     /// The verified first copy of `bp` (a gang block's: its header), if it can be had at once.
@@ -872,6 +903,19 @@ impl Zio {
     /// callers handle holes before calling; this asserts it.
     pub fn read(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
         decode(bp, self.read_from(bp, None)?)
+    }
+
+    /// `read` without the decompression: the verified stored bytes (what the block cache
+    /// keeps of a compressed block), healed as `read` heals them.
+    pub fn read_stored(&self, bp: &BlkPtr) -> Result<Vec<u8>, ZioError> {
+        self.read_from(bp, None)
+    }
+
+    /// The logical bytes of a block from its verified stored bytes (`read_stored`'s).
+    pub fn decode_stored(bp: &BlkPtr, stored: &[u8]) -> Result<Vec<u8>, ZioError> {
+        let mut out = vec![0u8; bp.lsize.get() as usize];
+        decode_into(bp, stored, &mut out)?;
+        Ok(out)
     }
 
     /// `read` of a block that may never have been written whole, and where that is no

@@ -455,6 +455,11 @@ impl Pool {
         self.io.cache.bytes()
     }
 
+    /// The block cache's counters and lists (`zeta pool arcstat`).
+    pub fn cache_stats(&self) -> crate::dmu::CacheStats {
+        self.io.cache.stats()
+    }
+
     /// Lets the block cache hold only `bytes` (at most its configured size) for now: a
     /// process short of memory lowers it, and raises it again as memory comes back.
     pub fn set_cache_limit(&self, bytes: u64) {
