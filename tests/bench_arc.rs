@@ -11,7 +11,11 @@ fn bench_arc_keeps_a_hot_set_through_a_scan_that_an_lru_loses() {
         .args(["bench", "arc", "--cache", "16M", "--runs", "1", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["cache_bytes"], 16 << 20);
     let rows = v["rows"].as_array().unwrap();

@@ -84,6 +84,43 @@ fn arcstat_shows_the_served_pools_cache_filling_and_hitting() {
         assert!(v["interval_hits"].is_u64() && v["t1"].is_u64(), "{v}");
     }
     assert_eq!(json_lines.lines().count(), 2);
+
+    // A client reading on in order is read ahead of.
+    let mut c = Client::open(addr, "tank/v");
+    for off in (0..1u64 << 20).step_by(4096) {
+        c.read(off, 4096).unwrap();
+    }
+    drop(c);
+    let mut read_ahead = stat();
+    for _ in 0..50 {
+        if n(&read_ahead, "prefetch_blocks") > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        read_ahead = stat();
+    }
+    assert_eq!(read_ahead["prefetch"], true);
+    assert!(n(&read_ahead, "prefetch_asked") > 0, "{read_ahead}");
+    assert!(n(&read_ahead, "prefetch_blocks") > 0, "{read_ahead}");
+    let text_out = ok(&zeta(&home, d, &words("pool arcstat tank")));
+    assert!(text_out.contains("blocks read ahead"), "{text_out}");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // --no-prefetch: the same reads are not.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zeta"));
+    cmd.args(["serve", "--no-prefetch", "--listen", "127.0.0.1:0", "tank"])
+        .env("ZETA_HOME", &home)
+        .current_dir(d);
+    let (mut server, addr, _) = spawn_server(cmd);
+    let mut c = Client::open(addr, "tank/v");
+    for off in (0..1u64 << 20).step_by(4096) {
+        c.read(off, 4096).unwrap();
+    }
+    drop(c);
+    let off = stat();
+    assert_eq!(off["prefetch"], false, "{off}");
+    assert_eq!(n(&off, "prefetch_asked"), 0, "{off}");
     let _ = server.kill();
     let _ = server.wait();
 }

@@ -67,6 +67,10 @@ pub enum BenchCmd {
     /// the cache runs through, and a Zipf(0.9) workload; the hit ratio of each and their
     /// ratio (median of --runs, each with its own seed).
     Arc(BenchArcArgs),
+    /// Sequential reads, one at a time, of a volume read cold (pool just imported, its file
+    /// out of the page cache) in 4K, 16K and 128K requests, with prefetch off and on, beside
+    /// the same reads of a raw file (the kernel's read-ahead): MB/s, on/off and on/raw.
+    Prefetch(BenchPrefetchArgs),
     /// The group-commit paper's sync-write experiment: 3 volumes on a pool of 3 file vdevs,
     /// served over NBD, one client per volume with 100 random writes in flight and a flush
     /// every N writes. Per-request commits with a log per volume (the baseline) against group
@@ -279,6 +283,22 @@ pub struct BenchCompressArgs {
     #[arg(long, default_value = "256M")]
     pub size: String,
     /// Directory for the pool files, the block files and btrfs's image (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Times each measurement is repeated; the figures are the median run.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Print the results as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchPrefetchArgs {
+    /// The size of the volume and of the raw file.
+    #[arg(long, default_value = "256M")]
+    pub size: String,
+    /// Directory for the pool's file and the raw file (on the disk to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// Times each measurement is repeated; the figures are the median run.

@@ -9,6 +9,7 @@ pub mod compress;
 pub mod frag;
 pub mod load;
 pub mod parity;
+pub mod prefetch;
 pub mod raidz;
 pub mod scrub;
 pub mod snap;
@@ -27,6 +28,7 @@ pub fn run(cmd: BenchCmd) -> zeta_server::Result<()> {
         BenchCmd::Snap(a) => snap::snap_bench(a),
         BenchCmd::Compress(a) => compress::compress_bench(a),
         BenchCmd::Arc(a) => arc::arc_bench(a),
+        BenchCmd::Prefetch(a) => prefetch::prefetch_bench(a),
         BenchCmd::Checksum(a) => checksum::checksum(a),
         BenchCmd::Sync(a) => sync::sync_bench(a),
         BenchCmd::Frag(a) => frag::frag_bench(a),

@@ -31,6 +31,10 @@ pub struct MemoryArgs {
     /// once for more of the data blocks under it.
     #[arg(long, value_name = "SIZE")]
     pub dirty_max: Option<String>,
+    /// Do not read ahead of sequential readers (prefetch fills the cache with up to 8M per
+    /// stream, at most an eighth of --cache, before the reader asks).
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 /// Parsed `MemoryArgs`.
@@ -38,6 +42,7 @@ pub struct MemoryArgs {
 pub struct Limits {
     pub cache: u64,
     pub dirty_max: u64,
+    pub prefetch: bool,
 }
 
 impl Limits {
@@ -53,12 +58,17 @@ impl Limits {
         if dirty_max < 1 << 20 {
             return Err(usage("--dirty-max must be at least 1M"));
         }
-        Ok(Limits { cache, dirty_max })
+        Ok(Limits {
+            cache,
+            dirty_max,
+            prefetch: !args.no_prefetch,
+        })
     }
 
     /// Gives `pool` these limits.
     pub fn apply(&self, pool: &Pool) {
         pool.set_memory_limits(self.cache, self.dirty_max);
+        pool.set_prefetch(self.prefetch);
     }
 }
 
@@ -341,18 +351,21 @@ mod tests {
         let args = |c: &str, d: &str| MemoryArgs {
             cache: c.into(),
             dirty_max: Some(d.into()),
+            no_prefetch: false,
         };
         let l = Limits::parse(&args("1G", "64M")).unwrap();
-        assert_eq!((l.cache, l.dirty_max), (1 << 30, 64 * M));
+        assert_eq!((l.cache, l.dirty_max, l.prefetch), (1 << 30, 64 * M, true));
         assert!(Limits::parse(&args("512K", "64M")).is_err());
         assert!(Limits::parse(&args("1G", "0")).is_err());
         assert!(Limits::parse(&args("lots", "64M")).is_err());
         let unset = MemoryArgs {
             cache: "1G".into(),
             dirty_max: None,
+            no_prefetch: true,
         };
         let l = Limits::parse(&unset).unwrap();
         assert_eq!(l.dirty_max, default_dirty_max(memory_size()));
+        assert!(!l.prefetch);
     }
 
     #[test]

@@ -306,7 +306,10 @@ pub fn iostat_json(p: &Pool) -> serde_json::Value {
 pub fn arcstat_json(p: &Pool) -> serde_json::Value {
     let s = p.cache_stats();
     let l = s.lists;
+    let f = p.prefetch_stats();
     json!({"pool": p.name, "hits": s.hits, "misses": s.misses, "prefetch_hits": s.prefetch_hits,
+           "prefetch": p.prefetch_enabled(), "prefetch_asked": f.asked,
+           "prefetch_dropped": f.dropped, "prefetch_blocks": f.blocks,
            "ghost_hits_b1": s.ghost_hits_b1, "ghost_hits_b2": s.ghost_hits_b2,
            "t1": l.t1, "t2": l.t2, "b1": l.b1, "b2": l.b2, "p": l.p, "c": l.c,
            "ghost_entries": s.ghost_entries, "compressed_bytes": s.compressed_bytes,
@@ -435,6 +438,16 @@ fn print_arc_report(st: &serde_json::Value) {
         n("ghost_hits_b1"),
         n("ghost_hits_b2")
     );
+    if st["prefetch"].as_bool().unwrap_or(false) {
+        println!(
+            "  prefetch: {} blocks read ahead in {} stretches ({} dropped, the queue full)",
+            n("prefetch_blocks"),
+            n("prefetch_asked"),
+            n("prefetch_dropped")
+        );
+    } else {
+        println!("  prefetch: off");
+    }
     println!(
         "  size {} of {}: T1 {} (target {}), T2 {}; ghosts B1 {}, B2 {} ({} entries)",
         human(n("t1") + n("t2")),

@@ -17,7 +17,8 @@
 //!
 //! A block read ahead (prefetch) goes into `T1` marked so; its first demand hit clears the
 //! mark and leaves it in `T1` rather than promote it (OpenZFS does the same: a prefetch and
-//! the read it served are one use, not two). Prefetches do not move `p`.
+//! the read it served are one use, not two). Prefetches do not move `p`. A sequential
+//! reader's reads within one block are one use too (`get_again`).
 
 use std::hash::Hash;
 
@@ -107,6 +108,17 @@ impl<K: Hash + Eq + Clone, V> Lists<K, V> {
             return self.t2.peek(k).map(|r| (&r.value, Hit::Demand));
         }
         self.t2.get(k).map(|r| (&r.value, Hit::Demand))
+    }
+
+    /// `get` for a use that is not a new one: a sequential reader's next read in the block
+    /// its last read ended in (4K reads of 16K blocks touch each block four times in a row).
+    /// A block in `T1` moves to the front of `T1`, not to `T2`, so a scan in short reads
+    /// stays a scan, as OpenZFS counts hits within `ARC_MINTIME` of the first as one use.
+    pub fn get_again(&mut self, k: &K) -> Option<(&V, Hit)> {
+        if self.t1.peek(k).is_some_and(|r| !r.prefetched) {
+            return self.t1.get(k).map(|r| (&r.value, Hit::Demand));
+        }
+        self.get(k)
     }
 
     /// Whether `k` is resident, without touching the order.
@@ -248,6 +260,18 @@ impl<K: Hash + Eq + Clone, V> Lists<K, V> {
             }
             evicted.push(r.value);
         }
+    }
+
+    /// Takes `k` out if it was read ahead and never used: its one use is now, by a reader
+    /// that keeps no copy (a streaming read), so it leaves no ghost either. `None` (and
+    /// nothing changed) for any other key.
+    pub fn take_prefetched(&mut self, k: &K) -> Option<V> {
+        if !self.t1.peek(k).is_some_and(|r| r.prefetched) {
+            return None;
+        }
+        let r = self.t1.pop(k).expect("just found");
+        self.sizes.t1 -= r.bytes;
+        Some(r.value)
     }
 
     /// Drops `k` from every list: a block no reader will ask for again (replaced by a sync),
@@ -551,6 +575,29 @@ mod tests {
         );
         assert!(lru * 2 <= hot_reads, "LRU: {lru} of {hot_reads}");
         assert!(arc_hits * 2 >= lru * 3);
+    }
+
+    #[test]
+    fn a_use_again_keeps_a_block_in_its_list_and_moves_it_to_the_front() {
+        let mut arc: Lists<u64, u64> = Lists::new(8);
+        let mut ev = Vec::new();
+        for x in 1..=3 {
+            arc.insert(x, x, 1, false, &mut ev);
+        }
+        assert_eq!(arc.get_again(&1).map(|h| h.1), Some(Hit::Demand));
+        assert_eq!(arc.get_again(&1).map(|h| h.1), Some(Hit::Demand));
+        // Still in T1, now its most recent: T1's order is most recent first.
+        assert_eq!(arc.resident_keys(), (vec![1, 3, 2], vec![]));
+        // A block read ahead: its first use is the read it was read ahead for.
+        arc.insert(4, 4, 1, true, &mut ev);
+        assert_eq!(arc.get_again(&4).map(|h| h.1), Some(Hit::Prefetched));
+        assert_eq!(arc.get_again(&4).map(|h| h.1), Some(Hit::Demand));
+        assert_eq!(arc.resident_keys().1, Vec::<u64>::new());
+        // A real second use still promotes, and a use again of a T2 block keeps it there.
+        assert!(arc.get(&2).is_some());
+        assert!(arc.get_again(&2).is_some());
+        assert_eq!(arc.resident_keys().1, vec![2]);
+        assert!(arc.get_again(&99).is_none());
     }
 
     #[test]

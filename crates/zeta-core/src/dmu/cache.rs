@@ -19,10 +19,12 @@
 //! nodes and hash slots); ghosts are at most the cache's size in blocks twice over, so at
 //! least 4K a block that is under 5 % of `--cache`, at 16K blocks about 1 %.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::arc::{Ghost, Hit, ListSizes, Lists};
 use crate::spa::BlkPtr;
@@ -36,6 +38,10 @@ const SHARDS: usize = 16;
 const SPARE_MAX_BYTES: usize = 8 << 20;
 
 type Key = (u32, u64, u64);
+
+/// The longest a reader waits for a block being read ahead (`wait_read_ahead`) before it
+/// reads the block itself: a stalled device holds up one reader, not every reader after it.
+const READ_AHEAD_WAIT: Duration = Duration::from_secs(1);
 
 /// A cached block: its logical bytes, or (`stored`) its compressed bytes as on disk.
 #[derive(Clone)]
@@ -125,6 +131,42 @@ pub struct BlockCache {
     prefetch_hits: AtomicU64,
     ghost_hits_b1: AtomicU64,
     ghost_hits_b2: AtomicU64,
+    /// Blocks being read ahead now (`reading_ahead`), and the wake-up of their waiters.
+    in_flight: Mutex<HashSet<Key>>,
+    landed: Condvar,
+}
+
+/// Blocks marked as being read ahead (`BlockCache::reading_ahead`) until this is dropped.
+pub struct ReadingAhead<'a> {
+    cache: &'a BlockCache,
+    keys: Vec<Key>,
+}
+
+impl ReadingAhead<'_> {
+    /// No longer marks the blocks `bps` point at (they are not to be read after all), and
+    /// wakes whoever waits for them.
+    pub fn release<'b>(&mut self, bps: impl IntoIterator<Item = &'b BlkPtr>) {
+        let gone: HashSet<Key> = bps.into_iter().map(key).collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.keys.retain(|k| !gone.contains(k));
+        let mut in_flight = self.cache.in_flight.lock();
+        for k in &gone {
+            in_flight.remove(k);
+        }
+        self.cache.landed.notify_all();
+    }
+}
+
+impl Drop for ReadingAhead<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.cache.in_flight.lock();
+        for k in &self.keys {
+            in_flight.remove(k);
+        }
+        self.cache.landed.notify_all();
+    }
 }
 
 fn key(bp: &BlkPtr) -> Key {
@@ -156,6 +198,31 @@ impl BlockCache {
             prefetch_hits: AtomicU64::new(0),
             ghost_hits_b1: AtomicU64::new(0),
             ghost_hits_b2: AtomicU64::new(0),
+            in_flight: Mutex::new(HashSet::new()),
+            landed: Condvar::new(),
+        }
+    }
+
+    /// Marks the blocks `bps` point at as being read ahead until the guard returned is
+    /// dropped (after they are inserted): a reader that needs one meanwhile waits for it
+    /// (`wait_read_ahead`) rather than read it a second time, as a demand read in OpenZFS
+    /// waits on the prefetch I/O it finds in flight.
+    pub fn reading_ahead(&self, bps: &[BlkPtr]) -> ReadingAhead<'_> {
+        let keys: Vec<Key> = bps.iter().map(key).collect();
+        self.in_flight.lock().extend(keys.iter().copied());
+        ReadingAhead { cache: self, keys }
+    }
+
+    /// Waits while the block `bp` points at is being read ahead (at most `READ_AHEAD_WAIT`),
+    /// so that a `get` after it finds the block. Returns at once for any other block.
+    pub fn wait_read_ahead(&self, bp: &BlkPtr) {
+        let k = key(bp);
+        let deadline = Instant::now() + READ_AHEAD_WAIT;
+        let mut in_flight = self.in_flight.lock();
+        while in_flight.contains(&k) {
+            if self.landed.wait_until(&mut in_flight, deadline).timed_out() {
+                return;
+            }
         }
     }
 
@@ -174,15 +241,42 @@ impl BlockCache {
     /// (crafted, or damaged behind a valid checksum) names the address and birth txg of
     /// another block, and its block is read, and checked, from the device instead.
     pub fn get(&self, bp: &BlkPtr) -> Option<Arc<Vec<u8>>> {
+        self.lookup(bp, false)
+    }
+
+    /// `get` for a sequential reader's read in the block its last read ended in: not a new
+    /// use of the block (`Lists::get_again`).
+    pub fn get_again(&self, bp: &BlkPtr) -> Option<Arc<Vec<u8>>> {
+        self.lookup(bp, true)
+    }
+
+    fn lookup(&self, bp: &BlkPtr, again: bool) -> Option<Arc<Vec<u8>>> {
         let k = key(bp);
         let found = {
             let mut s = self.shard(&k).lock();
-            s.arc.get(&k).map(|(e, hit)| (e.clone(), hit))
+            let hit = if again {
+                s.arc.get_again(&k)
+            } else {
+                s.arc.get(&k)
+            };
+            hit.map(|(e, hit)| (e.clone(), hit))
         };
-        let Some((e, hit)) = found.filter(|(e, _)| e.fits(bp)) else {
+        match found {
+            Some((e, hit)) => self.hand_out(bp, e, hit == Hit::Prefetched),
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// The logical bytes of an entry found for `bp`, decompressed if kept as stored, counted
+    /// as a hit (and a prefetch hit if `prefetched`); a miss if it is not `bp`'s block.
+    fn hand_out(&self, bp: &BlkPtr, e: Entry, prefetched: bool) -> Option<Arc<Vec<u8>>> {
+        if !e.fits(bp) {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
-        };
+        }
         let data = if e.stored {
             let mut out = self.take_buf(e.lsize as usize);
             // The stored bytes verified when they were read; a failure here is a bug, and the
@@ -196,10 +290,29 @@ impl BlockCache {
             e.data
         };
         self.hits.fetch_add(1, Ordering::Relaxed);
-        if hit == Hit::Prefetched {
+        if prefetched {
             self.prefetch_hits.fetch_add(1, Ordering::Relaxed);
         }
         Some(data)
+    }
+
+    /// `get` for a reader that keeps no copy (a streaming read): a block read ahead for it
+    /// and not used yet is taken out of the cache as it is handed over, so a stream's reads
+    /// ahead do not stay to crowd out what other readers use.
+    pub fn take_prefetched(&self, bp: &BlkPtr) -> Option<Arc<Vec<u8>>> {
+        let k = key(bp);
+        let taken = {
+            let mut s = self.shard(&k).lock();
+            let e = s.arc.take_prefetched(&k);
+            if let Some(e) = &e {
+                s.account(e, false);
+            }
+            e
+        };
+        match taken {
+            Some(e) => self.hand_out(bp, e, true),
+            None => self.get(bp),
+        }
     }
 
     /// Whether the block `bp` points at is cached (its order untouched, nothing counted).
@@ -313,6 +426,19 @@ impl BlockCache {
     /// docs/perf/memory.md, "Why spare buffers are at most an eighth of the cache").
     fn spare_max(&self) -> usize {
         (self.capacity_bytes.load(Ordering::Relaxed) / 8).min(SPARE_MAX_BYTES as u64) as usize
+    }
+
+    /// Keeps a block's buffer that its reader is done with for the next read (`take_buf`),
+    /// if no one else holds it (the cache's own blocks stay where they are).
+    pub fn give_back(&self, data: Arc<Vec<u8>>) {
+        if let Ok(b) = Arc::try_unwrap(data) {
+            let max = self.spare_max();
+            let mut spares = self.spares.lock();
+            if spares.bytes + b.len() <= max {
+                spares.bytes += b.len();
+                spares.bufs.push(b);
+            }
+        }
     }
 
     /// A buffer of `len` bytes for a block about to be read into it: an evicted block's,
@@ -565,6 +691,34 @@ mod tests {
         let st = c.stats();
         assert_eq!((st.hits, st.prefetch_hits), (2, 1));
         assert_eq!(st.lists.t2, 16384, "the second use promoted it");
+    }
+
+    #[test]
+    fn a_streaming_reader_takes_a_read_ahead_block_out_and_leaves_others() {
+        let c = BlockCache::new(SHARDS as u64 * 65536);
+        let bp = |i: u64| {
+            let mut bp = BlkPtr::HOLE;
+            bp.dva[0] = Dva::new(0, i << 20, 16384);
+            bp.birth_txg = 3.into();
+            bp.lsize = 16384.into();
+            bp.psize = 16384.into();
+            bp
+        };
+        c.insert_prefetched(&bp(1), Arc::new(vec![7; 16384]));
+        c.insert(&bp(2), Arc::new(vec![8; 16384]));
+        assert_eq!(c.take_prefetched(&bp(1)).unwrap()[0], 7);
+        assert!(!c.contains(&bp(1)), "taken out");
+        // A block a demand read cached stays for the next reader.
+        assert_eq!(c.take_prefetched(&bp(2)).unwrap()[0], 8);
+        assert!(c.contains(&bp(2)));
+        assert!(c.take_prefetched(&bp(3)).is_none());
+        let st = c.stats();
+        assert_eq!((st.hits, st.misses, st.prefetch_hits), (2, 1, 1));
+        assert_eq!(
+            (st.lists.t1, st.lists.b1),
+            (0, 0),
+            "no ghost of the taken block"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod dnode;
 pub mod object;
 pub mod range_lock;
 pub mod write;
+pub mod zfetch;
 
 pub use cache::{BlockCache, CacheStats};
 pub use dnode::{DnodePhys, ObjectKind, ObjsetPhys, IND_BLOCK_BYTES, IND_SHIFT};

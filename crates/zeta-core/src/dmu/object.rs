@@ -16,6 +16,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use super::cache::BlockCache;
 use super::dnode::{DnodePhys, IND_BLOCK_BYTES, IND_SHIFT};
+use super::zfetch::Zfetch;
 use crate::spa::bp::BP_BYTES;
 use crate::spa::{AllocClass, BlkPtr, BlockKind};
 use crate::zio::compress::Compression;
@@ -185,7 +186,22 @@ impl ObjectIo {
     /// A verified block, from the cache or else read and cached; with `Wait::No`, `None`
     /// where the read would have to wait for a device.
     fn fetch(&self, bp: &BlkPtr, wait: Wait) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
-        if let Some(b) = self.cache.get(bp) {
+        self.fetch_as(bp, wait, false)
+    }
+
+    /// `fetch`; with `again`, a hit is not a new use of the block (`BlockCache::get_again`).
+    fn fetch_as(
+        &self,
+        bp: &BlkPtr,
+        wait: Wait,
+        again: bool,
+    ) -> Result<Option<Arc<Vec<u8>>>, ZioError> {
+        let cached = if again {
+            self.cache.get_again(bp)
+        } else {
+            self.cache.get(bp)
+        };
+        if let Some(b) = cached {
             return Ok(Some(b));
         }
         if bp.compression != crate::zio::compress::BP_OFF {
@@ -217,6 +233,18 @@ impl ObjectIo {
         self.fetch(bp, Wait::Yes)
             .map(|b| b.expect("a waiting read answers"))
     }
+}
+
+/// What the stream watcher (`zfetch`) knows of a read, for `Object::read_blocks_streamed`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stream {
+    /// The read continues a stream read ahead of: a block with a buffer in `direct` is
+    /// looked for in the cache first (waiting for it if it is being read ahead), and taken
+    /// out as it is used (`BlockCache::take_prefetched`).
+    pub read_ahead: bool,
+    /// Its first block is the one the stream's last read ended in: a hit on it is not a new
+    /// use (`BlockCache::get_again`).
+    pub first_again: bool,
 }
 
 /// What the dirty maps tell `read_blocks` of a block.
@@ -410,6 +438,8 @@ pub struct Object {
     data_kind: BlockKind,
     class: AllocClass,
     state: Mutex<State>,
+    /// Its demand reads' streams, for reading ahead (`dmu::zfetch`).
+    pub zfetch: Zfetch,
 }
 
 /// Copies of an indirect block of an object whose data has `copies`: one more than the
@@ -441,6 +471,7 @@ impl Object {
                 forged: Vec::new(),
                 retain: Retain::default(),
             }),
+            zfetch: Zfetch::new(),
         }
     }
 
@@ -571,6 +602,18 @@ impl Object {
         first: u64,
         direct: Vec<Option<&mut [u8]>>,
     ) -> Vec<Result<Fetched, ZioError>> {
+        self.read_blocks_streamed(io, first, direct, Stream::default())
+    }
+
+    /// `read_blocks` for a read a stream watcher (`zfetch`) has seen, as `stream` says.
+    pub fn read_blocks_streamed(
+        &self,
+        io: &ObjectIo,
+        first: u64,
+        direct: Vec<Option<&mut [u8]>>,
+        stream: Stream,
+    ) -> Vec<Result<Fetched, ZioError>> {
+        let streamed = stream.read_ahead;
         let count = direct.len() as u64;
         let (seen, dnode) = self.known(first, count);
         let mut out: Vec<Result<Fetched, ZioError>> = Vec::with_capacity(count as usize);
@@ -606,16 +649,33 @@ impl Object {
                 // same verified bytes a cached copy would.
                 match buf {
                     Some(buf) if buf.len() == bp.lsize.get() as usize => {
-                        to_direct.push((i, bp, buf))
-                    }
-                    _ => match io.cache.get(&bp) {
-                        Some(b) => return Fetched::Data(b),
-                        // Read alone, to be cached as stored (`ObjectIo::fetch`).
-                        None if bp.compression != crate::zio::compress::BP_OFF => {
-                            to_fetch.push((i, bp))
+                        let ahead = streamed.then(|| {
+                            io.cache.wait_read_ahead(&bp);
+                            io.cache.take_prefetched(&bp)
+                        });
+                        match ahead.flatten() {
+                            Some(b) => return Fetched::Data(b),
+                            None => to_direct.push((i, bp, buf)),
                         }
-                        None => to_cache.push((i, bp)),
-                    },
+                    }
+                    _ => {
+                        if streamed {
+                            io.cache.wait_read_ahead(&bp);
+                        }
+                        let cached = if i == 0 && stream.first_again {
+                            io.cache.get_again(&bp)
+                        } else {
+                            io.cache.get(&bp)
+                        };
+                        match cached {
+                            Some(b) => return Fetched::Data(b),
+                            // Read alone, to be cached as stored (`ObjectIo::fetch`).
+                            None if bp.compression != crate::zio::compress::BP_OFF => {
+                                to_fetch.push((i, bp))
+                            }
+                            None => to_cache.push((i, bp)),
+                        }
+                    }
                 }
                 // A placeholder: the batch reads below fill it in.
                 Fetched::Hole
@@ -667,11 +727,14 @@ impl Object {
     /// to it) is in memory or can be had from its device at once; `None` as soon as one
     /// would wait for a device. For a thread that must not wait: an NBD connection's reader
     /// serves small reads this way itself, and hands the rest to its workers.
+    /// With `first_again`, the first block is one the reader's stream read last
+    /// (`Stream::first_again`).
     pub fn read_blocks_nowait(
         &self,
         io: &ObjectIo,
         first: u64,
         count: u64,
+        first_again: bool,
     ) -> Option<Vec<Result<Fetched, ZioError>>> {
         let (seen, dnode) = self.known(first, count);
         let mut leaves = Leaves::new(&dnode);
@@ -691,7 +754,7 @@ impl Object {
             };
             out.push(match at {
                 Ok(Some(bp)) if bp.is_hole() => Ok(Fetched::Hole),
-                Ok(Some(bp)) => match io.fetch(&bp, Wait::No) {
+                Ok(Some(bp)) => match io.fetch_as(&bp, Wait::No, i == 0 && first_again) {
                     Ok(Some(b)) => Ok(Fetched::Data(b)),
                     Ok(None) => return None,
                     Err(e) => Err(e),
@@ -702,6 +765,73 @@ impl Object {
         }
         lay_pieces(&mut out, patched, dnode.data_block_bytes.get() as usize);
         Some(out)
+    }
+
+    /// Reads blocks `first..first + count` into the cache ahead of any reader, marked as
+    /// read ahead (`BlockCache::insert_prefetched`): the pool's prefetch thread, for a
+    /// stream `zfetch` found. It goes 512K at a time from where the stream's reader
+    /// has not been yet (`Zfetch::still_ahead`), so blocks a reader that caught up read
+    /// itself are not read twice. Blocks in memory (dirty or cached) and holes are skipped;
+    /// the rest are read in batches, as `read_blocks` reads. An error is dropped here: the
+    /// reader that asks for the block gets it. Returns the blocks read.
+    pub fn read_ahead(&self, io: &ObjectIo, first: u64, count: u64) -> u64 {
+        let chunk = ((512 << 10) / self.block_bytes().max(1) as u64).max(1);
+        let end = first + count;
+        let (mut at, mut read) = (first, 0);
+        loop {
+            at = self.zfetch.still_ahead(at, end);
+            if at >= end {
+                return read;
+            }
+            let n = chunk.min(end - at);
+            read += self.read_ahead_chunk(io, at, n);
+            at += n;
+        }
+    }
+
+    fn read_ahead_chunk(&self, io: &ObjectIo, first: u64, count: u64) -> u64 {
+        let (seen, dnode) = self.known(first, count);
+        let mut leaves = Leaves::new(&dnode);
+        let mut wanted = Vec::new();
+        for (i, (known, pieces)) in seen.into_iter().enumerate() {
+            let bp = match known {
+                Some(Known::At(bp)) if pieces.is_empty() => bp,
+                Some(_) => continue,
+                None if pieces.is_empty() => match leaves.get(io, first + i as u64) {
+                    Ok(bp) => bp,
+                    Err(_) => continue,
+                },
+                None => continue,
+            };
+            if !bp.is_hole() && !io.cache.contains(&bp) {
+                wanted.push((first + i as u64, bp));
+            }
+        }
+        // Marked in flight before the stream is looked at again: a reader moves its stream
+        // on before it looks for blocks in flight, so either it waits for these or they are
+        // dropped here as passed, never read by both.
+        let bps: Vec<BlkPtr> = wanted.iter().map(|(_, bp)| *bp).collect();
+        let mut in_flight = io.cache.reading_ahead(&bps);
+        let from = self.zfetch.still_ahead(first, first + count);
+        let (passed, wanted): (Vec<_>, Vec<_>) = wanted.into_iter().partition(|(b, _)| *b < from);
+        in_flight.release(passed.iter().map(|(_, bp)| bp));
+        let (plain, packed): (Vec<BlkPtr>, Vec<BlkPtr>) = (wanted.into_iter().map(|(_, bp)| bp))
+            .partition(|bp| bp.compression == crate::zio::compress::BP_OFF);
+        let mut read = 0;
+        for (bp, data) in plain.iter().zip(read_spare(io, &plain)) {
+            if let Ok(d) = data {
+                io.cache.insert_prefetched(bp, Arc::new(d));
+                read += 1;
+            }
+        }
+        for bp in &packed {
+            if let Ok(stored) = io.zio.read_stored(bp) {
+                io.cache.insert_stored(bp, Arc::new(stored), true);
+                read += 1;
+            }
+        }
+        drop(in_flight);
+        read
     }
 
     /// Whether a short write into block `blkid` can be laid over it as a patch (`patch`):

@@ -14,7 +14,7 @@ pub mod receive;
 
 use std::sync::Arc;
 
-use crate::dmu::object::{spans, Fetched};
+use crate::dmu::object::{spans, Fetched, Stream};
 use crate::dmu::write::{Bytes, Landed, WriteError, Writer};
 pub use crate::dmu::RangeLocks;
 use crate::dsl::{Dataset, OpenTxg, Pool, PoolError};
@@ -359,6 +359,7 @@ impl Volume {
         }
         let bs = self.block_size();
         let (first, count) = self.blocks_of(offset, len as u64);
+        let stream = self.note_stream(first, count, len >= STREAMING_READ_BYTES);
         // A long read takes whole blocks that are not in memory straight into `buf`,
         // uncached (see `Object::read_blocks`).
         let streaming = len >= STREAMING_READ_BYTES;
@@ -369,8 +370,47 @@ impl Volume {
             rest = tail;
             direct.push((streaming && sp.is_whole_block(bs)).then_some(this));
         }
-        let blocks = self.ds.object.read_blocks(&self.pool.io, first, direct);
+        let blocks = (self.ds.object).read_blocks_streamed(&self.pool.io, first, direct, stream);
         self.copy_out(offset, buf, blocks)
+    }
+
+    /// Tells the volume's stream watcher (`dmu::zfetch`) of a read of blocks
+    /// `first..first + count` and has what it asks for read ahead; what the watcher knows of
+    /// the read.
+    ///
+    /// A `long` read (`STREAMING_READ_BYTES` or more) has nothing read ahead for it: it reads
+    /// its blocks in one batch shared by two threads already, and where they lie in order
+    /// the kernel reads ahead in the device's file; reading ahead for it cost up to a third
+    /// of its speed in order and gained a tenth scattered (docs/perf/arc.md, "Why long reads
+    /// are not read ahead of"). It still takes blocks read ahead for the short reads before.
+    fn note_stream(&self, first: u64, count: u64, long: bool) -> Stream {
+        let now = std::time::Instant::now();
+        let first_again = self.ds.object.zfetch.rereads(first, now);
+        if long || !self.pool.prefetch_enabled() {
+            // Streams are still followed for `first_again`; nothing is read ahead.
+            let read_ahead = (self.ds.object.zfetch).follow(first, count, now);
+            return Stream {
+                read_ahead: read_ahead && self.pool.prefetch_enabled(),
+                first_again,
+            };
+        }
+        let bs = self.block_size();
+        let ahead = self.ds.object.zfetch.note(
+            first,
+            count,
+            self.size().div_ceil(bs),
+            bs,
+            self.pool.io.cache.limit() / 8,
+            now,
+        );
+        if !ahead.read.is_empty() {
+            let n = ahead.read.end - ahead.read.start;
+            self.pool.read_ahead(&self.ds, ahead.read.start, n);
+        }
+        Stream {
+            read_ahead: ahead.streamed,
+            first_again,
+        }
     }
 
     /// `read`, if every block it needs is in memory or its device has it at once (on files,
@@ -384,11 +424,12 @@ impl Volume {
             return Some(Ok(()));
         }
         let (first, count) = self.blocks_of(offset, buf.len() as u64);
-        let blocks = self
-            .ds
-            .object
-            .read_blocks_nowait(&self.pool.io, first, count)?;
+        // The stream is told of the read once it is done: a read that would wait goes to
+        // `read`, which tells it then.
+        let again = (self.ds.object.zfetch).rereads(first, std::time::Instant::now());
+        let blocks = (self.ds.object).read_blocks_nowait(&self.pool.io, first, count, again)?;
         self.pool.note_foreground_io();
+        self.note_stream(first, count, buf.len() >= STREAMING_READ_BYTES);
         Some(self.copy_out(offset, buf, blocks))
     }
 
@@ -403,7 +444,11 @@ impl Volume {
         for (sp, block) in spans(offset, len, self.block_size()).zip(blocks) {
             let dst = &mut buf[sp.in_buf..sp.in_buf + sp.len];
             match block.map_err(|e| self.unreadable(sp.blkid, e))? {
-                Fetched::Data(b) => dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]),
+                Fetched::Data(b) => {
+                    dst.copy_from_slice(&b[sp.in_block..sp.in_block + sp.len]);
+                    // A block read ahead and taken out for this read is no one else's now.
+                    self.pool.io.cache.give_back(b);
+                }
                 Fetched::Hole => dst.fill(0),
                 Fetched::Direct => {}
             }

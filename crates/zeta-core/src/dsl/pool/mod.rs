@@ -18,6 +18,7 @@ mod import;
 mod intent;
 mod labels;
 mod mos;
+mod prefetch;
 mod promote;
 mod reserve;
 mod scan;
@@ -58,6 +59,7 @@ use write::Admission;
 
 pub use examine::{examine, examine_labels, labelclear, Contents};
 pub use intent::{IN_PLACE_BATCH_BYTES, IN_PLACE_MIN_BYTES};
+pub use prefetch::PrefetchStats;
 pub use reserve::human;
 pub use send::SendSummary;
 pub use snapshot::SnapFigures;
@@ -659,6 +661,8 @@ pub struct Pool {
     pub zil: Zil,
     /// What import had to give up (a volume's unreadable log, with --discard-log).
     pub import_notes: Mutex<Vec<String>>,
+    /// The thread that reads ahead of streams (`prefetch`).
+    prefetcher: prefetch::Prefetcher,
 }
 
 fn random_guid() -> u64 {
@@ -852,6 +856,7 @@ impl Pool {
             snapshots: RwLock::new(BTreeMap::new()),
             zil,
             import_notes: Mutex::new(Vec::new()),
+            prefetcher: prefetch::Prefetcher::default(),
         });
         pool.zil
             .set_hooks(Box::new(PoolHooks(Arc::downgrade(&pool))));
@@ -1489,6 +1494,7 @@ impl Pool {
     /// Syncs and stops the sync thread, leaving the pool marked active (imported) on its
     /// devices: what a command does when it is done with a pool it will open again.
     pub fn close(&self) -> Result<(), PoolError> {
+        self.prefetcher.stop();
         // A running scrub pauses; its bookmark is saved so the next import resumes it.
         self.scanning.scanner.lock().close();
         let scrubbing = self.scanning.scan.lock().state == ScanPhase::Scanning;
@@ -1609,6 +1615,7 @@ impl Pool {
     }
 
     fn shutdown(&self) {
+        self.prefetcher.stop();
         {
             let mut st = self.txgs.sync.lock();
             st.shutdown = true;
