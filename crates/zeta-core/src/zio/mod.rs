@@ -5,6 +5,7 @@
 //! Architecture invariant: `zio` is the only layer that turns block pointers into device I/O;
 //! above it, blocks are addressed only by `BlkPtr`.
 
+mod bounce;
 pub mod compress;
 pub mod gang;
 mod helper;
@@ -753,6 +754,24 @@ impl Zio {
         bps: &[BlkPtr],
         bufs: Vec<&mut [u8]>,
     ) -> Vec<Result<(), ZioError>> {
+        let mut bounces = bounce::take(
+            (bps.iter())
+                .filter(|bp| bp.compression != compress::BP_OFF)
+                .map(|bp| bp.psize.get() as usize),
+        );
+        let out = self.read_batch_bounced(bps, bufs, &mut bounces);
+        bounce::give_back(bounces);
+        out
+    }
+
+    /// `read_batch_into` with a bounce buffer of its stored size for each compressed block,
+    /// in order.
+    fn read_batch_bounced(
+        &self,
+        bps: &[BlkPtr],
+        bufs: Vec<&mut [u8]>,
+        bounces: &mut [Vec<u8>],
+    ) -> Vec<Result<(), ZioError>> {
         assert_eq!(bps.len(), bufs.len());
         // Cut into runs, each with its pointers, the buffers its stored bytes are read into,
         // where each compressed block's decompressed bytes go, and whether it can be read as
@@ -764,10 +783,6 @@ impl Zio {
             Vec<Option<&'b mut [u8]>>,
         );
         let bytes: usize = bps.iter().map(|bp| bp.psize.get() as usize).sum();
-        let mut bounces: Vec<Vec<u8>> = (bps.iter())
-            .filter(|bp| bp.compression != compress::BP_OFF)
-            .map(|bp| vec![0u8; bp.psize.get() as usize])
-            .collect();
         let mut bounce = bounces.iter_mut();
         // A batch large enough to be worth two cores is cut into at least two runs.
         let limit = if bytes >= PARALLEL_READ_BYTES {
