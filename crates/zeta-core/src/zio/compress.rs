@@ -118,6 +118,8 @@ thread_local! {
 #[derive(Default)]
 struct Codecs {
     cctx: Option<zstd::zstd_safe::CCtx<'static>>,
+    /// The level `cctx` is set to: set once, not per block (`zstd`).
+    cctx_level: Option<u8>,
     dctx: Option<zstd::zstd_safe::DCtx<'static>>,
     scratch: Vec<u8>,
 }
@@ -151,11 +153,11 @@ pub fn compress(c: Compression, data: &[u8]) -> Option<Compressed> {
                     && data.len() >= EARLY_ABORT_BYTES
                     && !sample_compresses(codecs, data)
                     && lz4(codecs, data, room).is_none()
-                    && zstd(codecs, data, room, 1).is_none()
+                    && zstd(codecs, data, room, 1, false).is_none()
                 {
                     return None;
                 }
-                let n = zstd(codecs, data, room, level)?;
+                let n = zstd(codecs, data, room, level, true)?;
                 Some(frame(BP_ZSTD, level, &codecs.scratch[..n]))
             }
         }
@@ -181,26 +183,43 @@ fn lz4(codecs: &mut Codecs, data: &[u8], room: usize) -> Option<usize> {
     (n <= room).then_some(n)
 }
 
-/// zstd at `level` of `data` into the scratch buffer, given only `room` bytes (zstd stops
-/// with an error once its output would not fit); its length.
-fn zstd(codecs: &mut Codecs, data: &[u8], room: usize, level: u8) -> Option<usize> {
-    if codecs.scratch.len() < room {
-        codecs.scratch.resize(room, 0);
+/// zstd at `level` of `data` into the scratch buffer; its length if it fits `room`. With
+/// `whole`, the buffer has zstd's worst-case bound: given less, zstd compresses through a
+/// buffer of its own and copies out, a tenth slower on 16K blocks (`zeta bench compress`).
+/// Without, zstd gets only `room` and gives up as soon as its output would not fit: early
+/// abort's trial pass, cheap on noise.
+fn zstd(codecs: &mut Codecs, data: &[u8], room: usize, level: u8, whole: bool) -> Option<usize> {
+    let max = match whole {
+        true => zstd::zstd_safe::compress_bound(data.len()),
+        false => room,
+    };
+    if codecs.scratch.len() < max {
+        codecs.scratch.resize(max, 0);
     }
     let cctx = codecs
         .cctx
         .get_or_insert_with(zstd::zstd_safe::CCtx::create);
-    cctx.compress(&mut codecs.scratch[..room], data, level as i32)
-        .ok()
+    // The level stays in the context between blocks: `compress2` keeps the context's
+    // parameters, where a one-shot call with a level sets them up again for every block.
+    if codecs.cctx_level != Some(level) {
+        let param = zstd::zstd_safe::CParameter::CompressionLevel(level as i32);
+        cctx.set_parameter(param).ok()?;
+        codecs.cctx_level = Some(level);
+    }
+    let n = cctx.compress2(&mut codecs.scratch[..max], data).ok()?;
+    (n <= room).then_some(n)
 }
 
 /// A compressed block's stored bytes: header, `out`, zeros to the next sector.
 fn frame(codec: u8, level: u8, out: &[u8]) -> Compressed {
     let stored = (HEADER_BYTES + out.len()).next_multiple_of(SECTOR as usize);
-    let mut bytes = vec![0u8; stored];
-    bytes[0..4].copy_from_slice(&(out.len() as u32).to_le_bytes());
-    bytes[4] = level;
-    bytes[HEADER_BYTES..HEADER_BYTES + out.len()].copy_from_slice(out);
+    // Built by appending, so each byte is written once, not zeroed and then copied over.
+    let mut bytes = Vec::with_capacity(stored);
+    bytes.extend_from_slice(&(out.len() as u32).to_le_bytes());
+    bytes.push(level);
+    bytes.resize(HEADER_BYTES, 0);
+    bytes.extend_from_slice(out);
+    bytes.resize(stored, 0);
     Compressed { codec, bytes }
 }
 
