@@ -38,7 +38,7 @@ pub fn give_back(bufs: Vec<Vec<u8>>) {
     let mut kept = KEPT.lock();
     for b in bufs {
         if kept.bytes + b.capacity() > KEPT_BYTES {
-            break;
+            continue;
         }
         kept.bytes += b.capacity();
         kept.bufs.push(b);
