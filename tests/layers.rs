@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("zeta-core", 1),
     ("zeta-nbd", 2),
     ("zeta-plot", 2),
+    ("zeta-rados", 2),
     ("zeta-server", 3),
     ("zeta-bench", 4),
     ("zeta", 5),

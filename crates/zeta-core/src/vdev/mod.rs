@@ -11,6 +11,7 @@ pub mod layout;
 pub mod leaf;
 pub mod mem;
 pub mod raidz;
+pub mod scheme;
 pub mod sector_vec;
 pub mod sniff;
 pub mod top;
@@ -23,6 +24,7 @@ pub use layout::{LABEL_COUNT, LABEL_SIZE, RESERVE_BYTES, SECTOR};
 pub use leaf::{Injection, Leaf, LeafCounters, TxgRanges};
 pub use mem::MemDevice;
 pub use raidz::{RaidzCode, RaidzConfig, ShapeError};
+pub use scheme::{DeviceOptions, DeviceScheme};
 pub use sector_vec::SectorVec;
 pub use top::{TopKind, TopVdev};
 
