@@ -20,6 +20,8 @@ pub use args::Cli;
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    // `rados:POOL/NAME` devices (librados is loaded only when one is used).
+    zeta_rados::register();
     let cli = Cli::parse();
     memory::tune_allocator(match cli.command {
         args::Command::Bench(zeta_bench::args::BenchCmd::Vol(_)) => memory::Allocators::One,

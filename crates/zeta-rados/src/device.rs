@@ -129,6 +129,27 @@ impl RadosDevice {
         check(|| format!("{spec}: creating its head object"), ret as i64).map(|_| ())
     }
 
+    /// Removes the device at `spec`, data objects first, then its head; refused while
+    /// someone holds its lease.
+    pub fn remove(spec: &Spec) -> Result<(), RadosError> {
+        let pool = Cluster::get()?.pool(&spec.pool)?;
+        let geometry = read_geometry(&pool, spec)?;
+        if !lease::holders(&pool, &spec.head_object())?.is_empty() {
+            return Err(RadosError::other(spec.to_string(), "in use: its lease is held"));
+        }
+        let api = pool.api();
+        let prefix = format!("zeta_data.{:016x}.", geometry.id);
+        for name in pool.list(&prefix)?.iter().chain([&spec.head_object()]) {
+            let c = cstr(name);
+            // SAFETY: a NUL-terminated name that outlives the call.
+            let ret = unsafe { (api.remove)(pool.ioctx(), c.as_ptr()) };
+            if ret < 0 && ret != -libc::ENOENT {
+                return Err(RadosError::from_ret(format!("{spec}: removing {name}"), ret as i64));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a device exists at `spec`.
     pub fn exists(spec: &Spec) -> Result<bool, RadosError> {
         let pool = Cluster::get()?.pool(&spec.pool)?;

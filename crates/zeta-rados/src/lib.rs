@@ -83,6 +83,10 @@ impl DeviceScheme for Rados {
         RadosDevice::create(&parse(spec)?, size_bytes, object_size).map_err(|e| vdev_err(spec, e))
     }
 
+    fn remove(&self, spec: &str) -> Result<(), VdevError> {
+        RadosDevice::remove(&parse(spec)?).map_err(|e| vdev_err(spec, e))
+    }
+
     fn list(&self, place: &str) -> Result<Vec<String>, VdevError> {
         let pool = Spec::parse_pool(place).map_err(|why| VdevError::Io {
             path: place.to_string(),

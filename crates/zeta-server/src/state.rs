@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::{usage, Error, Result};
-use zeta_core::dsl::{BlockDevice, FileDevice};
+use zeta_core::dsl::BlockDevice;
 use zeta_core::dsl::{Pool, PoolOptions};
 
 pub struct Home {
@@ -186,7 +186,7 @@ impl Home {
         let present: Vec<PathBuf> = entry
             .devices
             .iter()
-            .filter(|p| p.exists())
+            .filter(|p| zeta_core::vdev::scheme::is_scheme(p) || p.exists())
             .cloned()
             .collect();
         let devs = match open_devices(&present, entry.readonly) {
@@ -236,15 +236,8 @@ pub fn open_devices(
     paths
         .iter()
         .map(|p| {
-            let dev = if read_only {
-                FileDevice::open_read_only(p)?
-            } else {
-                FileDevice::open(p)?
-            };
-            Ok((
-                Arc::new(dev) as Arc<dyn BlockDevice>,
-                p.display().to_string(),
-            ))
+            let dev = zeta_core::vdev::scheme::open(p, read_only)?;
+            Ok((dev, p.display().to_string()))
         })
         .collect()
 }

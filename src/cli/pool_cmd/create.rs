@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use crate::cli::guard::{check_overwrite, Writing};
 use crate::cli::{usage, Result};
-use crate::dsl::{BlockDevice, CommitPolicy, FileDevice, Placement, RaidzConfig, TopKind};
+use crate::dsl::{BlockDevice, CommitPolicy, Placement, RaidzConfig, TopKind};
+use zeta_core::vdev::{scheme, DeviceOptions};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
 use zeta_server::control;
@@ -23,6 +24,8 @@ pub struct CreateProps {
     pub zil_placement: Placement,
     /// Files created (`size`) get every block allocated at once.
     pub prealloc: bool,
+    /// What devices created (`size`) of a scheme are told (`object_size` of `rados:`).
+    pub device: DeviceOptions,
 }
 
 pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
@@ -33,6 +36,7 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
         zil_commit: CommitPolicy::default(),
         zil_placement: Placement::default(),
         prealloc: false,
+        device: DeviceOptions::default(),
     };
     for p in props {
         let (k, v) = p
@@ -40,6 +44,7 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
             .ok_or_else(|| usage(format!("property '{p}' is not KEY=VALUE")))?;
         match k {
             "size" => out.size = Some(parse_size(v)?),
+            "object_size" => out.device.object_size = Some(parse_size(v)?),
             "prealloc" => {
                 out.prealloc = match v {
                     "on" => true,
@@ -76,8 +81,8 @@ pub fn parse_pool_props(props: &[String]) -> Result<CreateProps> {
             }
             _ => {
                 return Err(usage(format!(
-                    "unknown property '{k}' (pool properties: size, checksum, raidz2-code, \
-                     zil.commit, zil.placement)"
+                    "unknown property '{k}' (pool properties: size, object_size, prealloc, \
+                     checksum, raidz2-code, zil.commit, zil.placement)"
                 )))
             }
         }
@@ -170,11 +175,7 @@ pub fn parse_vdevs(words: &[String]) -> Result<Vec<VdevGroup>> {
 }
 
 pub(super) fn absolute(p: &Path) -> PathBuf {
-    std::fs::canonicalize(p).unwrap_or_else(|_| {
-        std::env::current_dir()
-            .map(|d| d.join(p))
-            .unwrap_or(p.to_path_buf())
-    })
+    scheme::absolute(p)
 }
 
 pub fn create(
@@ -220,9 +221,9 @@ pub fn create_pool(
                 return Err(usage(format!("{}: named twice", p.display())));
             }
             check_overwrite(home, p, Writing::Device, force)?;
-            if !p.exists() && props.size.is_none() {
+            if !scheme::exists(p)? && props.size.is_none() {
                 return Err(usage(format!(
-                    "{}: does not exist (give -o size=SIZE to create file vdevs)",
+                    "{}: does not exist (give -o size=SIZE to create devices)",
                     p.display()
                 )));
             }
@@ -230,13 +231,7 @@ pub fn create_pool(
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let result = (|| -> Result<Arc<Pool>> {
-        let spec = open_groups(
-            &groups,
-            props.size,
-            props.prealloc,
-            props.raidz2_rdp,
-            &mut created,
-        )?;
+        let spec = open_groups(&groups, &props, &mut created)?;
         let opts = PoolOptions {
             checksum: props.checksum,
             force,
@@ -253,44 +248,41 @@ pub fn create_pool(
         }
         Err(e) => {
             for p in created {
-                let _ = std::fs::remove_file(p);
+                scheme::remove(&p);
             }
             Err(e)
         }
     }
 }
 
-/// Opens (or creates, at `size`, the missing files among) the devices of parsed vdev groups;
-/// records the files it created in `created`. `prealloc` allocates the created files' blocks.
+/// Opens (or creates, at `props.size`, the missing ones among) the devices of parsed vdev
+/// groups; records the devices it created in `created`. `props.prealloc` allocates the
+/// created files' blocks; `props.device` tells created devices of a scheme their options.
 fn open_groups(
     groups: &[VdevGroup],
-    size: Option<u64>,
-    prealloc: bool,
-    raidz2_rdp: bool,
+    props: &CreateProps,
     created: &mut Vec<PathBuf>,
 ) -> Result<Vec<TopSpec>> {
+    let raidz2_rdp = props.raidz2_rdp;
     let mut spec = Vec::new();
     for g in groups {
         let mut leaves = Vec::new();
         for p in &g.paths {
-            let dev = match (p.exists(), size) {
-                (true, _) => FileDevice::open(p)?,
+            let dev: Arc<dyn BlockDevice> = match (scheme::exists(p)?, props.size) {
+                (true, _) => scheme::open(p, false)?,
                 (false, Some(size)) => {
-                    let dev = FileDevice::create_with(p, size, prealloc)?;
+                    let dev = scheme::create(p, size, props.prealloc, props.device)?;
                     created.push(p.clone());
                     dev
                 }
                 (false, None) => {
                     return Err(usage(format!(
-                        "{}: does not exist (give a size to create a file)",
+                        "{}: does not exist (give a size to create a device)",
                         p.display()
                     )))
                 }
             };
-            leaves.push((
-                Arc::new(dev) as Arc<dyn BlockDevice>,
-                absolute(p).display().to_string(),
-            ));
+            leaves.push((dev, absolute(p).display().to_string()));
         }
         let top = match g.kind {
             TopKind::Raidz => TopSpec::raidz(
@@ -376,8 +368,12 @@ pub fn add_log_in(
     let mut created = Vec::new();
     let r = (|| -> Result<Vec<u32>> {
         // New files are allocated at once where the pool's are (`-o prealloc=on`).
-        let prealloc = zeta_server::room::allocated(&zeta_server::state::device_paths(p));
-        let spec = open_groups(&groups, size, prealloc, false, &mut created)?;
+        let props = CreateProps {
+            size,
+            prealloc: zeta_server::room::allocated(&zeta_server::state::device_paths(p)),
+            ..parse_pool_props(&[])?
+        };
+        let spec = open_groups(&groups, &props, &mut created)?;
         let mut ids = Vec::new();
         for top in spec {
             ids.push(p.add_log(top, force)?);
@@ -386,7 +382,7 @@ pub fn add_log_in(
     })();
     if r.is_err() {
         for f in created {
-            let _ = std::fs::remove_file(f);
+            scheme::remove(&f);
         }
     }
     r

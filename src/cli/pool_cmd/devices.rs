@@ -8,7 +8,6 @@ use super::scan::{follow, Progress};
 use crate::cli::args::InjectArgs;
 use crate::cli::{usage, Result};
 use crate::dsl::Pool;
-use crate::dsl::{BlockDevice, FileDevice};
 use zeta_server::control;
 use zeta_server::state::{device_paths, Home};
 
@@ -77,7 +76,7 @@ fn describe(f: &crate::dsl::Injection) -> String {
 pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
     let new_path = absolute(new);
     crate::cli::guard::check_overwrite(home, &new_path, crate::cli::guard::Writing::Device, force)?;
-    let created = !new.exists();
+    let created = !zeta_core::vdev::scheme::exists(&new_path)?;
     let served = control::connect(home, name);
     let is_served = served.is_some();
     let r = match served {
@@ -102,7 +101,7 @@ pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Pat
     };
     if let Err(e) = r {
         if created {
-            let _ = std::fs::remove_file(&new_path);
+            zeta_core::vdev::scheme::remove(&new_path);
         }
         return Err(e);
     }
@@ -129,20 +128,25 @@ pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Pat
 /// once if the pool's files are: `room::allocated`) the new device and replaces `old` by it
 /// in `p`.
 pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Result<()> {
-    let dev = if new_path.exists() {
-        FileDevice::open(new_path)?
+    use zeta_core::vdev::scheme;
+    let dev = if scheme::exists(new_path)? {
+        scheme::open(new_path, false)?
     } else {
         let paths = device_paths(p);
         let size = paths
             .iter()
-            .filter_map(|d| std::fs::metadata(d).ok().map(|m| m.len()))
+            .filter_map(|d| match scheme::is_scheme(d) {
+                true => scheme::inspect(d).ok().map(|(dev, _)| dev.len_bytes()),
+                false => std::fs::metadata(d).ok().map(|m| m.len()),
+            })
             .max()
             .unwrap_or(0);
-        FileDevice::create_with(new_path, size, zeta_server::room::allocated(&paths))?
+        let options = zeta_core::vdev::DeviceOptions::default();
+        scheme::create(new_path, size, zeta_server::room::allocated(&paths), options)?
     };
     p.replace(
         old,
-        Arc::new(dev) as Arc<dyn BlockDevice>,
+        dev,
         new_path.display().to_string(),
         force,
     )?;

@@ -5,28 +5,15 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::create::absolute;
-use crate::cli::{usage, CliError, Result};
+use crate::cli::{usage, Result};
 use crate::dsl::{examine_labels, Pool, PoolOptions};
+use zeta_core::vdev::scheme;
 use zeta_server::state::{device_paths, open_devices, warn_import_notes, Home};
 
-/// Files and block devices directly inside `dir`.
+/// The devices in `dir`: files and block devices directly inside it, or the devices of a
+/// Ceph pool (`rados:POOL`).
 fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| CliError::Io {
-        path: dir.display().to_string(),
-        source: e,
-    })?;
-    let mut out = Vec::new();
-    for entry in rd.flatten() {
-        let p = entry.path();
-        if let Ok(meta) = std::fs::metadata(&p) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.is_file() || meta.file_type().is_block_device() {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+    Ok(zeta_core::vdev::scheme::list(dir)?)
 }
 
 /// How `zeta pool import` takes a pool, beyond which one.
@@ -145,6 +132,15 @@ pub(super) fn import(
         .filter(|h| guids.contains(&h.1))
         .map(|h| h.0.display().to_string())
         .collect();
+    if !open_elsewhere.is_empty() && open_elsewhere.iter().all(|p| scheme::is_scheme(Path::new(p))) {
+        return Err(usage(format!(
+            "pool '{target}' is in use: the lease of its devices ({}) is held, by a process \
+             on another host or this one that has the pool imported, or had it until less \
+             than a lease ago (a lease lapses {} s after its holder stops renewing it)",
+            open_elsewhere.join(", "),
+            zeta_rados::lease::lease_duration().as_secs()
+        )));
+    }
     if !open_elsewhere.is_empty() {
         return Err(usage(format!(
             "pool '{target}' is in use: a process holds its devices open ({}), `zeta serve` \

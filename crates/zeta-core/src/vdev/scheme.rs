@@ -32,6 +32,8 @@ pub trait DeviceScheme: Send + Sync {
     fn create(&self, spec: &str, size_bytes: u64, options: DeviceOptions) -> Result<(), VdevError>;
     /// The devices in `place` (`rados:POOL`), where an import looks.
     fn list(&self, place: &str) -> Result<Vec<String>, VdevError>;
+    /// Removes a device `create` made and nobody holds (a pool's creation that failed).
+    fn remove(&self, spec: &str) -> Result<(), VdevError>;
 }
 
 static SCHEMES: RwLock<Vec<Arc<dyn DeviceScheme>>> = RwLock::new(Vec::new());
@@ -91,4 +93,67 @@ pub fn exists(path: &Path) -> Result<bool, VdevError> {
         Some(s) => s.exists(as_str(path)),
         None => Ok(path.exists()),
     }
+}
+
+/// Makes a new device of `size_bytes` at `path`: a sparse file (allocated at once if
+/// `prealloc`), or the scheme's kind, with `options`. Opened for reading and writing.
+pub fn create(
+    path: &Path,
+    size_bytes: u64,
+    prealloc: bool,
+    options: DeviceOptions,
+) -> Result<Arc<dyn BlockDevice>, VdevError> {
+    match find(path) {
+        Some(s) => {
+            s.create(as_str(path), size_bytes, options)?;
+            s.open(as_str(path), false)
+        }
+        None => Ok(Arc::new(FileDevice::create_with(path, size_bytes, prealloc)?)),
+    }
+}
+
+/// Removes a device `create` made, best effort (undoing a creation that failed).
+pub fn remove(path: &Path) {
+    match find(path) {
+        Some(s) => {
+            let _ = s.remove(as_str(path));
+        }
+        None => {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The devices in `place`: for a scheme's place (`rados:POOL`) those it lists, else the
+/// files and block devices directly inside the directory.
+pub fn list(place: &Path) -> Result<Vec<std::path::PathBuf>, VdevError> {
+    if let Some(s) = find(place) {
+        return Ok(s.list(as_str(place))?.into_iter().map(Into::into).collect());
+    }
+    let rd = std::fs::read_dir(place).map_err(|e| VdevError::io(&place.display().to_string(), e))?;
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let p = entry.path();
+        if let Ok(meta) = std::fs::metadata(&p) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.is_file() || meta.file_type().is_block_device() {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `path` made absolute, as a pool's config keeps it: a file's canonical path (or the path
+/// under the working directory, if it does not exist yet); a scheme's device as it is named.
+pub fn absolute(path: &Path) -> std::path::PathBuf {
+    if is_scheme(path) {
+        return path.to_path_buf();
+    }
+    std::fs::canonicalize(path).unwrap_or_else(|_| {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or(path.to_path_buf())
+    })
 }

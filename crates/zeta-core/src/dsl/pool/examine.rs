@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::spa::label::{clear_labels, read_labels, LabelError, PoolConfig};
 use crate::vdev::sniff::foreign_contents;
-use crate::vdev::{BlockDevice, FileDevice, Leaf};
+use crate::vdev::{scheme, BlockDevice, FileDevice, Leaf};
 
 use super::{PoolError, PoolState};
 
@@ -29,13 +29,19 @@ pub enum Contents {
 /// descriptor, in this process or another, holds its device lock: a pool has it open now.
 /// Its bytes are read (`foreign_contents`) only where it carries no zeta label.
 pub fn examine(path: &Path) -> Result<(Contents, bool), PoolError> {
-    let in_use = crate::vdev::file::held_as_device(path);
-    let dev = FileDevice::open_to_inspect(path)?;
+    let (dev, in_use, extents) = if scheme::is_scheme(path) {
+        let (dev, in_use) = scheme::inspect(path)?;
+        let whole = vec![(0, dev.len_bytes())];
+        (dev, in_use, whole)
+    } else {
+        let in_use = crate::vdev::file::held_as_device(path);
+        let dev = FileDevice::open_to_inspect(path)?;
+        let extents = dev.data_extents(4096);
+        (Arc::new(dev) as Arc<dyn BlockDevice>, in_use, extents)
+    };
     if dev.len_bytes() == 0 {
         return Ok((Contents::Empty, in_use));
     }
-    let extents = dev.data_extents(4096);
-    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
     let judge_bytes = || -> Result<Contents, PoolError> {
         Ok(match foreign_contents(dev.as_ref(), &extents)? {
             Some(what) => Contents::Foreign(what),
@@ -67,8 +73,7 @@ pub fn examine(path: &Path) -> Result<(Contents, bool), PoolError> {
 /// and whether some descriptor holds that lock: what an import scan needs of a device, and
 /// no more (`examine` would also read a device without labels for data).
 pub fn examine_labels(path: &Path) -> Result<(Option<PoolConfig>, bool), PoolError> {
-    let in_use = crate::vdev::file::held_as_device(path);
-    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open_to_inspect(path)?);
+    let (dev, in_use) = scheme::inspect(path)?;
     Ok((super::probe(dev), in_use))
 }
 
@@ -76,14 +81,14 @@ pub fn examine_labels(path: &Path) -> Result<(Option<PoolConfig>, bool), PoolErr
 /// any pool may take it. Refused while a pool has the device open (its lock is held); the
 /// caller decides about labels of pools that are not open.
 pub fn labelclear(path: &Path) -> Result<(), PoolError> {
-    let dev = FileDevice::open(path)?;
+    let dev = scheme::open(path, false)?;
     if dev.len_bytes() < 2 * crate::vdev::RESERVE_BYTES {
         return Err(PoolError::Invalid(format!(
             "{}: too small to hold zeta labels",
             path.display()
         )));
     }
-    clear_labels(&Leaf::new(Arc::new(dev), 0))?;
+    clear_labels(&Leaf::new(dev, 0))?;
     Ok(())
 }
 
