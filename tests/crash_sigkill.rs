@@ -7,18 +7,18 @@
 //! kill may or may not be present, but each block is whole.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use zeta::dsl::{Pool, PoolOptions, TopSpec};
-use zeta::vdev::{BlockDevice, FileDevice};
+use zeta::vdev::FileDevice;
 use zeta::zvol::Volume;
 
 mod common;
-use common::procs::{import_files, seed_from_env};
+use common::procs::seed_from_env;
 
 const BS: usize = 16384;
 const BLOCKS: u64 = 256;
@@ -57,17 +57,31 @@ fn read_stamp(data: &[u8], blk: u64) -> Option<u64> {
     (data == stamp(g, blk).as_slice()).then_some(g)
 }
 
-fn devices(dir: &Path) -> Vec<PathBuf> {
-    vec![dir.join("a"), dir.join("b")]
+/// Imports the pool on `devices`. A RADOS device's lease outlives a killed owner by up to
+/// a lease (`ZETA_RADOS_LEASE_SECS`, short here): the import waits until it lapses.
+fn open(devices: &[PathBuf]) -> Arc<Pool> {
+    let t0 = Instant::now();
+    loop {
+        let opened: Result<Vec<_>, _> = devices
+            .iter()
+            .map(|p| zeta::vdev::scheme::open(p, false).map(|d| (d, p.display().to_string())))
+            .collect();
+        match opened {
+            Ok(leaves) => return Pool::import(leaves, Some("crash"), opts()).expect("import"),
+            Err(e) if e.to_string().contains("in use") && t0.elapsed() < LEASE_WAIT => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(e) => panic!("open the devices: {e}"),
+        }
+    }
 }
 
-fn open(dir: &Path) -> Arc<Pool> {
-    import_files(&devices(dir), "crash", opts())
-}
+const LEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// The child: runs generations from `start` until killed.
-fn child(dir: &Path, start: u64) {
-    let pool = open(dir);
+fn child(devices: &[PathBuf], start: u64) {
+    zeta_rados::register();
+    let pool = open(devices);
     let vol = Volume::open(&pool, "v").unwrap();
     let mut g = start;
     loop {
@@ -80,30 +94,70 @@ fn child(dir: &Path, start: u64) {
     }
 }
 
+/// The child's side of either test: `ZETA_CRASH_CHILD` is "START,DEVICE,DEVICE...".
+fn as_child() -> bool {
+    let Ok(spec) = std::env::var("ZETA_CRASH_CHILD") else {
+        return false;
+    };
+    let mut words = spec.split(',');
+    let start = words.next().unwrap().parse().unwrap();
+    let devices: Vec<PathBuf> = words.map(PathBuf::from).collect();
+    child(&devices, start);
+    true
+}
+
 #[test]
 fn sigkill_during_writes_and_flushes() {
-    if let Ok(spec) = std::env::var("ZETA_CRASH_CHILD") {
-        let (dir, start) = spec.split_once(',').unwrap();
-        child(Path::new(dir), start.parse().unwrap());
+    if as_child() {
         return;
     }
+    let tmp = tempfile::tempdir().unwrap();
+    let devices = vec![tmp.path().join("a"), tmp.path().join("b")];
+    for p in &devices {
+        FileDevice::create(p, 96 << 20).unwrap();
+    }
+    sigkill_loop("sigkill_during_writes_and_flushes", &devices, CYCLES);
+}
+
+/// The same on a mirror of two RADOS devices of a real cluster: every flushed generation
+/// survives the owner's SIGKILL, and the next owner imports once the lease lapses.
+#[test]
+fn sigkill_during_writes_and_flushes_on_rados() {
+    if as_child() {
+        return;
+    }
+    let Some(ceph) = common::rados::ceph_pool() else {
+        return;
+    };
+    let devices = common::rados::new_devices(ceph, "crash", 2, 96 << 20);
+    sigkill_loop(
+        "sigkill_during_writes_and_flushes_on_rados",
+        &devices,
+        RADOS_CYCLES,
+    );
+    devices.iter().for_each(|p| zeta::vdev::scheme::remove(p));
+}
+
+/// Fewer cycles on RADOS: each waits for the killed child's lease to lapse.
+const RADOS_CYCLES: u64 = 12;
+
+fn sigkill_loop(test: &str, devices: &[PathBuf], default_cycles: u64) {
     let seed = seed_from_env("ZETA_CRASH_SEED");
     let cycles: u64 = std::env::var("ZETA_CRASH_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(CYCLES);
+        .unwrap_or(default_cycles);
     eprintln!(
         "crash test seed {seed} ({cycles} cycles; ZETA_CRASH_SEED / ZETA_CRASH_CYCLES to change)"
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+    let list: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
     {
-        let leaves = devices(dir)
+        let leaves = devices
             .iter()
             .map(|p| {
                 (
-                    Arc::new(FileDevice::create(p, 96 << 20).unwrap()) as Arc<dyn BlockDevice>,
+                    zeta::vdev::scheme::open(p, false).unwrap(),
                     p.display().to_string(),
                 )
             })
@@ -119,13 +173,9 @@ fn sigkill_during_writes_and_flushes() {
     let exe = std::env::current_exe().unwrap();
     for cycle in 0..cycles {
         let mut c = Command::new(&exe)
-            .args([
-                "--exact",
-                "sigkill_during_writes_and_flushes",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("ZETA_CRASH_CHILD", format!("{},{next_gen}", dir.display()))
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("ZETA_CRASH_CHILD", format!("{next_gen},{}", list.join(",")))
+            .env("ZETA_RADOS_LEASE_SECS", "2")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -164,7 +214,7 @@ fn sigkill_during_writes_and_flushes() {
         }
         let maybe: Vec<u64> = gen_blocks(in_flight);
 
-        let pool = open(dir);
+        let pool = open(devices);
         pool.verify()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: verify failed: {e}"));
         let vol = Volume::open(&pool, "v").unwrap();

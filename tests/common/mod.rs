@@ -12,6 +12,7 @@ use zeta::zvol::Volume;
 pub mod cli;
 pub mod nbd_client;
 pub mod procs;
+pub mod rados;
 pub mod rig;
 
 pub const MB: u64 = 1 << 20;
@@ -71,7 +72,11 @@ pub const EVERY_LAYOUT: [Layout; 6] = [
 ];
 
 pub fn spec(layout: Layout, devs: &[Arc<MemDevice>]) -> Vec<TopSpec> {
-    let leaves = as_leaves(devs);
+    spec_of(layout, as_leaves(devs))
+}
+
+/// The top-level vdevs of `layout` over `leaves` (as many as `devs_for` says).
+pub fn spec_of(layout: Layout, leaves: Vec<(Arc<dyn BlockDevice>, String)>) -> Vec<TopSpec> {
     let raidz = |np: u32, rdp: bool| {
         vec![TopSpec::raidz(
             RaidzConfig::new(np, leaves.len(), rdp).unwrap(),

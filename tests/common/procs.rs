@@ -7,7 +7,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use zeta::dsl::{Pool, PoolOptions};
-use zeta::vdev::{BlockDevice, FileDevice};
 
 /// Whether `tool` is on PATH; if not, either skip (returns false) or fail under CI.
 pub fn have(tool: &str) -> bool {
@@ -56,7 +55,8 @@ pub fn import_files(paths: &[PathBuf], name: &str, opts: PoolOptions) -> Arc<Poo
         .iter()
         .map(|p| {
             (
-                Arc::new(FileDevice::open(p).unwrap()) as Arc<dyn BlockDevice>,
+                zeta::vdev::scheme::open(p, false)
+                    .unwrap_or_else(|e| panic!("open {}: {e}", p.display())),
                 p.display().to_string(),
             )
         })

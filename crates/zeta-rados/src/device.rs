@@ -135,7 +135,10 @@ impl RadosDevice {
         let pool = Cluster::get()?.pool(&spec.pool)?;
         let geometry = read_geometry(&pool, spec)?;
         if !lease::holders(&pool, &spec.head_object())?.is_empty() {
-            return Err(RadosError::other(spec.to_string(), "in use: its lease is held"));
+            return Err(RadosError::other(
+                spec.to_string(),
+                "in use: its lease is held",
+            ));
         }
         let api = pool.api();
         let prefix = format!("zeta_data.{:016x}.", geometry.id);
@@ -144,7 +147,10 @@ impl RadosDevice {
             // SAFETY: a NUL-terminated name that outlives the call.
             let ret = unsafe { (api.remove)(pool.ioctx(), c.as_ptr()) };
             if ret < 0 && ret != -libc::ENOENT {
-                return Err(RadosError::from_ret(format!("{spec}: removing {name}"), ret as i64));
+                return Err(RadosError::from_ret(
+                    format!("{spec}: removing {name}"),
+                    ret as i64,
+                ));
             }
         }
         Ok(())

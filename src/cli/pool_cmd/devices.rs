@@ -142,14 +142,14 @@ pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Res
             .max()
             .unwrap_or(0);
         let options = zeta_core::vdev::DeviceOptions::default();
-        scheme::create(new_path, size, zeta_server::room::allocated(&paths), options)?
+        scheme::create(
+            new_path,
+            size,
+            zeta_server::room::allocated(&paths),
+            options,
+        )?
     };
-    p.replace(
-        old,
-        dev,
-        new_path.display().to_string(),
-        force,
-    )?;
+    p.replace(old, dev, new_path.display().to_string(), force)?;
     Ok(())
 }
 

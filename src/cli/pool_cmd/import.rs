@@ -132,7 +132,11 @@ pub(super) fn import(
         .filter(|h| guids.contains(&h.1))
         .map(|h| h.0.display().to_string())
         .collect();
-    if !open_elsewhere.is_empty() && open_elsewhere.iter().all(|p| scheme::is_scheme(Path::new(p))) {
+    if !open_elsewhere.is_empty()
+        && open_elsewhere
+            .iter()
+            .all(|p| scheme::is_scheme(Path::new(p)))
+    {
         return Err(usage(format!(
             "pool '{target}' is in use: the lease of its devices ({}) is held, by a process \
              on another host or this one that has the pool imported, or had it until less \

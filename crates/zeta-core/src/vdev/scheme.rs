@@ -108,7 +108,9 @@ pub fn create(
             s.create(as_str(path), size_bytes, options)?;
             s.open(as_str(path), false)
         }
-        None => Ok(Arc::new(FileDevice::create_with(path, size_bytes, prealloc)?)),
+        None => Ok(Arc::new(FileDevice::create_with(
+            path, size_bytes, prealloc,
+        )?)),
     }
 }
 
@@ -130,7 +132,8 @@ pub fn list(place: &Path) -> Result<Vec<std::path::PathBuf>, VdevError> {
     if let Some(s) = find(place) {
         return Ok(s.list(as_str(place))?.into_iter().map(Into::into).collect());
     }
-    let rd = std::fs::read_dir(place).map_err(|e| VdevError::io(&place.display().to_string(), e))?;
+    let rd =
+        std::fs::read_dir(place).map_err(|e| VdevError::io(&place.display().to_string(), e))?;
     let mut out = Vec::new();
     for entry in rd.flatten() {
         let p = entry.path();
