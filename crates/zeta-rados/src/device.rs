@@ -206,8 +206,14 @@ impl RadosDevice {
         Ok(!self.holders()?.is_empty())
     }
 
+    /// Breaks the lease of the device at `spec`, whoever holds it (see `lease::break_leases`).
+    pub fn break_lease(spec: &Spec) -> Result<usize, RadosError> {
+        let pool = Cluster::get()?.pool(&spec.pool)?;
+        lease::break_leases(&pool, &spec.head_object())
+    }
+
     /// Who holds the device's lease now.
-    pub fn holders(&self) -> Result<Vec<String>, RadosError> {
+    pub fn holders(&self) -> Result<Vec<lease::Locker>, RadosError> {
         lease::holders(&self.pool, &format!("{HEAD_PREFIX}{}", self.name_part()))
     }
 

@@ -31,8 +31,23 @@ pub fn lease_duration() -> Duration {
     Duration::from_secs(secs)
 }
 
-/// Who holds a lock, as `rados_list_lockers` tells: one line per locker.
-pub fn holders(pool: &IoPool, object: &str) -> Result<Vec<String>> {
+/// One holder of a lock, as `rados_list_lockers` tells (expired ones are not listed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Locker {
+    /// `client.N`.
+    pub client: String,
+    pub cookie: String,
+    pub addr: String,
+}
+
+impl std::fmt::Display for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.client, self.addr)
+    }
+}
+
+/// Who holds the lease on `object` now.
+pub fn holders(pool: &IoPool, object: &str) -> Result<Vec<Locker>> {
     let api = pool.api();
     let (obj, name) = (cstr(object), cstr(LOCK_NAME));
     let mut lens = [0usize; 4];
@@ -77,14 +92,14 @@ pub fn holders(pool: &IoPool, object: &str) -> Result<Vec<String>> {
                 .collect()
         };
         let clients = split(&bufs[1], lens[1]);
+        let cookies = split(&bufs[2], lens[2]);
         let addrs = split(&bufs[3], lens[3]);
+        let at = |v: &[String], i: usize| v.get(i).cloned().unwrap_or_else(|| "?".into());
         return Ok((0..n)
-            .map(|i| {
-                format!(
-                    "{} at {}",
-                    clients.get(i).map_or("?", String::as_str),
-                    addrs.get(i).map_or("?", String::as_str)
-                )
+            .map(|i| Locker {
+                client: at(&clients, i),
+                cookie: at(&cookies, i),
+                addr: at(&addrs, i),
             })
             .collect());
     }
@@ -169,7 +184,7 @@ impl Lease {
                     if who.is_empty() {
                         "another client".to_string()
                     } else {
-                        who.join(", ")
+                        join(&who)
                     },
                     state.duration.as_secs()
                 ),
@@ -227,9 +242,9 @@ fn heartbeat(state: &State) {
         match ret {
             0 => state.renewed(start),
             r if r == -libc::EBUSY => {
-                let who = holders(&state.pool, &state.object.to_string_lossy())
-                    .unwrap_or_default()
-                    .join(", ");
+                let who = join(
+                    &holders(&state.pool, &state.object.to_string_lossy()).unwrap_or_default(),
+                );
                 *state.lost.lock() = Some(format!("its lease was taken by another client ({who})"));
             }
             // Out of reach for now: writes stop once the lease is half gone; tried again.
@@ -260,6 +275,41 @@ impl Drop for Lease {
             };
         }
     }
+}
+
+fn join(lockers: &[Locker]) -> String {
+    lockers
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Breaks every lease on `object`, alive or not: what an administrator does once sure the
+/// holder is gone for good (the tests use it to play a second owner).
+pub fn break_leases(pool: &IoPool, object: &str) -> Result<usize> {
+    let lockers = holders(pool, object)?;
+    let (obj, name) = (cstr(object), cstr(LOCK_NAME));
+    for l in &lockers {
+        let (client, cookie) = (cstr(&l.client), cstr(&l.cookie));
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let ret = unsafe {
+            (pool.api().break_lock)(
+                pool.ioctx(),
+                obj.as_ptr(),
+                name.as_ptr(),
+                client.as_ptr(),
+                cookie.as_ptr(),
+            )
+        };
+        if ret < 0 && ret != -libc::ENOENT {
+            return Err(RadosError::from_ret(
+                format!("breaking the lease of {object}"),
+                ret as i64,
+            ));
+        }
+    }
+    Ok(lockers.len())
 }
 
 fn hostname() -> String {
