@@ -116,6 +116,19 @@ pub enum BenchCmd {
                             not measured)."
     )]
     Sync(BenchSyncArgs),
+    /// Seed 003's table on a Ceph cluster ($CEPH_CONF): a zeta volume on a pool of one RADOS
+    /// device (at each --object-sizes), served over NBD and driven by fio's nbd engine,
+    /// against an RBD image of the same size driven by fio's rbd engine (librbd): sequential
+    /// and random reads and writes at each --block-sizes, queue depth 32, IOPS, mean and p99
+    /// latency and the ratio; then random 4K writes with an fsync every 5.
+    #[command(
+        after_help = "Needs a reachable cluster (../shared/ceph/up.sh starts a throwaway one), \
+                      fio with its rbd and nbd engines and the rbd tool (apt-get install fio \
+                      ceph-common). Both devices are written whole before the points, so \
+                      reads read data and writes overwrite. The Ceph pool is made if missing, \
+                      with the cluster's default replication."
+    )]
+    Rados(BenchRadosArgs),
     /// Seed 002's fragmentation experiment: per fill level a fresh pool on one file, a
     /// volume of 8K blocks filled sequentially to that share of the pool, then --writers
     /// clients overwriting random 8K blocks of it through NBD for --runtime seconds. Prints
@@ -288,6 +301,31 @@ pub struct BenchCompressArgs {
     /// Times each measurement is repeated; the figures are the median run.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Print the results as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchRadosArgs {
+    /// The size of the zeta volume and of the RBD image.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Seconds each point runs (after one second of ramp).
+    #[arg(long, default_value_t = 5)]
+    pub runtime: u64,
+    /// The object sizes of zeta's RADOS device, one column each (1M to 16M).
+    #[arg(long, default_value = "1M,2M,4M")]
+    pub object_sizes: String,
+    /// The request sizes of the table.
+    #[arg(long, default_value = "4K,8K,16K,32K,64K,128K")]
+    pub block_sizes: String,
+    /// The Ceph pool both live in (made if missing).
+    #[arg(long, default_value = "zeta-bench")]
+    pub ceph_pool: String,
+    /// Directory for the bench's state directories.
+    #[arg(long, default_value = "/tmp")]
+    pub dir: PathBuf,
     /// Print the results as JSON, for scripts.
     #[arg(long)]
     pub json: bool,

@@ -10,6 +10,7 @@ pub mod frag;
 pub mod load;
 pub mod parity;
 pub mod prefetch;
+pub mod rados;
 pub mod raidz;
 pub mod scrub;
 pub mod snap;
@@ -31,6 +32,7 @@ pub fn run(cmd: BenchCmd) -> zeta_server::Result<()> {
         BenchCmd::Prefetch(a) => prefetch::prefetch_bench(a),
         BenchCmd::Checksum(a) => checksum::checksum(a),
         BenchCmd::Sync(a) => sync::sync_bench(a),
+        BenchCmd::Rados(a) => rados::rados_bench(a),
         BenchCmd::Frag(a) => frag::frag_bench(a),
         BenchCmd::Load(a) => load::load_cmd(a),
     }

@@ -186,7 +186,7 @@ impl Home {
         let present: Vec<PathBuf> = entry
             .devices
             .iter()
-            .filter(|p| zeta_core::vdev::scheme::is_scheme(p) || p.exists())
+            .filter(|p| zeta_core::dsl::devices::is_scheme(p) || p.exists())
             .cloned()
             .collect();
         let devs = match open_devices(&present, entry.readonly) {
@@ -236,7 +236,7 @@ pub fn open_devices(
     paths
         .iter()
         .map(|p| {
-            let dev = zeta_core::vdev::scheme::open(p, read_only)?;
+            let dev = zeta_core::dsl::devices::open(p, read_only)?;
             Ok((dev, p.display().to_string()))
         })
         .collect()

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use crate::cli::guard::{check_overwrite, Writing};
 use crate::cli::{usage, Result};
+use crate::dsl::{devices as scheme, DeviceOptions};
 use crate::dsl::{BlockDevice, CommitPolicy, Placement, RaidzConfig, TopKind};
 use crate::dsl::{Pool, PoolOptions, TopSpec};
 use crate::math::ChecksumKind;
-use zeta_core::vdev::{scheme, DeviceOptions};
 use zeta_server::control;
 use zeta_server::fmt::{human, parse_size};
 use zeta_server::state::{device_paths, Home};

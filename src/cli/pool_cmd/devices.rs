@@ -76,7 +76,7 @@ fn describe(f: &crate::dsl::Injection) -> String {
 pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Path) -> Result<()> {
     let new_path = absolute(new);
     crate::cli::guard::check_overwrite(home, &new_path, crate::cli::guard::Writing::Device, force)?;
-    let created = !zeta_core::vdev::scheme::exists(&new_path)?;
+    let created = !crate::dsl::devices::exists(&new_path)?;
     let served = control::connect(home, name);
     let is_served = served.is_some();
     let r = match served {
@@ -101,7 +101,7 @@ pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Pat
     };
     if let Err(e) = r {
         if created {
-            zeta_core::vdev::scheme::remove(&new_path);
+            crate::dsl::devices::remove(&new_path);
         }
         return Err(e);
     }
@@ -128,7 +128,7 @@ pub(super) fn replace(home: &Home, force: bool, name: &str, old: &str, new: &Pat
 /// once if the pool's files are: `room::allocated`) the new device and replaces `old` by it
 /// in `p`.
 pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Result<()> {
-    use zeta_core::vdev::scheme;
+    use crate::dsl::devices as scheme;
     let dev = if scheme::exists(new_path)? {
         scheme::open(new_path, false)?
     } else {
@@ -141,7 +141,7 @@ pub fn replace_in(p: &Arc<Pool>, old: &str, new_path: &Path, force: bool) -> Res
             })
             .max()
             .unwrap_or(0);
-        let options = zeta_core::vdev::DeviceOptions::default();
+        let options = crate::dsl::DeviceOptions::default();
         scheme::create(
             new_path,
             size,

@@ -6,14 +6,14 @@ use serde_json::json;
 
 use super::create::absolute;
 use crate::cli::{usage, Result};
+use crate::dsl::devices as scheme;
 use crate::dsl::{examine_labels, Pool, PoolOptions};
-use zeta_core::vdev::scheme;
 use zeta_server::state::{device_paths, open_devices, warn_import_notes, Home};
 
 /// The devices in `dir`: files and block devices directly inside it, or the devices of a
 /// Ceph pool (`rados:POOL`).
 fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
-    Ok(zeta_core::vdev::scheme::list(dir)?)
+    Ok(scheme::list(dir)?)
 }
 
 /// How `zeta pool import` takes a pool, beyond which one.

@@ -22,6 +22,8 @@ pub use crate::spa::props::{CommitPolicy, Placement};
 pub use crate::spa::scan_state::ScanPhase;
 pub use crate::spa::PoolMap;
 pub use crate::vdev::file::free_bytes;
+/// Devices named by a scheme (`rados:`) as well as files: how the front ends open devices.
+pub use crate::vdev::{scheme as devices, DeviceOptions};
 pub use crate::vdev::{BlockDevice, FileDevice, Injection, RaidzConfig, TopKind, VdevError};
 pub use crate::zio::compress::Compression;
 pub use pool::{
